@@ -1,0 +1,55 @@
+"""cudampi: CUDA-aware MPI for GPU training with PyTorch.
+
+Importing cudampi starts no MPI and no CUDA: every heavy import happens inside the function that
+needs it. The public API is re-exported here lazily.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cudampi.errors import (
+    CommError,
+    ConfigError,
+    CudampiError,
+    DeviceError,
+    LaunchError,
+    MismatchError,
+    ProbeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommError",
+    "Communicator",
+    "Config",
+    "ConfigError",
+    "CudampiError",
+    "DeviceError",
+    "LaunchError",
+    "MismatchError",
+    "ProbeError",
+    "__version__",
+    "init",
+]
+
+if TYPE_CHECKING:
+    from cudampi.comm import Communicator
+    from cudampi.config import Config
+    from cudampi.launch.init import init
+
+_LAZY = {
+    "Communicator": ("cudampi.comm", "Communicator"),
+    "Config": ("cudampi.config", "Config"),
+    "init": ("cudampi.launch.init", "init"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'cudampi' has no attribute {name!r}")

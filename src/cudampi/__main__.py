@@ -1,0 +1,5 @@
+import sys
+
+from cudampi.cli import main
+
+sys.exit(main())

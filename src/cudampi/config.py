@@ -1,0 +1,189 @@
+"""One frozen Config: keyword/flag > CUDAMPI_* environment > default, written once.
+
+Every CUDAMPI_* variable cudampi reads is a field here; an unknown CUDAMPI_* variable or keyword
+is rejected with the list of known ones, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cudampi.errors import ConfigError
+
+ENV_PREFIX = "CUDAMPI_"
+
+PATHS = ("auto", "gpu-ring", "staged", "native", "host")
+"""Collective paths: auto picks per call from probed capabilities and message size."""
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected 0/1, true/false, yes/no or on/off, got {text!r}")
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte count such as ``4M``, ``64K``, ``1G``, ``1.5M`` or ``4096`` (binary units)."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a size cannot be negative, got {text!r}")
+        return text
+    s = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+        if s.endswith(suffix):
+            s, mult = s[:-1], m
+            break
+    try:
+        value = float(s)
+    except ValueError:
+        raise ValueError(f"expected a size like 4096, 64K, 4M or 1G, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"a size cannot be negative, got {text!r}")
+    return int(value * mult)
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def _meta(parse: Callable[[str], Any], doc: str) -> dict[str, Any]:
+    return {"parse": parse, "doc": doc}
+
+
+@dataclass(frozen=True)
+class Config:
+    """cudampi's settings. Build with :meth:`Config.load`; never mutate (use :meth:`replace`)."""
+
+    path: str = field(
+        default="auto",
+        metadata=_meta(_choice(*PATHS), "collective path: auto, gpu-ring, staged, native or host"),
+    )
+    cuda_aware: str = field(
+        default="auto",
+        metadata=_meta(
+            _choice("auto", "yes", "no"),
+            "is MPI point-to-point CUDA-aware? auto reads the probe cache written by "
+            "`cudampi doctor`; yes/no override it",
+        ),
+    )
+    native_collectives: str = field(
+        default="auto",
+        metadata=_meta(
+            _choice("auto", "yes", "no"),
+            "may MPI's own collectives take device buffers? auto trusts only a passed probe",
+        ),
+    )
+    debug: bool = field(
+        default=False,
+        metadata=_meta(_parse_bool, "full cross-rank argument check before every collective"),
+    )
+    chunk_bytes: int = field(
+        default=4 << 20,
+        metadata=_meta(parse_size, "pipeline chunk of gpu-ring and staged transfers"),
+    )
+    small_bytes: int = field(
+        default=256 << 10,
+        metadata=_meta(
+            parse_size, "messages at or below this use latency-optimal algorithms (recursive doubling)"
+        ),
+    )
+    cache_dir: str = field(
+        default=str(Path("~/.cache/cudampi").expanduser()),
+        metadata=_meta(str, "where probe results (capabilities) are cached"),
+    )
+    probe_timeout: float = field(
+        default=90.0,
+        metadata=_meta(float, "seconds a child-process probe may run before it is reported hung"),
+    )
+
+    @classmethod
+    def fields(cls) -> dict[str, dataclasses.Field[Any]]:
+        return {f.name: f for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def env_name(cls, name: str) -> str:
+        return ENV_PREFIX + name.upper()
+
+    @classmethod
+    def load(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        strict_env: bool = True,
+    ) -> Config:
+        """Resolve every field: ``overrides`` (flags, keyword arguments) > CUDAMPI_* env > default.
+
+        ``None`` in ``overrides`` means "not given". Unknown keys are a :class:`ConfigError`.
+        """
+        env = os.environ if env is None else env
+        known = cls.fields()
+        values: dict[str, Any] = {}
+        if strict_env:
+            unknown_env = sorted(
+                k
+                for k in env
+                if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in known
+                and k not in EXTERNAL_ENV
+            )
+            if unknown_env:
+                raise ConfigError(
+                    f"unknown environment variable(s) {', '.join(unknown_env)}; cudampi knows "
+                    f"{', '.join(sorted(cls.env_name(n) for n in known))} "
+                    f"(and {', '.join(sorted(EXTERNAL_ENV))}). Fix the name or unset it."
+                )
+        for name, f in known.items():
+            var = cls.env_name(name)
+            if var in env:
+                values[name] = _parse_field(f, env[var], var)
+        for name, value in (overrides or {}).items():
+            if name not in known:
+                raise ConfigError(
+                    f"unknown setting {name!r}; known settings are {', '.join(sorted(known))}"
+                )
+            if value is None:
+                continue
+            values[name] = _parse_field(known[name], value, name) if isinstance(value, str) else value
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with ``changes`` applied, validated like :meth:`load` (``None`` = unchanged)."""
+        checked = Config.load(changes, env={}, strict_env=False)
+        given = {k: getattr(checked, k) for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **given)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+EXTERNAL_ENV = frozenset(
+    {
+        # Set by `cudampi launch` for the ranks it starts; read by cudampi.init().
+        "CUDAMPI_LAUNCHER",
+        "CUDAMPI_GPUS_PER_NODE",
+        "CUDAMPI_BIND_GPU",
+    }
+)
+"""CUDAMPI_* variables that are not settings but messages from the launcher to its ranks."""
+
+
+def _parse_field(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
+    parse = f.metadata["parse"]
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}={raw!r}: {exc} ({f.metadata['doc']})") from None

