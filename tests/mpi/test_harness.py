@@ -1,0 +1,37 @@
+"""The MPI test harness itself: real mpiexec at 1, 2 and 4 ranks, and a failing rank fails fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.mpirun import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def rank_sum(comm, expected_size):
+    import numpy as np
+
+    assert comm.size == int(expected_size)
+    x = np.full(3, comm.rank, dtype=np.int64)
+    out = np.empty_like(x)
+    comm.Allreduce(x, out)
+    assert out.tolist() == [sum(range(comm.size))] * 3
+
+
+def rank_one_fails(comm):
+    if comm.rank == comm.size - 1:
+        raise ValueError("planted failure")
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_ranks_run_and_agree(n):
+    run_mpi(n, __file__, "rank_sum", str(n))
+
+
+def test_one_failing_rank_fails_the_job_without_hanging():
+    proc = run_mpi(2, __file__, "rank_one_fails", check=False, timeout=60)
+    assert proc.returncode != 0
+    assert "planted failure" in proc.stderr
+    assert "rank 1 of 2 failed" in proc.stderr
