@@ -176,6 +176,9 @@ EXTERNAL_ENV = frozenset(
         "CUDAMPI_LAUNCHER",
         "CUDAMPI_GPUS_PER_NODE",
         "CUDAMPI_BIND_GPU",
+        "CUDAMPI_BIND_CPU",
+        "CUDAMPI_DEVICE",
+        "CUDAMPI_REPORT_DIR",
     }
 )
 """CUDAMPI_* variables that are not settings but messages from the launcher to its ranks."""

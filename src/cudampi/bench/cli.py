@@ -1,0 +1,224 @@
+"""``cudampi bench``: run under an MPI launcher (every rank runs it, rank 0 prints), or plainly
+with ``--np N`` (it re-launches itself on N ranks through ``cudampi launch`` when that exists,
+else through the mpiexec beside the interpreter)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from cudampi.bench import options as opts
+from cudampi.errors import BenchError, ConfigError
+
+_PARSER_KEY = "_bench_parser"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    opts.add_arguments(parser)
+    parser.set_defaults(**{_PARSER_KEY: parser})
+
+
+# -- where are we? --------------------------------------------------------------------------------
+def launched_size(env: dict[str, str] | os._Environ[str] | None = None) -> int | None:
+    """World size announced by an MPI launcher in ``env``, or None when started plainly."""
+    env = os.environ if env is None else env
+    try:
+        from cudampi.launch.rankenv import rank_env
+
+        info = rank_env(env)
+        if info.launcher in ("openmpi", "mpich", "slurm"):
+            return int(info.world_size)
+        return None
+    except ImportError:
+        pass
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return None
+
+
+def relaunch_argv(np: int, bench_argv: list[str], executable: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """argv and extra environment that run ``cudampi bench <bench_argv>`` on ``np`` ranks."""
+    try:
+        import cudampi.launch.cli  # noqa: F401
+
+        return [executable, "-m", "cudampi", "launch", "-n", str(np), "-m", "cudampi", "bench", *bench_argv], {}
+    except ImportError:
+        pass
+    beside = Path(executable).parent / "mpiexec"
+    mpiexec = str(beside) if beside.exists() else "mpiexec"
+    extra = {
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PRTE_MCA_prte_silence_shared_fs": "1",
+    }
+    argv = [mpiexec, "-n", str(np)]
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60)
+        if "Open MPI" in out.stdout + out.stderr or "prte" in (out.stdout + out.stderr).lower():
+            argv += ["--oversubscribe", "--bind-to", "none"]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return [*argv, executable, "-m", "cudampi", "bench", *bench_argv], extra
+
+
+def _relaunch(args: argparse.Namespace, o: opts.Options) -> int:
+    parser = getattr(args, _PARSER_KEY)
+    assert o.np is not None
+    argv, extra = relaunch_argv(o.np, opts.to_argv(args, parser))
+    env = dict(os.environ)
+    env.update(extra)
+    if not o.quiet:
+        print(f"# cudampi bench: re-launching on {o.np} ranks: {' '.join(argv)}", file=sys.stderr, flush=True)
+    try:
+        return subprocess.call(argv, env=env)
+    except OSError as exc:
+        raise BenchError(f"cannot start {argv[0]!r} to re-launch on {o.np} ranks: {exc}") from None
+
+
+# -- the run --------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    o = opts.from_args(args)
+    size = launched_size()
+    if o.np is not None and size is None:
+        return _relaunch(args, o)
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if o.np is not None and o.np != world.size:
+        raise ConfigError(
+            f"--np {o.np} but this MPI job has {world.size} ranks; drop --np when you start "
+            "`cudampi bench` under a launcher"
+        )
+    try:
+        return _run_in_job(world, o, args)
+    except Exception as exc:
+        if world.size == 1:
+            raise
+        # one rank failing alone would leave the others waiting in a collective: end the job
+        _abort(world, 2 if isinstance(exc, ConfigError) else 1)
+    return 1
+
+
+def _abort(world: Any, code: int) -> None:
+    sys.stderr.write(f"--- cudampi bench: rank {world.rank} of {world.size} failed:\n")
+    sys.stderr.write(traceback.format_exc())
+    sys.stderr.flush()
+    world.Abort(code)
+
+
+def _device(o: opts.Options) -> str:
+    if o.device != "auto":
+        return o.device
+    from cudampi.bench.session import cuda_device_count
+
+    return "cuda" if cuda_device_count() > 0 else "cpu"
+
+
+def _meta(session: Any, o: opts.Options) -> dict[str, Any]:
+    import platform
+
+    from mpi4py import MPI
+
+    from cudampi import __version__
+
+    meta: dict[str, Any] = {
+        "mode": o.mode,
+        "cudampi": __version__,
+        "ranks": session.size,
+        "nodes": session.nodes,
+        "local_size": session.local_size,
+        "device": session.device,
+        "gpus": session.gpus,
+        "gpu_name": session.gpu_name,
+        "shares_gpu": session.shares_gpu,
+        "host": platform.node(),
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0].strip(),
+        "warmup": o.warmup,
+        "iters": o.iters,
+        "check": o.check,
+        "time_limit": o.time_limit,
+        "argv": ["cudampi", "bench", *sys.argv[2:]] if len(sys.argv) > 1 else [],
+    }
+    try:
+        import torch
+
+        meta["torch"] = torch.__version__
+    except ImportError:
+        meta["torch"] = None
+    return meta
+
+
+def _run_in_job(world: Any, o: opts.Options, args: argparse.Namespace) -> int:
+    from cudampi.bench.session import open_session
+
+    device = _device(o)
+    if o.root >= world.size:
+        raise ConfigError(f"--root {o.root} but the job has only {world.size} ranks")
+    session = open_session(world, device)
+    try:
+        if o.mode == "p2p":
+            from cudampi.bench import p2p
+
+            return p2p.main(session, o, _meta(session, o))
+        if o.mode == "ddp":
+            from cudampi.bench import ddp
+
+            return ddp.main(session, o, _meta(session, o))
+        return _collectives(session, o)
+    finally:
+        session.close()
+
+
+def emit(session: Any, o: opts.Options, text: str, json_text: str, csv_text: str | None) -> None:
+    """Rank 0 writes the table / JSON / CSV where the flags say."""
+    if session.rank != 0:
+        return
+    if o.json and o.json != "-":
+        Path(o.json).write_text(json_text)
+    if o.csv and o.csv != "-" and csv_text is not None:
+        Path(o.csv).write_text(csv_text)
+    if o.json == "-":
+        sys.stdout.write(json_text)
+    elif o.csv == "-" and csv_text is not None:
+        sys.stdout.write(csv_text)
+    else:
+        sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _collectives(session: Any, o: opts.Options) -> int:
+    import dataclasses
+
+    from cudampi.bench import report
+    from cudampi.bench.runner import Spec, run_collectives
+
+    spec = Spec(
+        ops=o.ops,
+        paths=o.paths,
+        dtypes=o.dtypes,
+        redops=o.redops,
+        root=o.root,
+        sizes=o.sizes,
+        warmup=o.warmup,
+        iters=o.iters,
+        check=o.check,
+        time_limit=o.time_limit,
+        array=o.array,
+        corrupt_rank=o.corrupt_rank,
+        progress=not o.quiet,
+        meta=_meta(session, o),
+    )
+    result = run_collectives(session, spec)
+    result = dataclasses.replace(result, min_busbw=o.min_busbw)
+    emit(session, o, report.render_text(result), report.render_json(result), report.render_csv(result))
+    if o.plot and session.rank == 0:
+        from cudampi.bench import plot
+
+        plot.plot_collectives(result, o.plot)
+    return 0 if result.ok else 1

@@ -1,0 +1,257 @@
+"""``cudampi bench`` flags -> one frozen :class:`Options` (pure), and back to argv.
+
+Flags follow nccl-tests where they exist (``-b -e -f -i -w -n -o -r`` and ``-d`` for the
+dtype), so ``-n`` is the iteration count; the rank count of a self-relaunch is ``--np``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from cudampi.bench.arrays import parse_dtype
+from cudampi.bench.metrics import COLLECTIVES
+from cudampi.bench.paths import PATHS, TORCH_PATHS
+from cudampi.bench.registry import REDOPS
+from cudampi.bench.sizes import parse_bytes, size_sweep
+from cudampi.errors import ConfigError
+
+MODES = ("p2p", "ddp")
+WHAT = (*COLLECTIVES, "all", *MODES)
+
+DEFAULTS = {
+    # mode: (minbytes, maxbytes, warmup, iters)
+    "collectives": ("8", "64M", 5, 20),
+    "p2p": ("1", "4M", 10, 100),
+    "ddp": ("0", "0", 3, 10),
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything ``cudampi bench`` was asked to do, validated."""
+
+    mode: str
+    """collectives, p2p or ddp."""
+    ops: tuple[str, ...]
+    paths: tuple[str, ...]
+    sizes: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    redops: tuple[str, ...]
+    root: int
+    warmup: int
+    iters: int
+    check: bool
+    time_limit: float
+    device: str
+    """cpu, cuda or auto (cuda when a GPU is visible)."""
+    array: str
+    min_busbw: float | None
+    json: str | None
+    """None: no JSON; '-': JSON on stdout instead of the table; else a file."""
+    csv: str | None
+    plot: str | None
+    np: int | None
+    quiet: bool
+    corrupt_rank: int | None
+    window: int
+    buffers: tuple[str, ...]
+    model: str
+    batch: int | None
+    image_size: int | None
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_paths(text: str, mode: str) -> tuple[str, ...]:
+    """``all`` or a comma list of :data:`PATHS` (for ddp: the torch paths; for p2p: cudampi,
+    mpi and the torch paths)."""
+    if mode == "ddp":
+        known: tuple[str, ...] = (*TORCH_PATHS, "local")
+    elif mode == "p2p":
+        known = ("cudampi", "mpi", *TORCH_PATHS)
+    else:
+        known = PATHS
+    if text.strip() == "all":
+        return known
+    out = []
+    for p in _split(text):
+        if p not in known:
+            raise ConfigError(f"--paths {p!r} is not a {mode} path; choose from {', '.join(known)} or all")
+        if p not in out:
+            out.append(p)
+    if not out:
+        raise ConfigError(f"--paths {text!r} names no path; choose from {', '.join(known)} or all")
+    return tuple(out)
+
+
+def from_args(args: argparse.Namespace) -> Options:
+    """Validate the parsed flags (every error is a ConfigError naming the flag and the value)."""
+    what = list(args.what or ["all"])
+    for w in what:
+        if w not in WHAT:
+            raise ConfigError(f"unknown benchmark {w!r}; choose from {', '.join(WHAT)}")
+    modes = [w for w in what if w in MODES]
+    if modes and len(what) > 1:
+        raise ConfigError(
+            f"{modes[0]!r} runs on its own: `cudampi bench {modes[0]}`, not together with "
+            f"{', '.join(w for w in what if w != modes[0])}"
+        )
+    mode = modes[0] if modes else "collectives"
+    ops: list[str] = []
+    for w in what:
+        for op in COLLECTIVES if w == "all" else (w,):
+            if op not in ops and op not in MODES:
+                ops.append(op)
+    dmin, dmax, dwarm, diters = DEFAULTS[mode]
+    minb = parse_bytes(args.minbytes or dmin, "-b/--minbytes")
+    maxb = parse_bytes(args.maxbytes or dmax, "-e/--maxbytes")
+    if args.maxbytes is None and minb > maxb:
+        maxb = minb  # `-b 1G` alone: one size
+    factor = float(args.stepfactor)
+    step = parse_bytes(args.stepbytes, "-i/--stepbytes") if args.stepbytes else 0
+    sizes = tuple(size_sweep(minb, maxb, factor, step)) if mode != "ddp" else ()
+    dtypes = tuple(dict.fromkeys(parse_dtype(d) for d in _split(args.dtype)))
+    redops = tuple(dict.fromkeys(_split(args.op)))
+    for r in redops:
+        if r not in REDOPS:
+            raise ConfigError(f"--op {r!r}: expected one of {', '.join(REDOPS)}")
+    if args.root < 0:
+        raise ConfigError(f"--root {args.root!r} cannot be negative")
+    warmup = dwarm if args.warmup is None else int(args.warmup)
+    iters = diters if args.iters is None else int(args.iters)
+    if warmup < 0 or iters < 1:
+        raise ConfigError(f"-w {warmup!r} must be >= 0 and -n {iters!r} >= 1")
+    if args.np is not None and args.np < 1:
+        raise ConfigError(f"--np {args.np!r}: a job needs at least one rank")
+    if args.json == "-" and args.csv == "-":
+        raise ConfigError("--json and --csv cannot both go to stdout; give one of them a file")
+    buffers = tuple(_split(args.buffers))
+    for b in buffers:
+        if b not in ("host", "device"):
+            raise ConfigError(f"--buffers {b!r}: expected host and/or device")
+    if args.window < 1:
+        raise ConfigError(f"--window {args.window!r} must be >= 1")
+    if args.min_busbw is not None and args.min_busbw < 0:
+        raise ConfigError(f"--min-busbw {args.min_busbw!r} cannot be negative")
+    return Options(
+        mode=mode,
+        ops=tuple(ops),
+        paths=parse_paths(args.paths, mode),
+        sizes=sizes,
+        dtypes=dtypes,
+        redops=redops,
+        root=int(args.root),
+        warmup=warmup,
+        iters=iters,
+        check=bool(args.check),
+        time_limit=float(args.time_limit),
+        device=args.device,
+        array=args.array,
+        min_busbw=args.min_busbw,
+        json=args.json,
+        csv=args.csv,
+        plot=args.plot,
+        np=args.np,
+        quiet=bool(args.quiet),
+        corrupt_rank=args.corrupt_rank,
+        window=int(args.window),
+        buffers=buffers,
+        model=args.model,
+        batch=args.batch,
+        image_size=args.image_size,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``cudampi bench`` (see docs/benchmarks.md)."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (
+        "Run it under a launcher (`cudampi launch -n 2 -m cudampi bench allreduce`, or "
+        "mpiexec -n 2 cudampi bench ...): every rank runs it and rank 0 prints. Started plainly, "
+        "`--np N` re-launches it on N ranks. Exit 1 on any wrong result or a missed --min-busbw."
+    )
+    parser.add_argument(
+        "what",
+        nargs="*",
+        metavar="WHAT",
+        help=f"collectives ({', '.join(COLLECTIVES)}; all: every one), or p2p, or ddp "
+        "(default: all)",
+    )
+    g = parser.add_argument_group("sizes and iterations (as nccl-tests)")
+    g.add_argument("-b", "--minbytes", default=None, help="smallest size (default 8; p2p 1)")
+    g.add_argument("-e", "--maxbytes", default=None, help="largest size (default 64M; p2p 4M)")
+    g.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier (2)")
+    g.add_argument("-i", "--stepbytes", default=None, help="size increment, instead of -f")
+    g.add_argument("-w", "--warmup", type=int, default=None, help="warmup calls per size (5)")
+    g.add_argument("-n", "--iters", type=int, default=None, help="timed calls per size (20)")
+    g.add_argument(
+        "--time-limit",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="cap each size at about S seconds of timed calls (fewer iterations; 0: off)",
+    )
+    g = parser.add_argument_group("what to move")
+    g.add_argument("-d", "--dtype", default="float32", help="comma list: float32,bfloat16,...")
+    g.add_argument("-o", "--op", default="sum", help="comma list of reductions: sum,prod,min,max,avg,...")
+    g.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (0)")
+    g.add_argument(
+        "--paths",
+        default="all",
+        help=f"comma list or all: {', '.join(PATHS)} (p2p: cudampi,mpi,torch-*; ddp: torch-*,local)",
+    )
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="buffers on (auto: cuda if visible)")
+    g.add_argument("--array", choices=("auto", "numpy", "torch", "cupy"), default="auto", help="array library")
+    g.add_argument(
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check every result (default on)",
+    )
+    g = parser.add_argument_group("verdict and output")
+    g.add_argument("--min-busbw", type=float, default=None, metavar="GBPS", help="exit 1 if a path peaks below")
+    g.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", help="JSON (stdout, or FILE)")
+    g.add_argument("--csv", nargs="?", const="-", default=None, metavar="FILE", help="CSV (stdout, or FILE)")
+    g.add_argument("--plot", default=None, metavar="PNG", help="busbw vs size, a line per path")
+    g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    g.add_argument("--np", type=int, default=None, metavar="N", help="re-launch on N ranks")
+    g.add_argument("--corrupt-rank", type=int, default=None, help=argparse.SUPPRESS)
+    g = parser.add_argument_group("p2p and ddp")
+    g.add_argument("--window", type=int, default=64, help="p2p: messages in flight for bw/bibw (64)")
+    g.add_argument("--buffers", default="host,device", help="p2p: host,device")
+    g.add_argument(
+        "--model",
+        choices=("auto", "resnet50", "transformer"),
+        default="auto",
+        help="ddp: auto = ResNet-50 if torchvision is importable and on cuda, else a transformer block",
+    )
+    g.add_argument("--batch", type=int, default=None, help="ddp: samples per rank per step")
+    g.add_argument("--image-size", type=int, default=None, help="ddp: ResNet input side (224)")
+
+
+def to_argv(args: argparse.Namespace, parser: argparse.ArgumentParser, *, drop: tuple[str, ...] = ("np",)) -> list[str]:
+    """Rebuild the flags of ``args`` (minus ``drop``) for a re-launch; defaults are left out."""
+    out: list[str] = []
+    positional: list[str] = []
+    for action in parser._actions:
+        if action.dest in ("help", *drop) or action.dest == argparse.SUPPRESS:
+            continue
+        value = getattr(args, action.dest, None)
+        if not action.option_strings:
+            if action.dest == "what" and value:
+                positional = list(value)
+            continue
+        if value == action.default:
+            continue
+        flag = next(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse.BooleanOptionalAction):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif action.nargs == 0:
+            if value:
+                out.append(flag)
+        else:
+            out += [flag, str(value)]
+    return [*positional, *out]

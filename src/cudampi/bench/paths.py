@@ -1,0 +1,369 @@
+"""Path adapters: one class per way of moving the data, all with the same methods.
+
+``gpu-ring``, ``staged``, ``native``, ``host``: a :class:`cudampi.comm.Communicator` forced onto
+that path. ``torch-nccl``, ``torch-gloo``, ``torch-cudampi``: torch.distributed groups of that
+backend. Peers, measured in the same run for the ratios: ``mpi`` (mpi4py directly; device
+buffers staged through pinned host copies, i.e. plain "MPI host-staged") and ``copy`` (one raw
+device-to-device copy of the same size; a host memcpy on the CPU).
+
+A path that cannot run a case says why (:class:`Skip`, or a reason from ``check``) instead of
+being run blindly: ``native`` on device memory only where the probe proved MPI's collectives
+take device buffers; ``torch-nccl`` only with a GPU per rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cudampi.bench.arrays import ArrayLib, is_float
+from cudampi.bench.session import Session
+
+CUDAMPI_PATHS = ("gpu-ring", "staged", "native", "host")
+TORCH_PATHS = {"torch-nccl": "nccl", "torch-gloo": "gloo", "torch-cudampi": "cudampi"}
+PEERS = ("mpi", "copy")
+PATHS = (*CUDAMPI_PATHS, *TORCH_PATHS, *PEERS)
+"""Every path ``--paths`` accepts (``all`` is all of them)."""
+
+DESCRIPTION = {
+    "gpu-ring": "cudampi ring/recursive-doubling algorithms over MPI point-to-point",
+    "staged": "cudampi, device buffers staged through pinned host memory in pipelined chunks",
+    "native": "cudampi handing the buffers to MPI's own collective",
+    "host": "cudampi, copy to host, MPI's collective, copy back",
+    "torch-nccl": "torch.distributed, NCCL backend",
+    "torch-gloo": "torch.distributed, Gloo backend",
+    "torch-cudampi": "torch.distributed, cudampi backend",
+    "mpi": "peer: mpi4py directly (device buffers staged through pinned host copies)",
+    "copy": "peer: one raw copy of the same size (device-to-device; memcpy on the host)",
+}
+
+_BITWISE = ("band", "bor", "bxor")
+
+
+class Skip(Exception):
+    """This path cannot run here; the message says why (it becomes the 'skipped' reason)."""
+
+
+def describe_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+class PathAdapter:
+    """Base of every adapter: every op not overridden is unsupported (a skip, with why)."""
+
+    name = "?"
+    inplace_reduce = False
+    """allreduce/reduce work in place on ``recv`` (which the unit fills with the input)."""
+
+    def __init__(self, lib: ArrayLib) -> None:
+        self.lib = lib
+
+    def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
+        """Why this path cannot run this case here, or None when it can."""
+        if redop in _BITWISE and is_float(dtype):
+            return f"{redop} is a bitwise reduction: integer dtypes only, not {dtype}"
+        if redop == "avg" and not is_float(dtype):
+            return f"avg of integers would round: float dtypes only, not {dtype}"
+        if op == "copy":
+            return None if self.name == "copy" else "copy is the raw-copy peer, not a path op"
+        if self.name == "copy":
+            return f"the copy peer only copies; it has no {op}"
+        return None
+
+    def _unsupported(self, op: str) -> Skip:
+        return Skip(f"{self.name} has no {op}")
+
+    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+        raise self._unsupported("allreduce")
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        raise self._unsupported("reduce")
+
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        raise self._unsupported("reduce_scatter")
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        raise self._unsupported("allgather")
+
+    def alltoall(self, send: Any, recv: Any) -> None:
+        raise self._unsupported("alltoall")
+
+    def broadcast(self, buf: Any, root: int) -> None:
+        raise self._unsupported("broadcast")
+
+    def sendrecv(self, send: Any, recv: Any, dest: int, source: int) -> None:
+        raise self._unsupported("sendrecv")
+
+    def copy(self, send: Any, recv: Any) -> None:
+        raise self._unsupported("copy")
+
+    def close(self) -> None:
+        """Release communicators and staging memory."""
+
+
+class CudampiPath(PathAdapter):
+    """A cudampi Communicator whose every call is forced onto one path."""
+
+    def __init__(self, name: str, lib: ArrayLib, session: Session) -> None:
+        super().__init__(lib)
+        self.name = name
+        try:
+            from cudampi.comm import Communicator
+        except ImportError as exc:
+            raise Skip(f"cudampi.comm is not importable ({exc})") from None
+        self.comm = Communicator(session.world, path=name)
+
+    def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
+        reason = super().check(op, dtype, redop, session)
+        if reason:
+            return reason
+        # Ask the Communicator itself which engine this path would use, so a path the probe
+        # did not prove (native on device memory: MPI's reduction on device pointers
+        # segfaults on Open MPI 4.1.6 and 5.0.11) is skipped, never run blindly.
+        from cudampi.errors import CudampiError
+
+        try:
+            probe = self.lib.empty((1,), dtype)
+            self.choice = self.comm.path_for(op if op != "sendrecv" else "sendrecv", probe)
+        except CudampiError as exc:
+            return str(exc)
+        return None
+
+    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+        self.comm.allreduce(send, op, out=recv)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.comm.reduce(send, op, root, out=recv)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        self.comm.reduce_scatter(send, op, out=recv)
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        self.comm.allgather(send, out=recv)
+
+    def alltoall(self, send: Any, recv: Any) -> None:
+        self.comm.alltoall(send, out=recv)
+
+    def broadcast(self, buf: Any, root: int) -> None:
+        self.comm.broadcast(buf, root)
+
+    def sendrecv(self, send: Any, recv: Any, dest: int, source: int) -> None:
+        self.comm.sendrecv(send, dest, recv, source)
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+class TorchPath(PathAdapter):
+    """A torch.distributed process group of one backend over every rank."""
+
+    inplace_reduce = True
+
+    def __init__(self, name: str, lib: ArrayLib, session: Session) -> None:
+        super().__init__(lib)
+        self.name = name
+        self.backend = TORCH_PATHS[name]
+        if lib.name != "torch":
+            raise Skip(f"{name} moves torch tensors only, not {lib.name} arrays")
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise Skip("this torch is built without torch.distributed")
+        if self.backend == "nccl":
+            if lib.device != "cuda":
+                raise Skip("NCCL moves CUDA tensors only; this run is on the host (--device cpu)")
+            if not dist.is_nccl_available():
+                raise Skip("this torch is built without NCCL")
+            if session.shares_gpu:
+                raise Skip(
+                    f"NCCL needs one GPU per rank: {session.local_size} ranks share "
+                    f"{session.gpus} GPU(s) on this node"
+                )
+        self.dist = dist
+        self.group = session.torch_group(self.backend)
+        R = dist.ReduceOp
+        self.ops = {
+            "sum": R.SUM,
+            "prod": R.PRODUCT,
+            "min": R.MIN,
+            "max": R.MAX,
+            "avg": R.AVG,
+            "band": R.BAND,
+            "bor": R.BOR,
+            "bxor": R.BXOR,
+        }
+
+    def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
+        reason = super().check(op, dtype, redop, session)
+        if reason:
+            return reason
+        if op == "sendrecv" and session.size < 2:
+            return "torch.distributed cannot send to its own rank"
+        return None
+
+    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+        self.dist.all_reduce(recv, op=self.ops[op], group=self.group)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.dist.reduce(recv, dst=root, op=self.ops[op], group=self.group)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        self.dist.reduce_scatter_tensor(recv, send, op=self.ops[op], group=self.group)
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        self.dist.all_gather_into_tensor(recv.view(-1), send, group=self.group)
+
+    def alltoall(self, send: Any, recv: Any) -> None:
+        self.dist.all_to_all_single(recv, send, group=self.group)
+
+    def broadcast(self, buf: Any, root: int) -> None:
+        self.dist.broadcast(buf, src=root, group=self.group)
+
+    def sendrecv(self, send: Any, recv: Any, dest: int, source: int) -> None:
+        d = self.dist
+        ops = [d.P2POp(d.isend, send, dest, self.group), d.P2POp(d.irecv, recv, source, self.group)]
+        for work in d.batch_isend_irecv(ops):
+            work.wait()
+
+
+class MpiPath(PathAdapter):
+    """The plain-MPI peer: mpi4py on host memory; device buffers copied through pinned host
+    buffers around every call, the way code without a CUDA-aware MPI does it."""
+
+    name = "mpi"
+
+    def __init__(self, lib: ArrayLib, session: Session) -> None:
+        super().__init__(lib)
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = session.world.Dup()
+        self.ops = {
+            "sum": MPI.SUM,
+            "prod": MPI.PROD,
+            "min": MPI.MIN,
+            "max": MPI.MAX,
+            "band": MPI.BAND,
+            "bor": MPI.BOR,
+            "bxor": MPI.BXOR,
+        }
+        self._host: dict[tuple[int, tuple[int, ...], str], tuple[Any, Any]] = {}
+
+    def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
+        reason = super().check(op, dtype, redop, session)
+        if reason:
+            return reason
+        if dtype == "bfloat16":
+            return "MPI has no bfloat16 datatype"
+        if redop == "avg":
+            return "MPI has no average reduction"
+        return None
+
+    # host views of the arrays; device arrays get a cached pinned twin
+    def _host_of(self, x: Any) -> tuple[Any, Any]:
+        """(numpy view to hand MPI, the device array or None when x is on the host)."""
+        lib = self.lib
+        if lib.device == "cpu":
+            return (x.numpy() if lib.name == "torch" else x), None
+        key = self._key(x)
+        if key not in self._host:
+            if len(self._host) > 8:  # a new size: drop the twins of the old buffers
+                self._host.clear()
+            if lib.name == "torch":
+                import torch
+
+                pinned = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+                self._host[key] = (pinned.numpy(), pinned)
+            else:
+                import cupy
+                import numpy as np
+
+                mem = cupy.cuda.alloc_pinned_memory(max(x.nbytes, 1))
+                arr = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
+                self._host[key] = (arr, mem)
+        return self._host[key][0], x
+
+    @staticmethod
+    def _key(x: Any) -> tuple[int, tuple[int, ...], str]:
+        return id(x), tuple(x.shape), str(x.dtype)
+
+    def _down(self, x: Any) -> Any:
+        h, dev = self._host_of(x)
+        if dev is not None:
+            if self.lib.name == "torch":
+                self._host[self._key(x)][1].copy_(dev)
+            else:
+                dev.get(out=h)
+        return h
+
+    def _up(self, h: Any, x: Any) -> None:
+        if self.lib.device == "cpu":
+            return
+        if self.lib.name == "torch":
+            x.copy_(self._host[self._key(x)][1])
+        else:
+            x.set(h)
+
+    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+        hr = self._host_of(recv)[0]
+        self.comm.Allreduce(self._down(send), hr, op=self.ops[op])
+        self._up(hr, recv)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        hr = self._host_of(recv)[0]
+        self.comm.Reduce(self._down(send), hr, op=self.ops[op], root=root)
+        if self.comm.rank == root:
+            self._up(hr, recv)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        hr = self._host_of(recv)[0]
+        self.comm.Reduce_scatter_block(self._down(send), hr, op=self.ops[op])
+        self._up(hr, recv)
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        hr = self._host_of(recv)[0]
+        self.comm.Allgather(self._down(send), hr)
+        self._up(hr, recv)
+
+    def alltoall(self, send: Any, recv: Any) -> None:
+        hr = self._host_of(recv)[0]
+        self.comm.Alltoall(self._down(send), hr)
+        self._up(hr, recv)
+
+    def broadcast(self, buf: Any, root: int) -> None:
+        h = self._down(buf) if self.comm.rank == root else self._host_of(buf)[0]
+        self.comm.Bcast(h, root=root)
+        if self.comm.rank != root:
+            self._up(h, buf)
+
+    def sendrecv(self, send: Any, recv: Any, dest: int, source: int) -> None:
+        hr = self._host_of(recv)[0]
+        self.comm.Sendrecv(self._down(send), dest, recvbuf=hr, source=source)
+        self._up(hr, recv)
+
+    def close(self) -> None:
+        self._host.clear()
+        self.comm.Free()
+
+
+class CopyPath(PathAdapter):
+    """The raw-copy peer."""
+
+    name = "copy"
+
+    def copy(self, send: Any, recv: Any) -> None:
+        self.lib.copy_into(recv, send)
+
+
+def open_path(name: str, lib: ArrayLib, session: Session) -> PathAdapter:
+    """The adapter of ``name`` on ``lib``'s arrays; :class:`Skip` says why it cannot run."""
+    if name in CUDAMPI_PATHS:
+        return CudampiPath(name, lib, session)
+    if name in TORCH_PATHS:
+        return TorchPath(name, lib, session)
+    if name == "mpi":
+        return MpiPath(lib, session)
+    if name == "copy":
+        return CopyPath(lib)
+    raise Skip(f"unknown path {name!r}; known: {', '.join(PATHS)}")

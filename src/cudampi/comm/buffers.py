@@ -1,0 +1,229 @@
+"""Adapt any array a collective receives to one view: library, device, dtype, shape, pointer.
+
+NumPy arrays, torch tensors (CPU or CUDA) and CuPy arrays are used as they are. Any other object
+with ``__cuda_array_interface__`` or ``__dlpack__`` is wrapped without a copy (CuPy where it is
+installed, else torch) and results come back as that library's arrays; host objects with the
+buffer protocol or ``__array_interface__`` become NumPy views.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from cudampi.errors import CommError, DeviceError
+
+DTYPES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
+"""Every dtype a collective accepts, by canonical name."""
+
+DTYPE_CODE = {name: i + 1 for i, name in enumerate(DTYPES)}
+
+LIBS = ("numpy", "torch", "cupy")
+
+
+@dataclass(frozen=True)
+class Buf:
+    """One array as the collectives see it.
+
+    ``arr`` is the array in its own library (a view of the caller's memory, never a copy);
+    ``device`` is None for host memory, else the CUDA device ordinal.
+    """
+
+    obj: Any
+    arr: Any
+    lib: str
+    device: int | None
+    dtype: str
+    shape: tuple[int, ...]
+    itemsize: int
+    contiguous: bool
+
+    @property
+    def count(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
+
+    @property
+    def on_device(self) -> bool:
+        return self.device is not None
+
+    def where(self) -> str:
+        return "host memory" if self.device is None else f"cuda:{self.device}"
+
+    def describe(self) -> str:
+        return f"{self.lib} {self.dtype} array of shape {self.shape} in {self.where()}"
+
+
+def _mod(name: str) -> Any:
+    return sys.modules.get(name)
+
+
+def _canon_torch_dtype(dt: Any) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def adapt(x: Any, what: str = "x") -> Buf:
+    """Wrap ``x`` (see the module doc) without copying; a :class:`CommError` if it is no array."""
+    np = _mod("numpy")
+    if np is not None and isinstance(x, np.ndarray):
+        return _from_numpy(x, x)
+    torch = _mod("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return _from_torch(x, x)
+    cupy = _mod("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return _from_cupy(x, x)
+    if hasattr(x, "__cuda_array_interface__"):
+        return _from_cuda_foreign(x, what)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        dev_type, dev_id = x.__dlpack_device__()
+        if int(dev_type) in (1, 3):  # kDLCPU, kDLCUDAHost (pinned host)
+            import numpy
+
+            return _from_numpy(numpy.from_dlpack(x), x)
+        if int(dev_type) in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            return _from_cuda_foreign(x, what)
+        raise DeviceError(
+            f"{what}: a DLPack array on device type {dev_type!r} (id {dev_id!r}); cudampi moves "
+            "host memory and CUDA memory only. Copy it to the host or a CUDA device first."
+        )
+    if hasattr(x, "__array_interface__") or isinstance(x, (bytearray, memoryview)):
+        import numpy
+
+        return _from_numpy(numpy.asarray(x), x)
+    raise CommError(
+        f"{what}: {type(x).__name__!r} is not an array. Pass a NumPy array, a torch tensor, a "
+        "CuPy array or an object with __dlpack__ / __cuda_array_interface__."
+    )
+
+
+def _from_numpy(a: Any, obj: Any) -> Buf:
+    name = a.dtype.name
+    return Buf(
+        obj=obj,
+        arr=a,
+        lib="numpy",
+        device=None,
+        dtype=name,
+        shape=tuple(int(d) for d in a.shape),
+        itemsize=int(a.dtype.itemsize),
+        contiguous=bool(a.flags.c_contiguous),
+    )
+
+
+def _from_torch(t: Any, obj: Any) -> Buf:
+    dev = t.device
+    if dev.type == "cuda":
+        device: int | None = int(dev.index if dev.index is not None else 0)
+    elif dev.type == "cpu":
+        device = None
+    else:
+        raise DeviceError(
+            f"a torch tensor on device {str(dev)!r}; cudampi moves CPU and CUDA tensors only. "
+            "Move it with .cpu() or .cuda() first."
+        )
+    return Buf(
+        obj=obj,
+        arr=t,
+        lib="torch",
+        device=device,
+        dtype=_canon_torch_dtype(t.dtype),
+        shape=tuple(int(d) for d in t.shape),
+        itemsize=int(t.element_size()),
+        contiguous=bool(t.is_contiguous()),
+    )
+
+
+def _from_cupy(a: Any, obj: Any) -> Buf:
+    return Buf(
+        obj=obj,
+        arr=a,
+        lib="cupy",
+        device=int(a.device.id),
+        dtype=a.dtype.name,
+        shape=tuple(int(d) for d in a.shape),
+        itemsize=int(a.dtype.itemsize),
+        contiguous=bool(a.flags.c_contiguous),
+    )
+
+
+def _from_cuda_foreign(x: Any, what: str) -> Buf:
+    try:
+        import cupy
+
+        return _from_cupy(cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x), x)
+    except ImportError:
+        pass
+    try:
+        import torch
+    except ImportError:
+        raise DeviceError(
+            f"{what}: a CUDA array of type {type(x).__name__!r}, but neither CuPy nor torch is "
+            "installed to operate on it. Install cupy-cuda12x/13x or torch."
+        ) from None
+    if hasattr(x, "__dlpack__"):
+        return _from_torch(torch.from_dlpack(x), x)
+    return _from_torch(torch.as_tensor(x, device="cuda"), x)
+
+
+def flat(b: Buf) -> Any:
+    """A 1-D view of a contiguous array (never a copy)."""
+    if b.lib == "torch":
+        t = b.arr.reshape(-1)
+        if t.numel() <= 1 and t.stride(0) != 1:
+            # size-0/1 tensors count as contiguous whatever their stride; byte views need 1
+            t = t.as_strided((t.numel(),), (1,))
+        return t
+    return b.arr.reshape(-1)
+
+
+def empty_like_shape(b: Buf, shape: tuple[int, ...]) -> Any:
+    """A new array in ``b``'s library, device and dtype with ``shape``."""
+    if b.lib == "numpy":
+        import numpy
+
+        return numpy.empty(shape, dtype=b.arr.dtype)
+    if b.lib == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=b.arr.dtype, device=b.arr.device)
+    import cupy
+
+    with cupy.cuda.Device(b.device):
+        return cupy.empty(shape, dtype=b.arr.dtype)
+
+
+def same_memory(a: Buf, b: Buf) -> bool:
+    """True when ``a`` and ``b`` start at the same address (in-place calls)."""
+    return a.lib == b.lib and a.device == b.device and data_ptr(a.lib, a.arr) == data_ptr(b.lib, b.arr)
+
+
+def data_ptr(lib: str, a: Any) -> int:
+    if lib == "numpy":
+        return int(a.__array_interface__["data"][0])
+    if lib == "torch":
+        return int(a.data_ptr())
+    return int(a.data.ptr)

@@ -1,0 +1,122 @@
+"""Handles for non-blocking calls, and the FIFO worker that runs a communicator's collectives.
+
+Every collective of a communicator runs on one worker thread in submission order, so all ranks
+execute collectives in the same order even when the caller mixes blocking and non-blocking calls
+(a blocking call runs inline only when nothing is queued before it).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from cudampi.errors import CommError
+
+
+class Handle:
+    """The pending result of a non-blocking call.
+
+    ``wait()`` blocks until the call has finished and returns its result (re-raising its error on
+    this rank); ``test()`` says whether it has finished without blocking.
+    """
+
+    def __init__(self, what: str = "call", poll: Callable[[bool], bool] | None = None) -> None:
+        self._what = what
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._poll = poll
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._event.set()
+
+    def _progress(self, block: bool) -> None:
+        if self._poll is None or self._event.is_set():
+            return
+        try:
+            done = self._poll(block)
+        except BaseException as exc:
+            self._finish(error=exc)
+            return
+        if done and not self._event.is_set():
+            self._finish(self._result)
+
+    @property
+    def done(self) -> bool:
+        """True once the call has finished (successfully or not)."""
+        self._progress(False)
+        return self._event.is_set()
+
+    def test(self) -> bool:
+        """Non-blocking: True once the call has finished."""
+        return self.done
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until finished (at most ``timeout`` seconds) and return the result."""
+        if self._poll is not None:
+            self._progress(True)
+        if not self._event.wait(timeout):
+            raise CommError(
+                f"{self._what} did not finish within {timeout!r} s; another rank may not have "
+                "called the matching operation. Check that every rank makes the same calls in "
+                "the same order."
+            )
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "done" if self._event.is_set() else "pending"
+        return f"<cudampi Handle {self._what} {state}>"
+
+
+def completed(what: str, result: Any = None, error: BaseException | None = None) -> Handle:
+    h = Handle(what)
+    h._finish(result, error)
+    return h
+
+
+class Worker:
+    """One daemon thread running submitted calls first-in first-out."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.Queue[tuple[Callable[[], Any], Handle] | None] = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return self._pending == 0
+
+    def submit(self, fn: Callable[[], Any], what: str) -> Handle:
+        h = Handle(what)
+        with self._lock:
+            self._pending += 1
+        self._queue.put((fn, h))
+        return h
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, h = item
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = fn()
+            except BaseException as exc:
+                error = exc
+            with self._lock:
+                self._pending -= 1
+            h._finish(result, error)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=60)

@@ -1,0 +1,150 @@
+"""The MPI library's own collectives on typed buffers (the ``host`` and ``native`` paths).
+
+Buffers are handed to MPI by address, so the same calls serve host arrays and, where `cudampi
+doctor` proved the library handles them, device arrays. Reductions need an MPI datatype and op:
+float16 and bfloat16 have none here, so the communicator runs its own algorithms for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cudampi.comm.algorithms import offsets
+from cudampi.comm.ops import ArrayOps
+from cudampi.comm.transport import mem, typed_mem
+
+NO_MPI_TYPE = ("float16", "bfloat16")
+
+
+def mpi_type(dtype: str) -> Any:
+    """The MPI datatype for ``dtype``, or None where MPI has none cudampi trusts."""
+    if dtype in NO_MPI_TYPE:
+        return None
+    from mpi4py import MPI
+
+    return {
+        "bool": MPI.C_BOOL,
+        "int8": MPI.INT8_T,
+        "int16": MPI.INT16_T,
+        "int32": MPI.INT32_T,
+        "int64": MPI.INT64_T,
+        "uint8": MPI.UINT8_T,
+        "uint16": MPI.UINT16_T,
+        "uint32": MPI.UINT32_T,
+        "uint64": MPI.UINT64_T,
+        "float32": MPI.FLOAT,
+        "float64": MPI.DOUBLE,
+        "complex64": MPI.C_FLOAT_COMPLEX,
+        "complex128": MPI.C_DOUBLE_COMPLEX,
+    }[dtype]
+
+
+def mpi_op(op: str, dtype: str) -> Any:
+    from mpi4py import MPI
+
+    if dtype == "bool":
+        return {
+            "sum": MPI.LOR,
+            "max": MPI.LOR,
+            "bor": MPI.LOR,
+            "prod": MPI.LAND,
+            "min": MPI.LAND,
+            "band": MPI.LAND,
+            "bxor": MPI.LXOR,
+        }[op]
+    return {
+        "sum": MPI.SUM,
+        "avg": MPI.SUM,
+        "prod": MPI.PROD,
+        "min": MPI.MIN,
+        "max": MPI.MAX,
+        "band": MPI.BAND,
+        "bor": MPI.BOR,
+        "bxor": MPI.BXOR,
+    }[op]
+
+
+def can_reduce(dtype: str) -> bool:
+    return dtype not in NO_MPI_TYPE
+
+
+def _typed(ops: ArrayOps, a: Any, dtype: str) -> Any:
+    n = ops.nbytes(a)
+    return typed_mem(ops.ptr(a), n, int(a.shape[0]), mpi_type(dtype))
+
+
+def _bytes(ops: ArrayOps, a: Any) -> Any:
+    return mem(ops.ptr(a), ops.nbytes(a))
+
+
+def _vec(ops: ArrayOps, a: Any, counts: list[int], itemsize: int) -> Any:
+    from mpi4py import MPI
+
+    b = [c * itemsize for c in counts]
+    buf = mem(ops.ptr(a), ops.nbytes(a))[0]
+    return [buf, (b, offsets(b)), MPI.BYTE]
+
+
+def allreduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str) -> None:
+    """``out`` = reduction of every rank's ``send`` (``send is out``: in place)."""
+    from mpi4py import MPI
+
+    if int(out.shape[0]) == 0:
+        return
+    sbuf = MPI.IN_PLACE if send is out else _typed(ops, send, dtype)
+    comm.Allreduce(sbuf, _typed(ops, out, dtype), mpi_op(op, dtype))
+
+
+def reduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str, root: int) -> None:
+    from mpi4py import MPI
+
+    if int(send.shape[0]) == 0:
+        return
+    if comm.rank == root:
+        sbuf = MPI.IN_PLACE if send is out else _typed(ops, send, dtype)
+        comm.Reduce(sbuf, _typed(ops, out, dtype), mpi_op(op, dtype), root)
+    else:
+        comm.Reduce(_typed(ops, send, dtype), None, mpi_op(op, dtype), root)
+
+
+def broadcast(comm: Any, ops: ArrayOps, data: Any, root: int) -> None:
+    if ops.nbytes(data):
+        comm.Bcast(_bytes(ops, data), root)
+
+
+def allgatherv(comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int) -> None:
+    comm.Allgatherv(_bytes(ops, send), _vec(ops, out, counts, itemsize))
+
+
+def gatherv(
+    comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
+) -> None:
+    rbuf = _vec(ops, out, counts, itemsize) if comm.rank == root else None
+    comm.Gatherv(_bytes(ops, send), rbuf, root)
+
+
+def scatterv(
+    comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
+) -> None:
+    sbuf = _vec(ops, send, counts, itemsize) if comm.rank == root else None
+    comm.Scatterv(sbuf, _bytes(ops, out), root)
+
+
+def reduce_scatterv(
+    comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], op: str, dtype: str
+) -> None:
+    if sum(counts) == 0:
+        return
+    comm.Reduce_scatter(_typed(ops, send, dtype), _typed(ops, out, dtype), counts, mpi_op(op, dtype))
+
+
+def alltoallv(
+    comm: Any,
+    ops: ArrayOps,
+    send: Any,
+    scounts: list[int],
+    out: Any,
+    rcounts: list[int],
+    itemsize: int,
+) -> None:
+    comm.Alltoallv(_vec(ops, send, scounts, itemsize), _vec(ops, out, rcounts, itemsize))

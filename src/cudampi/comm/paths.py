@@ -1,0 +1,182 @@
+"""Choosing a collective's path per call: from what the probe proved, the array and its size.
+
+Order of precedence: the call's ``path=`` > the Communicator's ``path=`` > CUDAMPI_PATH > auto.
+A device buffer reaches an MPI call only where the probe (or an explicit ``cuda_aware=yes`` /
+``native_collectives=yes``) says that call works with device memory: on the reference H200 stack
+MPI's own device Allreduce segfaults even where device point-to-point is fine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cudampi.config import PATHS, Config
+from cudampi.errors import ConfigError, DeviceError
+from cudampi.probe.capabilities import Capabilities
+
+REDUCING = ("allreduce", "reduce", "reduce_scatter")
+P2P = ("send", "recv", "isend", "irecv", "sendrecv")
+
+
+class PathChoice(str):
+    """A path name (a ``str``) that also carries ``reason`` and the ``engine`` that runs it.
+
+    engine: ``mpi`` (MPI's own collective on the buffers), ``alg`` (cudampi's algorithms with
+    direct transport), ``staged`` (through host buffers; ``inner`` says what runs on the host).
+    """
+
+    reason: str
+    engine: str
+    inner: str
+
+    def __new__(cls, path: str, reason: str, engine: str, inner: str = "") -> PathChoice:
+        obj = super().__new__(cls, path)
+        obj.reason = reason
+        obj.engine = engine
+        obj.inner = inner
+        return obj
+
+    @property
+    def label(self) -> str:
+        """What the ranks must agree on: the path plus, where it differs, what actually runs."""
+        if self.engine == "alg" and str(self) in ("host", "native"):
+            return f"{self}-alg"
+        return str(self)
+
+
+@dataclass(frozen=True)
+class DeviceSupport:
+    """What MPI may be given device memory for, and why we believe it."""
+
+    p2p: bool
+    p2p_why: str
+    collectives: bool
+    collectives_why: str
+
+
+def device_support(config: Config, caps: Capabilities | None) -> DeviceSupport:
+    if config.cuda_aware == "yes":
+        p2p, p2p_why = True, "cuda_aware=yes (CUDAMPI_CUDA_AWARE) says MPI p2p takes device memory"
+    elif config.cuda_aware == "no":
+        p2p, p2p_why = False, "cuda_aware=no (CUDAMPI_CUDA_AWARE)"
+    elif caps is None:
+        p2p, p2p_why = False, "no probe result for this MPI stack (run `cudampi doctor`)"
+    elif caps.device_p2p.ok:
+        p2p, p2p_why = True, "the probe proved device point-to-point correct"
+    else:
+        p2p, p2p_why = False, f"the probe found device point-to-point {caps.device_p2p.status}"
+    if config.native_collectives == "yes":
+        coll, coll_why = True, "native_collectives=yes (CUDAMPI_NATIVE_COLLECTIVES)"
+    elif config.native_collectives == "no":
+        coll, coll_why = False, "native_collectives=no (CUDAMPI_NATIVE_COLLECTIVES)"
+    elif caps is None:
+        coll, coll_why = False, "no probe result for this MPI stack (run `cudampi doctor`)"
+    elif caps.device_allreduce.ok:
+        coll, coll_why = True, "the probe proved MPI's device Allreduce correct"
+    else:
+        coll, coll_why = False, f"the probe found MPI's device Allreduce {caps.device_allreduce.status}"
+    return DeviceSupport(p2p, p2p_why, coll, coll_why)
+
+
+def check_path(path: str | None, where: str) -> str | None:
+    if path is None:
+        return None
+    if path not in PATHS:
+        raise ConfigError(f"{where}={path!r} is not a path; use one of {', '.join(PATHS)}")
+    return path
+
+
+def choose(
+    call: str,
+    requested: str,
+    on_device: bool,
+    dtype: str,
+    nbytes: int,
+    support: DeviceSupport,
+    *,
+    mpi_reduces: bool,
+) -> PathChoice:
+    """The path for one call. ``mpi_reduces``: MPI has a datatype and op for this reduction."""
+    reducing = call in REDUCING
+    no_mpi = reducing and not mpi_reduces
+    if call in P2P:
+        return _choose_p2p(requested, on_device, support)
+    if not on_device:
+        if requested in ("auto", "host", "native"):
+            name = "host" if requested == "auto" else requested
+            if no_mpi:
+                return PathChoice(
+                    name, f"host memory; MPI has no {dtype} reduction, so cudampi's algorithm "
+                    "reduces it", "alg"
+                )
+            return PathChoice(name, "host memory: MPI's own collective", "mpi")
+        if requested == "gpu-ring":
+            return PathChoice("gpu-ring", "requested; host memory runs the same algorithm", "alg")
+        return PathChoice("staged", "requested; host memory staged through host buffers",
+                          "staged", "alg" if no_mpi else "mpi")
+    if requested == "host":
+        raise DeviceError(
+            f"{call}: path='host' takes host arrays, got a device array. Use path='staged' (or "
+            "auto) for device arrays, or pass a host array."
+        )
+    if requested == "gpu-ring" and not support.p2p:
+        raise DeviceError(
+            f"{call}: path='gpu-ring' needs CUDA-aware MPI point-to-point, which is not proven "
+            f"here ({support.p2p_why}). Run `cudampi doctor`, set CUDAMPI_CUDA_AWARE=yes if you "
+            "know better, or use path='staged'."
+        )
+    if requested == "native" and not support.collectives:
+        raise DeviceError(
+            f"{call}: path='native' hands device buffers to MPI's own collectives, which is not "
+            f"proven here ({support.collectives_why}); on stacks that fail this probe it "
+            "segfaults. Use path='gpu-ring' or 'staged', or set CUDAMPI_NATIVE_COLLECTIVES=yes."
+        )
+    if requested == "auto":
+        if support.p2p:
+            return PathChoice(
+                "gpu-ring", f"device memory, {support.p2p_why}: GPU reduction over device p2p "
+                f"({'ring' if nbytes > 0 else 'no data'})", "alg"
+            )
+        if support.collectives and not no_mpi:
+            return PathChoice("native", f"device memory, {support.collectives_why}", "mpi")
+        return PathChoice(
+            "staged", f"device memory, {support.p2p_why}: staged through pinned host buffers",
+            "staged", "alg" if no_mpi else "mpi"
+        )
+    if requested == "gpu-ring":
+        return PathChoice("gpu-ring", f"requested; {support.p2p_why}", "alg")
+    if requested == "native":
+        if no_mpi:
+            if support.p2p:
+                return PathChoice(
+                    "native", f"requested; MPI has no {dtype} reduction, so cudampi's algorithm "
+                    "runs over device p2p", "alg"
+                )
+            return PathChoice(
+                "staged", f"requested native, but MPI has no {dtype} reduction and device p2p is "
+                f"not proven ({support.p2p_why}): staged", "staged", "alg"
+            )
+        return PathChoice("native", f"requested; {support.collectives_why}", "mpi")
+    return PathChoice("staged", "requested: staged through pinned host buffers", "staged",
+                      "alg" if no_mpi else "mpi")
+
+
+def _choose_p2p(requested: str, on_device: bool, support: DeviceSupport) -> PathChoice:
+    if not on_device:
+        if requested == "staged":
+            return PathChoice("staged", "requested; host memory staged through host buffers",
+                              "staged")
+        return PathChoice("host", "host memory: MPI point-to-point on the array", "mpi")
+    if requested == "host":
+        raise DeviceError(
+            "path='host' takes host arrays, got a device array. Use path='staged' or auto."
+        )
+    if requested in ("auto", "gpu-ring", "native") and support.p2p:
+        return PathChoice("gpu-ring", f"device memory, {support.p2p_why}: direct device p2p", "mpi")
+    if requested in ("gpu-ring", "native"):
+        raise DeviceError(
+            f"path={requested!r} needs CUDA-aware MPI point-to-point, which is not proven here "
+            f"({support.p2p_why}). Run `cudampi doctor` or use path='staged'."
+        )
+    return PathChoice("staged", f"device memory, {support.p2p_why}: staged through pinned host "
+                      "buffers", "staged")

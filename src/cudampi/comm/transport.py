@@ -1,0 +1,186 @@
+"""Moving bytes between ranks: directly on an array's pointer, or staged through host buffers.
+
+:class:`DirectTransport` hands MPI the array's own address (host memory, or device memory when
+the stack was proven CUDA-aware). :class:`StagedTransport` never gives MPI a device pointer: it
+copies device memory to pinned host buffers in chunks (device->host of chunk k+1 overlaps the MPI
+transfer of chunk k; on receipt, the host->device copy of chunk k overlaps the transfer of chunk
+k+1).
+
+Framing: a direct message is one MPI message; a staged message of more than one chunk is a
+sequence of chunk messages. Every receiver accepts both (a message shorter than expected is the
+first chunk of a sequence), so ranks that stage and ranks that do not can talk to each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cudampi.comm.ops import ArrayOps
+from cudampi.errors import CommError
+
+_EMPTY = bytearray(1)
+
+
+def mem(ptr: int, nbytes: int) -> Any:
+    """An mpi4py buffer spec of ``nbytes`` raw bytes at address ``ptr``."""
+    from mpi4py import MPI
+
+    if nbytes == 0:
+        return [_EMPTY, 0, MPI.BYTE]
+    return [MPI.memory.fromaddress(ptr, nbytes), MPI.BYTE]
+
+
+def typed_mem(ptr: int, nbytes: int, count: int, mpi_type: Any) -> Any:
+    """An mpi4py buffer spec of ``count`` elements of ``mpi_type`` at ``ptr``."""
+    from mpi4py import MPI
+
+    if nbytes == 0:
+        return [_EMPTY, 0, mpi_type]
+    return [MPI.memory.fromaddress(ptr, nbytes), count, mpi_type]
+
+
+def chunk_bounds(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of the chunks a staged message of ``nbytes`` is sent in."""
+    step = max(1, chunk_bytes)
+    return [(lo, min(nbytes, lo + step)) for lo in range(0, nbytes, step)]
+
+
+class DirectTransport:
+    """MPI point-to-point on the arrays' own memory. Zero-byte transfers are skipped (both sides
+    compute the same sizes, so both skip)."""
+
+    def __init__(self, comm: Any, ops: ArrayOps, tag: int = 1) -> None:
+        self.comm = comm
+        self.ops = ops
+        self.tag = tag
+
+    def isend(self, a: Any, dest: int) -> Any:
+        from mpi4py import MPI
+
+        n = self.ops.nbytes(a)
+        if n == 0:
+            return MPI.REQUEST_NULL
+        return self.comm.Isend(mem(self.ops.ptr(a), n), dest, self.tag)
+
+    def irecv(self, a: Any, source: int) -> Any:
+        from mpi4py import MPI
+
+        n = self.ops.nbytes(a)
+        if n == 0:
+            return MPI.REQUEST_NULL
+        return self.comm.Irecv(mem(self.ops.ptr(a), n), source, self.tag)
+
+    @staticmethod
+    def wait(req: Any) -> None:
+        req.Wait()
+
+    @staticmethod
+    def waitall(reqs: list[Any]) -> None:
+        if reqs:
+            from mpi4py import MPI
+
+            MPI.Request.Waitall(reqs)
+
+    def sendrecv(self, send: Any, dest: int, recv: Any, source: int) -> None:
+        self.waitall([self.irecv(recv, source), self.isend(send, dest)])
+
+
+def recv_into(comm: Any, ptr: int, nbytes: int, source: int, tag: int) -> int:
+    """Blocking receive of ``nbytes`` at host-accessible or CUDA-aware ``ptr``, accepting one
+    message or a chunk sequence (see the module doc). Returns the actual source."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    comm.Recv(mem(ptr, nbytes), source, tag, status)
+    got = status.Get_count(MPI.BYTE)
+    src = status.Get_source()
+    done = got
+    while done < nbytes:
+        if got == 0:
+            raise CommError(
+                f"received an empty chunk from rank {src} after {done} of {nbytes} bytes; "
+                "sender and receiver disagree on the message size"
+            )
+        comm.Recv(mem(ptr + done, nbytes - done), src, tag, status)
+        got = status.Get_count(MPI.BYTE)
+        done += got
+    return int(src)
+
+
+class StagedTransport:
+    """Point-to-point through pinned host buffers, chunked and pipelined (see the module doc).
+
+    ``stager`` supplies pinned host buffers and asynchronous device<->host copies for one device
+    array library (:mod:`cudampi.comm.staging`).
+    """
+
+    def __init__(self, comm: Any, stager: Any, chunk_bytes: int) -> None:
+        self.comm = comm
+        self.stager = stager
+        self.chunk_bytes = max(1, chunk_bytes)
+
+    def send(self, a: Any, dest: int, tag: int) -> None:
+        st = self.stager
+        n = st.nbytes(a)
+        chunks = chunk_bounds(n, self.chunk_bytes)
+        if len(chunks) <= 1:
+            host = st.pinned(max(n, 1))
+            st.wait(st.d2h(host, a, 0, n))
+            self.comm.Send(mem(st.host_ptr(host), n), dest, tag)
+            return
+        slots = [st.pinned(self.chunk_bytes) for _ in range(2)]
+        reqs: list[Any] = [None, None]
+        ev = st.d2h(slots[0], a, *chunks[0])
+        for k, (lo, hi) in enumerate(chunks):
+            st.wait(ev)
+            if k + 1 < len(chunks):
+                nxt = (k + 1) % 2
+                if reqs[nxt] is not None:
+                    reqs[nxt].Wait()
+                ev = st.d2h(slots[nxt], a, *chunks[k + 1])
+            reqs[k % 2] = self.comm.Isend(mem(st.host_ptr(slots[k % 2]), hi - lo), dest, tag)
+        for r in reqs:
+            if r is not None:
+                r.Wait()
+
+    def recv(self, a: Any, source: int, tag: int) -> int:
+        from mpi4py import MPI
+
+        st = self.stager
+        n = st.nbytes(a)
+        status = MPI.Status()
+        msg = self.comm.Mprobe(source, tag, status)
+        first = status.Get_count(MPI.BYTE)
+        src = status.Get_source()
+        if first >= n or n == 0:
+            # one message: receive it whole, then copy to the device
+            host = st.pinned(max(n, 1))
+            msg.Recv(mem(st.host_ptr(host), n))
+            st.wait(st.h2d(a, host, 0, n))
+            return int(src)
+        # a chunk sequence: chunk k+1 arrives while chunk k is copied to the device
+        slots = [st.pinned(max(first, self.chunk_bytes)) for _ in range(2)]
+        evs: list[Any] = [None, None]
+        done, k = 0, 0
+        msg.Recv(mem(st.host_ptr(slots[0]), first))
+        got = first
+        while True:
+            evs[k % 2] = st.h2d(a, slots[k % 2], done, done + got)
+            done += got
+            if done >= n:
+                break
+            if got == 0:
+                raise CommError(
+                    f"received an empty chunk from rank {src} after {done} of {n} bytes; "
+                    "sender and receiver disagree on the message size"
+                )
+            k += 1
+            if evs[k % 2] is not None:
+                st.wait(evs[k % 2])
+            want = min(n - done, st.host_nbytes(slots[k % 2]))
+            self.comm.Recv(mem(st.host_ptr(slots[k % 2]), want), src, tag, status)
+            got = status.Get_count(MPI.BYTE)
+        for ev in evs:
+            if ev is not None:
+                st.wait(ev)
+        return int(src)

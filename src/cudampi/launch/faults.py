@@ -1,0 +1,309 @@
+"""What went wrong in a job: rank reports + the launcher's own messages -> one summary.
+
+``parse_launcher_output(text, flavour)`` reads the failure messages of Open MPI (prterun), MPICH
+Hydra and srun (tested on real captured output in tests/fixtures/launch); ``build_result`` merges
+them with the ranks' tagged reports (:mod:`cudampi.launch.report`) and fault files into a
+:class:`JobResult` naming host, rank, exit code or signal and the first lines of the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal as _signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cudampi.launch.report import RankReport
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int | None
+    host: str | None
+    exit_code: int | None = None
+    signal: int | None = None
+    lines: tuple[str, ...] = ()
+    """First lines of its error (its traceback's last line first)."""
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        where = f" on host {self.host}" if self.host else ""
+        if self.signal is not None:
+            how = f"was killed by signal {self.signal} ({signal_name(self.signal)})"
+        elif self.exit_code is not None:
+            how = f"exited with code {self.exit_code}"
+        else:
+            how = "failed"
+        return f"{who}{where} {how}"
+
+
+@dataclass(frozen=True)
+class HostFailure:
+    host: str
+    problem: str
+    """unreachable (its daemon never started) or lost (it went away during the run)."""
+    detail: str = ""
+
+    def describe(self) -> str:
+        what = "cannot be reached" if self.problem == "unreachable" else "was lost during the run"
+        return f"host {self.host} {what}" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class LauncherEvents:
+    ranks: tuple[RankFailure, ...] = ()
+    hosts: tuple[HostFailure, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The outcome of one launch; ``exit_code`` is what ``cudampi launch`` exits with."""
+
+    exit_code: int
+    launcher_rc: int
+    failures: tuple[RankFailure, ...] = ()
+    hosts: tuple[HostFailure, ...] = ()
+    interrupted: bool = False
+    duration_s: float = 0.0
+    argv: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def summary(self) -> str:
+        """Human summary (empty when the job succeeded)."""
+        if self.ok:
+            return ""
+        head = "cudampi launch: "
+        if self.interrupted:
+            head += "interrupted (Ctrl-C): every rank was stopped"
+        else:
+            head += f"the job failed (launcher exit status {self.launcher_rc})"
+        out = [head]
+        for h in self.hosts:
+            out.append(f"  - {h.describe()}")
+        for f in self.failures:
+            out.append(f"  - {f.describe()}")
+            out += [f"      | {ln}" for ln in f.lines[:8]]
+        if not self.failures and not self.hosts and not self.interrupted:
+            out.append("  - no rank reported an error; see the launcher's output above")
+        if any(h.problem == "unreachable" for h in self.hosts):
+            out.append(
+                "  fix: check that each host resolves and accepts key-based ssh "
+                "(ssh HOST true), and that the same python and cudampi exist there"
+            )
+        return "\n".join(out)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+_SIG_BY_TEXT = {
+    "Killed": 9,
+    "Segmentation fault": 11,
+    "Aborted": 6,
+    "Terminated": 15,
+    "Bus error": 7,
+    "Floating point exception": 8,
+    "Interrupt": 2,
+    "Hangup": 1,
+    "Illegal instruction": 4,
+}
+
+_WS = r"\s+"
+_OMPI_EXIT = re.compile(r"Process name:\s*\[[^\]]*?,(\d+)\]\s+Exit code:\s*(\d+)")
+_OMPI_SIGNAL = re.compile(
+    r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)", re.S
+)
+_OMPI_ABORT = re.compile(
+    r"MPI_ABORT was invoked on rank (\d+) in communicator \S+.*?Errorcode:\s*(-?\d+)", re.S
+)
+_OMPI_ABORT_NODE = re.compile(r'process rank (\d+) with PID \d+ on node (\S+) calling\s+"abort"')
+_OMPI_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exiting\s+improperly")
+_OMPI_DAEMON = re.compile(r"Remote host:\s+(\S+)\s+Daemon exit status:\s*(-?\d+)")
+_OMPI_LOST = re.compile(
+    r"lost communication with a remote daemon\.(?:.*?\n)*?\s*Remote daemon:\s*\S+\s+on node\s+(\S+)",
+)
+_SSH = re.compile(
+    r"ssh: (?:connect to host (\S+) port \d+: (.+)|Could not resolve hostname ([^:\s]+): (.+))"
+)
+_SSH_TIMEOUT = re.compile(r"Connection to (\S+) port \d+ timed out")
+_SSH_CLOSED = re.compile(r"Connection (?:closed|reset) by (?:remote host )?(\S+?)(?: port \d+)?$", re.M)
+_HYDRA_BAD = re.compile(r"PID \d+ RUNNING AT (\S+)\s*\n=\s*EXIT CODE:\s*(\d+)")
+_HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*?\(signal (\d+)\)")
+_HYDRA_ABORT = re.compile(r"Abort\((-?\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
+_SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$", re.M)
+
+
+def _ranks(spec: str) -> list[int]:
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit():
+            out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
+    """Rank and host failures that the launcher itself reported in ``text`` (its stderr)."""
+    ranks: dict[int | None, RankFailure] = {}
+    hosts: dict[str, HostFailure] = {}
+
+    def add_rank(f: RankFailure) -> None:
+        old = ranks.get(f.rank)
+        if old is None:
+            ranks[f.rank] = f
+            return
+        ranks[f.rank] = RankFailure(
+            f.rank,
+            old.host or f.host,
+            old.exit_code if old.exit_code is not None else f.exit_code,
+            old.signal if old.signal is not None else f.signal,
+            old.lines or f.lines,
+        )
+
+    def add_host(h: HostFailure) -> None:
+        old = hosts.get(h.host)
+        if old is None or (not old.detail and h.detail):
+            hosts[h.host] = h
+
+    # ssh's own words name the host best (Open MPI shortens names in its messages).
+    ssh_detail: dict[str, str] = {}
+    for m in _SSH.finditer(text):
+        host = m.group(1) or m.group(3)
+        ssh_detail[host] = (m.group(2) or m.group(4) or "").strip()
+    for m in _SSH_TIMEOUT.finditer(text):
+        ssh_detail[m.group(1)] = "ssh connection timed out"
+
+    if flavour == "openmpi":
+        for m in _OMPI_EXIT.finditer(text):
+            add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
+        for m in _OMPI_SIGNAL.finditer(text):
+            add_rank(RankFailure(int(m.group(1)), m.group(2), signal=int(m.group(3))))
+        for m in _OMPI_ABORT.finditer(text):
+            add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
+        for m in _OMPI_ABORT_NODE.finditer(text):
+            add_rank(RankFailure(int(m.group(1)), m.group(2)))
+        for m in _OMPI_IMPROPER.finditer(text):
+            add_rank(RankFailure(int(m.group(1)), m.group(2), lines=("exited without finalizing MPI",)))
+        for m in _OMPI_DAEMON.finditer(text):
+            short = m.group(1)
+            full = next((h for h in ssh_detail if h == short or h.split(".")[0] == short), short)
+            add_host(HostFailure(full, "unreachable", ssh_detail.get(full, f"its daemon exited {m.group(2)}")))
+        for m in _OMPI_LOST.finditer(text):
+            add_host(HostFailure(m.group(1), "lost", "its daemon stopped answering"))
+    elif flavour == "mpich":
+        for m in _HYDRA_ABORT.finditer(text):
+            add_rank(RankFailure(int(m.group(2)), None, exit_code=int(m.group(1))))
+        sig = _HYDRA_SIGNAL.search(text)
+        for m in _HYDRA_BAD.finditer(text):
+            code = int(m.group(2))
+            if sig is not None and int(sig.group(1)) == code:
+                add_rank(RankFailure(None, m.group(1), signal=code))
+            else:
+                add_rank(RankFailure(None, m.group(1), exit_code=code))
+    elif flavour == "slurm":
+        for m in _SRUN.finditer(text):
+            host, what = m.group(1), m.group(3).strip()
+            code_m = re.match(r"Exited with exit code (\d+)", what)
+            for r in _ranks(m.group(2)):
+                if code_m:
+                    add_rank(RankFailure(r, host, exit_code=int(code_m.group(1))))
+                else:
+                    name = what.replace(" (core dumped)", "")
+                    add_rank(RankFailure(r, host, signal=_SIG_BY_TEXT.get(name), lines=(what,)))
+    for host, detail in ssh_detail.items():
+        if host not in hosts and not any(h.split(".")[0] == host for h in hosts):
+            add_host(HostFailure(host, "unreachable", detail))
+    return LauncherEvents(tuple(ranks.values()), tuple(hosts.values()))
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen returncode as a shell exit status (killed by signal N -> 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def build_result(
+    launcher_rc: int,
+    reports: Iterable[RankReport],
+    events: LauncherEvents,
+    fault_files: Mapping[int, str] | None = None,
+    *,
+    interrupted: bool = False,
+    duration_s: float = 0.0,
+    argv: Iterable[str] = (),
+) -> JobResult:
+    """Merge the ranks' own reports (exact host, rank, traceback) with the launcher's view
+    (signals, lost hosts) and fault files (a crashed rank's Python stack)."""
+    merged: dict[int | None, RankFailure] = {}
+    for r in reports:
+        merged[r.rank] = RankFailure(r.rank, r.host, exit_code=r.code, lines=r.lines)
+    for f in events.ranks:
+        old = merged.get(f.rank)
+        if old is None and f.rank is None:
+            # Hydra names the host, not the rank: attach to a reported rank on that host.
+            same = [k for k, v in merged.items() if v.host == f.host]
+            if same:
+                old, f = merged[same[0]], dataclasses.replace(f, rank=same[0])
+        if old is None:
+            merged[f.rank] = f
+        else:
+            merged[old.rank] = RankFailure(
+                old.rank,
+                old.host or f.host,
+                old.exit_code if f.signal is None else None,
+                f.signal if f.signal is not None else old.signal,
+                old.lines or f.lines,
+            )
+    for rank, text in (fault_files or {}).items():
+        lines = _fault_lines(text)
+        if not lines:
+            continue
+        old = merged.get(rank)
+        host = _fault_host(text)
+        if old is None:
+            merged[rank] = RankFailure(rank, host, lines=tuple(lines))
+        elif not old.lines:
+            merged[rank] = dataclasses.replace(old, host=old.host or host, lines=tuple(lines))
+    failures = tuple(sorted(merged.values(), key=lambda f: (f.rank is None, f.rank or 0)))
+    code = exit_status(launcher_rc)
+    if code == 0 and (failures or events.hosts):
+        code = 1
+    if interrupted:
+        code = 130
+    return JobResult(
+        exit_code=code,
+        launcher_rc=launcher_rc,
+        failures=failures,
+        hosts=events.hosts,
+        interrupted=interrupted,
+        duration_s=duration_s,
+        argv=tuple(argv),
+    )
+
+
+def _fault_host(text: str) -> str | None:
+    m = re.match(r"host=(\S+)", text)
+    return m.group(1) if m else None
+
+
+def _fault_lines(text: str) -> list[str]:
+    """faulthandler's dump -> 'Fatal Python error: ...' and the innermost frames."""
+    lines = [ln.rstrip() for ln in text.splitlines()[1:] if ln.strip()]
+    if not lines:
+        return []
+    head = [ln for ln in lines if ln.startswith("Fatal Python error")][:1]
+    frames = [ln.strip() for ln in lines if ln.strip().startswith("File ")][:6]
+    return head + frames

@@ -1,0 +1,237 @@
+"""``cudampi.init()``: one call at the top of a script, right under any launcher.
+
+Under ``cudampi launch``, mpirun, mpiexec, srun, torchrun or plain ``python`` it returns who this
+process is (:class:`RankInfo`), sets RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE /
+MASTER_ADDR / MASTER_PORT where missing (what ``torch.distributed``'s ``env://`` reads) and
+selects the rank's CUDA device. Call it before anything touches CUDA, so the first CUDA context
+lands on the rank's own GPU instead of every rank's GPU 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from cudampi.errors import ConfigError, LaunchError
+from cudampi.launch.rankenv import rank_env
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Who this process is in its job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str
+    """torchrun, openmpi, mpich, slurm, env or none (see :mod:`cudampi.launch.rankenv`)."""
+    device: int | None
+    """CUDA ordinal selected for this rank (in this process's numbering); None: no GPU."""
+    host: str
+    master_addr: str
+    master_port: int
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+_STATE: dict[str, RankInfo] = {}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _job_port(env: MutableMapping[str, str]) -> int:
+    """A port every rank of one job computes alike without talking (from the job's id)."""
+    key = "|".join(
+        env.get(k, "")
+        for k in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                  "PMI_PORT", "HYDI_CONTROL_FD", "MASTER_ADDR")
+    )
+    digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return 20000 + digest % 20000
+
+
+def _rendezvous_by_mpi() -> tuple[str, int]:
+    """Rank 0's address and a free port on it, broadcast over MPI (multi-host, no
+    MASTER_ADDR given: only rank 0 knows where it is)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    value = None
+    if comm.rank == 0:
+        host = socket.gethostname()
+        try:
+            addr = socket.gethostbyname(host)
+        except OSError:
+            addr = host
+        if addr.startswith("127."):
+            addr = host
+        value = (addr, _free_port())
+    addr, port = comm.bcast(value, root=0)
+    return str(addr), int(port)
+
+
+def _gpu_count() -> int:
+    from cudampi.launch.gpu import visible_list
+
+    if "torch" in sys.modules:
+        try:
+            return int(sys.modules["torch"].cuda.device_count())
+        except Exception:
+            pass
+    listed = visible_list(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if listed is not None:
+        from cudampi.launch.detect import query_gpus
+
+        return min(len(listed), len(query_gpus())) if listed else 0
+    from cudampi.launch.detect import query_gpus
+
+    return len(query_gpus())
+
+
+def _select_device(device: int) -> str | None:
+    """Make ``device`` current in torch and/or CuPy; returns which library did it."""
+    import importlib.util
+
+    done = []
+    torch_mod: Any = sys.modules.get("torch")
+    cupy_mod: Any = sys.modules.get("cupy")
+    if torch_mod is None and cupy_mod is None:
+        # Neither is loaded yet: selection needs one of them; torch first (the usual user).
+        if importlib.util.find_spec("torch") is not None:
+            torch_mod = importlib.import_module("torch")
+        elif importlib.util.find_spec("cupy") is not None:
+            cupy_mod = importlib.import_module("cupy")
+    if torch_mod is not None:
+        try:
+            if torch_mod.cuda.is_available():
+                torch_mod.cuda.set_device(device)
+                done.append("torch")
+        except RuntimeError as exc:
+            raise LaunchError(
+                f"torch.cuda.set_device({device}) failed: {exc}. LOCAL_RANK "
+                f"{os.environ.get('LOCAL_RANK')!r} has no GPU of its own: run at most one rank "
+                f"per GPU (--gpus-per-node) or set CUDA_VISIBLE_DEVICES"
+            ) from None
+    if cupy_mod is not None:
+        try:
+            cupy_mod.cuda.Device(device).use()
+            done.append("cupy")
+        except Exception:
+            pass
+    return "+".join(done) or None
+
+
+def init(backend: str | None = None, *, select_device: bool = True, **pg_kwargs: Any) -> RankInfo:
+    """Find this process's rank, export the torch.distributed variables, select the GPU.
+
+    ``backend``: if given (``"nccl"``, ``"gloo"``, ``"cudampi"``...), also initialize
+    ``torch.distributed`` with it over ``env://`` (unless already initialized); ``pg_kwargs``
+    go to ``init_process_group``. Calling again returns the same info.
+    Torch is imported only if it is already imported, a GPU must be selected, or ``backend`` is
+    given.
+    """
+    info = _STATE.get("info")
+    if info is None:
+        info = _init_env(os.environ, select_device)
+        _STATE["info"] = info
+    if backend is not None:
+        _init_process_group(backend, info, pg_kwargs)
+    return info
+
+
+def _init_env(env: MutableMapping[str, str], select_device: bool) -> RankInfo:
+    re_ = rank_env(env)
+    env.setdefault("RANK", str(re_.rank))
+    env.setdefault("WORLD_SIZE", str(re_.world_size))
+    env.setdefault("LOCAL_RANK", str(re_.local_rank))
+    env.setdefault("LOCAL_WORLD_SIZE", str(re_.local_world_size))
+    for name, want in (("RANK", re_.rank), ("WORLD_SIZE", re_.world_size)):
+        if env[name] != str(want):
+            raise LaunchError(
+                f"{name}={env[name]!r} but the launcher ({re_.launcher}) says {want}; an outer "
+                f"job's variables leaked in. Unset {name} or launch with one launcher"
+            )
+    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        if re_.world_size == 1 or re_.local_world_size == re_.world_size:
+            env.setdefault("MASTER_ADDR", "127.0.0.1")
+            env.setdefault(
+                "MASTER_PORT", str(_free_port() if re_.world_size == 1 else _job_port(env))
+            )
+        elif re_.launcher in ("openmpi", "mpich"):
+            addr, port = _rendezvous_by_mpi()
+            env.setdefault("MASTER_ADDR", addr)
+            env.setdefault("MASTER_PORT", str(port))
+        elif re_.launcher == "slurm" and (
+            env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        ):
+            from cudampi.launch.plan import expand_nodelist
+
+            nodes = expand_nodelist(
+                env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+            )
+            env.setdefault("MASTER_ADDR", nodes[0])
+            env.setdefault("MASTER_PORT", str(_job_port(env)))
+        else:
+            raise LaunchError(
+                f"rank {re_.rank} of {re_.world_size} spans hosts but MASTER_ADDR/MASTER_PORT "
+                f"are not set and {re_.launcher!r} cannot tell where rank 0 is; export them "
+                f"or start the job with cudampi launch"
+            )
+    try:
+        port = int(env["MASTER_PORT"])
+    except ValueError:
+        raise ConfigError(f"MASTER_PORT={env['MASTER_PORT']!r} is not a port number") from None
+
+    device: int | None = None
+    if select_device:
+        from cudampi.launch.gpu import device_hint
+
+        device = device_hint(env)
+        if device is None and env.get("CUDAMPI_BIND_GPU", "local") != "none":
+            count = _gpu_count()
+            device = re_.local_rank % count if count else None
+        if device is not None:
+            env.setdefault("CUDAMPI_DEVICE", str(device))
+            _select_device(device)
+    return RankInfo(
+        rank=re_.rank,
+        world_size=re_.world_size,
+        local_rank=re_.local_rank,
+        local_world_size=re_.local_world_size,
+        launcher=re_.launcher,
+        device=device,
+        host=socket.gethostname(),
+        master_addr=env["MASTER_ADDR"],
+        master_port=port,
+    )
+
+
+def _init_process_group(backend: str, info: RankInfo, kwargs: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if backend == "cudampi":
+        import importlib
+
+        importlib.import_module("cudampi.torch")  # registers the backend
+    dist.init_process_group(
+        backend=backend, init_method="env://", rank=info.rank, world_size=info.world_size, **kwargs
+    )
+
+
+def reset_for_tests() -> None:
+    """Forget the cached info (tests call init() under several environments in one process)."""
+    _STATE.clear()

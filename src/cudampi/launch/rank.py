@@ -1,0 +1,190 @@
+"""The rank bootstrap: ``python -m cudampi.launch.rank [-m module | script] args...``.
+
+What every rank of ``cudampi launch`` runs first, before the user's code and before CUDA starts:
+
+1. RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from the launcher's own variables;
+2. the GPU (CUDA_VISIBLE_DEVICES or the CUDAMPI_DEVICE hint) and the CPU binding to its NUMA
+   node; NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME from the route to MASTER_ADDR (if unset);
+3. the script, by :mod:`runpy`, as ``python script.py`` / ``python -m module`` would run it.
+
+A failure (an exception, a non-zero ``sys.exit``) is reported as tagged stderr lines naming host
+and rank (see :mod:`cudampi.launch.report`); if MPI was initialized the job is aborted so the
+other ranks do not hang in a collective. A fatal signal's Python traceback goes to
+``$CUDAMPI_REPORT_DIR/rank-<R>.fault`` when that folder exists on this host.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import socket
+import sys
+import traceback
+from collections.abc import MutableMapping, Sequence
+from typing import IO, Any
+
+from cudampi.launch.report import format_report, summarize_exception
+
+USAGE = "usage: python -m cudampi.launch.rank [-m module | script.py] [args...]"
+
+
+def export_rank_env(env: MutableMapping[str, str]) -> Any:
+    """Set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from the launcher's variables."""
+    from cudampi.launch.rankenv import rank_env
+
+    info = rank_env(env)
+    env["RANK"] = str(info.rank)
+    env["WORLD_SIZE"] = str(info.world_size)
+    env["LOCAL_RANK"] = str(info.local_rank)
+    env["LOCAL_WORLD_SIZE"] = str(info.local_world_size)
+    if info.node_rank is not None:
+        env.setdefault("GROUP_RANK", str(info.node_rank))
+    return info
+
+
+def choose_socket_ifname(env: MutableMapping[str, str]) -> str | None:
+    """NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME = this host's interface towards MASTER_ADDR."""
+    if env.get("NCCL_SOCKET_IFNAME") and env.get("GLOO_SOCKET_IFNAME"):
+        return env["NCCL_SOCKET_IFNAME"]
+    master = env.get("MASTER_ADDR")
+    if not master:
+        return None
+    from cudampi.launch.net import route_interface
+
+    iface = route_interface(master)
+    if iface is None:
+        return None
+    env.setdefault("NCCL_SOCKET_IFNAME", iface.name)
+    env.setdefault("GLOO_SOCKET_IFNAME", iface.name)
+    return iface.name
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to kill this rank if its launcher daemon dies (no orphans after kill -9)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _fault_file(rank: int) -> IO[str] | None:
+    folder = os.environ.get("CUDAMPI_REPORT_DIR")
+    if not folder or not os.path.isdir(folder):
+        return None
+    try:
+        f = open(os.path.join(folder, f"rank-{rank}.fault"), "w")  # noqa: SIM115 (kept open)
+        f.write(f"host={socket.gethostname()} pid={os.getpid()}\n")
+        f.flush()
+        return f
+    except OSError:
+        return None
+
+
+def _abort_mpi(code: int) -> None:
+    """If this rank initialized MPI and did not finalize it, abort the whole job."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return
+    try:
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            mpi.COMM_WORLD.Abort(code)
+    except Exception:
+        pass
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    return 1
+
+
+def run(argv: Sequence[str]) -> int:
+    """Prepare this rank, run the target, report a failure. Returns the exit code."""
+    args = list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    if args[0] == "--":
+        args = args[1:]
+    module = None
+    if args[0] == "-m":
+        if len(args) < 2:
+            print(USAGE, file=sys.stderr)
+            return 2
+        module, rest = args[1], args[2:]
+    elif args[0].startswith("-m") and len(args[0]) > 2:
+        module, rest = args[0][2:], args[1:]
+    else:
+        rest = args[1:]
+    host = socket.gethostname()
+    rank = -1
+    try:
+        info = export_rank_env(os.environ)
+        rank = info.rank
+        _die_with_parent()
+        fault = _fault_file(rank)
+        if fault is not None:
+            import faulthandler
+
+            faulthandler.enable(file=fault, all_threads=True)
+        from cudampi.launch.gpu import select_in_rank
+
+        select_in_rank(info.local_rank, os.environ)
+        choose_socket_ifname(os.environ)
+        if module is not None:
+            sys.argv = [module, *rest]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(args[0])
+            sys.argv = [args[0], *rest]
+            sys.path[0] = os.path.dirname(script)
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code != 0:
+            msg = exc.code if isinstance(exc.code, str) else f"exited with code {code}"
+            _report(host, rank, code, [f"SystemExit: {msg}"])
+            _abort_mpi(code)
+        return code
+    except KeyboardInterrupt:
+        _report(host, rank, 130, ["KeyboardInterrupt"])
+        return 130
+    except BaseException:
+        tb = traceback.format_exception(*sys.exc_info())
+        sys.stderr.write("".join(tb))
+        _report(host, rank, 1, summarize_exception(tb))
+        _abort_mpi(1)
+        return 1
+    return 0
+
+
+def _report(host: str, rank: int, code: int, lines: list[str]) -> None:
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    sys.stderr.write(format_report(host, rank, code, lines))
+    sys.stderr.flush()
+
+
+def main() -> None:
+    code = run(sys.argv[1:])
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

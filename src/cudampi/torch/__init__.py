@@ -1,0 +1,30 @@
+"""A torch.distributed backend on cudampi, for stock PyTorch wheels (2.4 and newer).
+
+``import cudampi.torch`` registers the backend ``"cudampi"`` (CPU and CUDA tensors) and the
+rendezvous ``cudampi://``; then, in a script started by ``cudampi launch``, mpirun, mpiexec or
+srun::
+
+    import torch.distributed as dist
+    import cudampi.torch  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("cudampi")  # rank and size from MPI: no MASTER_ADDR needed
+
+Importing this package imports torch (that is its purpose); it starts no MPI and no CUDA: MPI
+starts when the first group is created.
+"""
+
+from __future__ import annotations
+
+from cudampi.torch.backend import BACKEND_NAME, CudampiProcessGroup, Options, register
+from cudampi.torch.rendezvous import INIT_METHOD, mpi_launcher
+
+__all__ = [
+    "BACKEND_NAME",
+    "INIT_METHOD",
+    "CudampiProcessGroup",
+    "Options",
+    "mpi_launcher",
+    "register",
+]
+
+register()

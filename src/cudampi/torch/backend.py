@@ -1,0 +1,615 @@
+"""The ``cudampi`` torch.distributed backend: a Python ``ProcessGroup`` on a cudampi Communicator.
+
+torch creates one :class:`CudampiProcessGroup` per group (``init_process_group`` and every
+``new_group``) through :func:`create_process_group`, registered with
+``torch.distributed.Backend.register_backend(..., extended_api=True, devices=["cpu", "cuda"])``.
+The world group runs on ``MPI.COMM_WORLD`` (or the communicator in :class:`Options`); subgroups
+are ``MPI_Comm_create_group`` over the world, made only by their members, as torch calls the
+creator only on members.
+
+Every collective runs to completion on the calling thread, in call order, and returns a Work
+whose future is already complete, so ``async_op=True``, ``get_future().then(...)``, DDP gradient
+buckets and comm hooks all work unchanged. ``isend``/``irecv`` are truly non-blocking.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cudampi.config import Config
+from cudampi.errors import CommError, ConfigError
+from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
+from cudampi.torch.rendezvous import singleton_message
+from cudampi.torch.work import completed_work, handle_work
+
+BACKEND_NAME = "cudampi"
+
+
+@dataclass(frozen=True)
+class Options:
+    """``pg_options`` for ``init_process_group("cudampi", pg_options=Options(...))``.
+
+    ``comm``: the mpi4py intracommunicator the world group runs on (default ``MPI.COMM_WORLD``);
+    its size and rank must be torch's. ``path`` / ``config``: passed to every
+    :class:`cudampi.comm.Communicator` of the group (``path`` in auto, gpu-ring, staged, native,
+    host; default: ``CUDAMPI_PATH`` or auto). ``abort_on_exception``: an uncaught exception on
+    any rank aborts the whole MPI job, so the other ranks fail at once instead of hanging in
+    their next collective.
+    """
+
+    comm: Any = None
+    path: str | None = None
+    config: Config | None = None
+    abort_on_exception: bool = True
+
+
+@dataclass
+class _World:
+    """The MPI communicator under the current default group (one per init_process_group)."""
+
+    mpi_comm: Any
+    options: Options
+
+
+_WORLD: list[_World] = []  # the live default group's world; torch has one default group
+
+
+def _where(rank: int, size: int) -> str:
+    return f"rank {rank} of {size} on {socket.gethostname()}"
+
+
+def _open_world(options: Options, rank: int, size: int) -> _World:
+    if options.comm is not None:
+        mpi_comm = options.comm
+    else:
+        from mpi4py import MPI
+
+        mpi_comm = MPI.COMM_WORLD
+    if mpi_comm.size != size or mpi_comm.rank != rank:
+        if mpi_comm.size == 1 and size > 1:
+            raise ConfigError(singleton_message(size))
+        raise ConfigError(
+            f"torch made this process rank {rank} of a {size}-process group, but its MPI "
+            f"communicator says rank {mpi_comm.rank} of {mpi_comm.size} (host "
+            f"{socket.gethostname()}). The cudampi backend needs torch's ranks to be MPI's. "
+            "Fix: under mpirun/mpiexec/srun drop RANK/WORLD_SIZE/rank=/world_size= so the "
+            "cudampi rendezvous takes them from MPI (or set init_method='cudampi://'); or pass "
+            "pg_options=cudampi.torch.Options(comm=...) with a communicator that matches."
+        )
+    world = _World(mpi_comm=mpi_comm, options=options)
+    _WORLD[:] = [world]
+    if options.abort_on_exception:
+        _install_abort_on_exception()
+    return world
+
+
+_HOOK_LOCK = threading.Lock()
+
+
+def _install_abort_on_exception() -> None:
+    """Chain ``sys.excepthook``: print the traceback, then ``MPI_Abort`` the job.
+
+    Without it a rank that raises exits while the others block forever in their next
+    collective. The message goes to the real stderr, since torch's own excepthook (installed
+    after the backend is made) buffers what the previous hook writes.
+    """
+    with _HOOK_LOCK:
+        if getattr(sys.excepthook, "_cudampi_abort", False):
+            return
+        previous = sys.excepthook
+
+        def abort_hook(exc_type: Any, exc: Any, tb: Any) -> None:
+            import traceback
+
+            from mpi4py import MPI
+
+            world = MPI.COMM_WORLD
+            err = sys.__stderr__ or sys.stderr
+            text = "".join(traceback.format_exception(exc_type, exc, tb))
+            err.write(
+                f"{text}cudampi: {_where(world.rank, world.size)} raised "
+                f"{exc_type.__name__}: {exc}; aborting the MPI job so the other ranks fail "
+                "now instead of hanging in their next collective.\n"
+            )
+            err.flush()
+            if exc_type is KeyboardInterrupt or world.size == 1:
+                previous(exc_type, exc, tb)
+                return
+            world.Abort(1)
+
+        abort_hook._cudampi_abort = True  # type: ignore[attr-defined]
+        sys.excepthook = abort_hook
+
+
+def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProcessGroup:
+    """The creator torch calls (``extended_api=True``) for the world group and each subgroup."""
+    if pg_options is None:
+        options = _WORLD[0].options if _WORLD and dist_opts.global_ranks_in_group else Options()
+    elif isinstance(pg_options, Options):
+        options = pg_options
+    else:
+        raise ConfigError(
+            f"pg_options={pg_options!r} is not a cudampi.torch.Options. Fix: pass "
+            "cudampi.torch.Options(path=..., comm=...) or nothing."
+        )
+    rank, size = int(dist_opts.group_rank), int(dist_opts.group_size)
+    ranks = [int(r) for r in dist_opts.global_ranks_in_group]
+    group_id = str(getattr(dist_opts, "group_id", ""))
+    if not ranks:
+        world = _open_world(options, rank, size)
+        mpi_comm = world.mpi_comm.Dup()
+    else:
+        if not _WORLD:
+            raise CommError(
+                "cudampi: new_group was called before init_process_group('cudampi'). Fix: "
+                "initialize the default group first."
+            )
+        parent = _WORLD[0].mpi_comm
+        mpi_group = parent.Get_group()
+        sub_group = mpi_group.Incl(ranks)
+        try:
+            mpi_comm = parent.Create_group(sub_group)
+        finally:
+            sub_group.Free()
+            mpi_group.Free()
+        if mpi_comm.rank != rank or mpi_comm.size != size:
+            raise CommError(
+                f"cudampi: the MPI subgroup of world ranks {ranks} puts this process at rank "
+                f"{mpi_comm.rank} of {mpi_comm.size}, torch at {rank} of {size}. This is a bug."
+            )
+    from cudampi.comm import Communicator
+
+    comm = Communicator(mpi_comm, path=options.path, config=options.config)
+    return CudampiProcessGroup(comm, mpi_comm, rank, size, ranks, group_id)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _write_back(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if src is not dst:
+        dst.copy_(src.view(dst.shape) if src.numel() == dst.numel() else src)
+
+
+def _premul(x: torch.Tensor, factor: Any, *, in_place: bool) -> torch.Tensor:
+    if factor is None:
+        return x
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(x.device)
+    return x.mul_(factor) if in_place else x * factor
+
+
+class CudampiProcessGroup(dist.ProcessGroup):
+    """One torch.distributed group whose collectives run on a :class:`cudampi.comm.Communicator`.
+
+    Method names cover torch 2.4 to 2.13 (``_allgather_base`` became ``all_gather_single``,
+    ``_reduce_scatter_base`` ``reduce_scatter_single``, ``alltoall_base`` ``all_to_all_single``).
+    """
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def __init__(
+        self,
+        comm: Any,
+        mpi_comm: Any,
+        rank: int,
+        size: int,
+        global_ranks: Sequence[int] = (),
+        group_id: str = "",
+    ) -> None:
+        super().__init__(rank, size)
+        self._comm = comm
+        self._mpi_comm = mpi_comm
+        self._rank = rank
+        self._size = size
+        self._global_ranks = list(global_ranks) or list(range(size))
+        self._cudampi_group_name = group_id
+        self._cudampi_group_desc = ""
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close, comm, mpi_comm)
+
+    # --- identity ---------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"CudampiProcessGroup(rank={self._rank}, size={self._size}, ranks={self._global_ranks})"
+
+    @property
+    def communicator(self) -> Any:
+        """The :class:`cudampi.comm.Communicator` this group runs on."""
+        return self._comm
+
+    def _set_group_name(self, name: str) -> None:
+        # torch <= 2.5 keeps a group's name in its backends, and a Python group has none, so the
+        # name is also kept here (DeviceMesh and functional collectives look groups up by it).
+        self._cudampi_group_name = name
+        try:
+            super()._set_group_name(name)
+        except RuntimeError:
+            pass
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._cudampi_group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._cudampi_group_desc = desc
+        try:
+            super()._set_group_desc(desc)
+        except (RuntimeError, AttributeError):
+            pass
+
+    @property
+    def group_desc(self) -> str:  # type: ignore[override]
+        return self._cudampi_group_desc
+
+    def _get_backend(self, device: Any) -> CudampiProcessGroup:
+        # A Python group has no c10d backend per device; torch's Python code that asks for one
+        # (FSDP allocation, init_process_group(device_id=...)) only reads the supports_* flags.
+        return self
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        return False
+
+    def shutdown(self) -> None:
+        """Free this group's communicators (``destroy_process_group`` calls it)."""
+        self._closed = True
+        self._finalizer()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CommError(
+                f"cudampi process group {self._global_ranks} was destroyed. Fix: create a new "
+                "group (dist.new_group / init_process_group) before using it."
+            )
+
+    # --- collectives ------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        self._check_open()
+        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        for t in tensors:
+            check_dtype(spec, t.dtype)
+            buf = _contiguous(t)
+            _premul(buf, spec.premul, in_place=True)
+            self._comm.allreduce(buf, spec.op, out=buf)
+            _write_back(t, buf)
+        return completed_work(tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        self._check_open()
+        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        # One flat buffer per (device, dtype): fewer, larger messages.
+        buckets: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        for t in tensors:
+            check_dtype(spec, t.dtype)
+            buckets.setdefault((str(t.device), t.dtype), []).append(t)
+        for group in buckets.values():
+            flat = torch.cat([t.reshape(-1) for t in group])
+            _premul(flat, spec.premul, in_place=True)
+            self._comm.allreduce(flat, spec.op, out=flat)
+            offset = 0
+            for t in group:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view(t.shape))
+                offset += n
+        return completed_work(tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        self._check_open()
+        root = int(opts.rootRank) if opts is not None else 0
+        for t in tensors:
+            buf = _contiguous(t)
+            self._comm.broadcast(buf, root=root)
+            _write_back(t, buf)
+        return completed_work(tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        self._check_open()
+        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        root = int(opts.rootRank) if opts is not None else 0
+        for t in tensors:
+            check_dtype(spec, t.dtype)
+            src = _premul(_contiguous(t), spec.premul, in_place=False)
+            # Only the root's tensor changes (as with NCCL); the others keep their input.
+            if self._rank == root:
+                out = _contiguous(t)
+                self._comm.reduce(src, spec.op, root=root, out=out)
+                _write_back(t, out)
+            else:
+                self._comm.reduce(src, spec.op, root=root)
+        return completed_work(tensors)
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        self._check_open()
+        for outs, inp in zip(output_tensors, input_tensors):
+            self._allgather_list(outs, inp)
+        return completed_work(output_tensors)
+
+    def _allgather_list(self, outs: list[torch.Tensor], inp: torch.Tensor) -> None:
+        if len(outs) != self._size:
+            raise CommError(
+                f"all_gather: {len(outs)} output tensors for a group of {self._size}. Fix: pass "
+                "one output tensor per rank."
+            )
+        src = _contiguous(inp)
+        counts = [o.numel() for o in outs]
+        if all(c == src.numel() for c in counts):
+            gathered = self._comm.allgather(src)
+            for o, g in zip(outs, gathered):
+                o.copy_(g.view(o.shape))
+        else:
+            flat = self._comm.allgatherv(src.reshape(-1), counts)
+            offset = 0
+            for o, c in zip(outs, counts):
+                o.copy_(flat[offset : offset + c].view(o.shape))
+                offset += c
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        return self.allgather(output_lists, input_list, opts)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        self._check_open()
+        self._allgather_into(output, input)
+        return completed_work([output])
+
+    _allgather_base = all_gather_single
+
+    def _allgather_into(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        if output.numel() != self._size * input.numel():
+            raise CommError(
+                f"all_gather_into_tensor: output has {output.numel()} elements, expected "
+                f"{self._size} x {input.numel()} (group size x input). Fix the output size."
+            )
+        src = _contiguous(input)
+        out = _contiguous(output)
+        self._comm.allgather(src, out=out.view(self._size, *src.shape))
+        _write_back(output, out)
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        self._check_open()
+        for out, inp in zip(outputs, inputs):
+            self._allgather_into(out, inp)
+        return completed_work(outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+    ) -> Any:
+        self._check_open()
+        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        for out, ins in zip(output_tensors, input_tensors):
+            check_dtype(spec, out.dtype)
+            if len(ins) != self._size:
+                raise CommError(
+                    f"reduce_scatter: {len(ins)} input tensors for a group of {self._size}. "
+                    "Fix: pass one input tensor per rank."
+                )
+            counts = [t.numel() for t in ins]
+            flat = torch.cat([t.reshape(-1) for t in ins])
+            _premul(flat, spec.premul, in_place=True)
+            if all(c == out.numel() for c in counts):
+                buf = _contiguous(out)
+                self._comm.reduce_scatter(flat.view(self._size, -1), spec.op, out=buf.view(1, -1))
+                _write_back(out, buf)
+            else:
+                res = self._comm.reduce_scatter(flat, spec.op, counts=counts)
+                out.copy_(res.view(out.shape))
+        return completed_work(output_tensors)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        self._check_open()
+        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        self._reduce_scatter_into(output, input, spec)
+        return completed_work([output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, spec: Any) -> None:
+        check_dtype(spec, input.dtype)
+        if input.numel() != self._size * output.numel():
+            raise CommError(
+                f"reduce_scatter_tensor: input has {input.numel()} elements, expected "
+                f"{self._size} x {output.numel()} (group size x output). Fix the input size."
+            )
+        src = _premul(_contiguous(input), spec.premul, in_place=False)
+        out = _contiguous(output)
+        self._comm.reduce_scatter(src.view(self._size, -1), spec.op, out=out.view(1, -1))
+        _write_back(output, out)
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        self._check_open()
+        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        for out, inp in zip(outputs, inputs):
+            self._reduce_scatter_into(out, inp, spec)
+        return completed_work(outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> Any:
+        self._check_open()
+        send = element_counts(input_split_sizes, list(input.shape), self._size, "input")
+        recv = element_counts(output_split_sizes, list(output.shape), self._size, "output")
+        src = _contiguous(input)
+        out = _contiguous(output)
+        if len(set(send)) == 1 and send == recv:
+            self._comm.alltoall(src.view(self._size, -1), out=out.view(self._size, -1))
+        else:
+            self._comm.alltoall(
+                src.view(-1), out=out.view(-1), send_counts=send, recv_counts=recv
+            )
+        _write_back(output, out)
+        return completed_work([output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        self._check_open()
+        if len(output_tensors) != self._size or len(input_tensors) != self._size:
+            raise CommError(
+                f"all_to_all: {len(input_tensors)} inputs and {len(output_tensors)} outputs for a "
+                f"group of {self._size}. Fix: pass one tensor per rank in each list."
+            )
+        send = [t.numel() for t in input_tensors]
+        recv = [t.numel() for t in output_tensors]
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        flat_out = torch.empty(sum(recv), dtype=flat_in.dtype, device=flat_in.device)
+        self._comm.alltoall(flat_in, out=flat_out, send_counts=send, recv_counts=recv)
+        offset = 0
+        for o, c in zip(output_tensors, recv):
+            o.copy_(flat_out[offset : offset + c].view(o.shape))
+            offset += c
+        return completed_work(output_tensors)
+
+    def gather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        self._check_open()
+        root = int(opts.rootRank) if opts is not None else 0
+        src = _contiguous(input_tensors[0])
+        gathered = self._comm.gather(src, root=root)
+        if self._rank == root:
+            outs = output_tensors[0]
+            if len(outs) != self._size:
+                raise CommError(
+                    f"gather: {len(outs)} output tensors on the root for a group of "
+                    f"{self._size}. Fix: pass gather_list with one tensor per rank."
+                )
+            for o, g in zip(outs, gathered):
+                o.copy_(g.view(o.shape))
+        return completed_work(output_tensors)
+
+    def scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+    ) -> Any:
+        self._check_open()
+        root = int(opts.rootRank) if opts is not None else 0
+        out = _contiguous(output_tensors[0])
+        if self._rank == root:
+            ins = input_tensors[0]
+            if len(ins) != self._size:
+                raise CommError(
+                    f"scatter: {len(ins)} input tensors on the root for a group of "
+                    f"{self._size}. Fix: pass scatter_list with one tensor per rank."
+                )
+            src = torch.stack([_contiguous(t).view(out.shape) for t in ins])
+            self._comm.scatter(src, root=root, out=out)
+        else:
+            self._comm.scatter(None, root=root, out=out)
+        _write_back(output_tensors[0], out)
+        return completed_work(output_tensors)
+
+    def barrier(self, opts: Any = None) -> Any:
+        self._check_open()
+        self._comm.barrier()
+        return completed_work([])
+
+    # --- point to point ---------------------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> Any:
+        self._check_open()
+        buf = _contiguous(tensors[0])
+        handle = self._comm.isend(buf, int(dstRank), tag=int(tag))
+        return handle_work(handle, (tensors, buf))
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> Any:
+        self._check_open()
+        t = tensors[0]
+        buf = _contiguous(t)
+        handle = self._comm.irecv(buf, int(srcRank), tag=int(tag))
+        after: Callable[[], None] | None = None
+        if buf is not t:
+
+            def after() -> None:
+                t.copy_(buf)
+
+        return handle_work(handle, tensors, source=int(srcRank), after=after)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
+        # Probe (blocking) for the first matching message on the Communicator's point-to-point
+        # communicator, then receive exactly that sender's message: a chunked (staged) message
+        # then arrives whole from one rank, and the Work can tell torch the source.
+        from mpi4py import MPI
+
+        self._check_open()
+        status = MPI.Status()
+        self._comm.mpi_comm.Probe(MPI.ANY_SOURCE, int(tag), status)
+        return self.recv(tensors, status.Get_source(), tag)
+
+    # --- coalescing (ops already ran; nothing is pending at the end) ------------------------
+    def _start_coalescing(self, device: Any) -> None:
+        self._check_open()
+
+    def _end_coalescing(self, device: Any) -> Any:
+        return completed_work([])
+
+
+def _close(comm: Any, mpi_comm: Any) -> None:
+    try:
+        comm.close()
+    finally:
+        try:
+            from mpi4py import MPI
+
+            if not MPI.Is_finalized() and mpi_comm != MPI.COMM_NULL:
+                mpi_comm.Free()
+        except Exception:  # noqa: BLE001 - freeing at teardown must not mask the real error
+            pass
+
+
+def register() -> None:
+    """Register the ``cudampi`` backend and the ``cudampi://`` rendezvous with torch (idempotent).
+
+    Also lets the default ``env://`` take rank and size from MPI where its variables are missing
+    under an MPI launcher, so a plain ``init_process_group("cudampi")`` works under mpirun.
+    """
+    import importlib
+
+    from cudampi.torch import rendezvous as ours
+
+    # (``torch.distributed.rendezvous`` the attribute is a function; the module is this one.)
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        kwargs: dict[str, Any] = {"extended_api": True}
+        try:
+            dist.Backend.register_backend(
+                BACKEND_NAME, create_process_group, devices=["cpu", "cuda"], **kwargs
+            )
+        except TypeError:  # a wheel without devices= (older than cudampi supports)
+            dist.Backend.register_backend(BACKEND_NAME, create_process_group, **kwargs)
+    if ours.SCHEME not in rdzv._rendezvous_handlers:
+        rdzv.register_rendezvous_handler(ours.SCHEME, ours.mpi_rendezvous)
+    ours.wrap_env_handler(rdzv._rendezvous_handlers)

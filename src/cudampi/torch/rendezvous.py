@@ -1,0 +1,195 @@
+"""Rendezvous for ``init_process_group`` under an MPI launcher: rank and size come from MPI.
+
+``cudampi://`` (registered by ``import cudampi.torch``) takes rank and size from
+``MPI.COMM_WORLD``, starts a ``TCPStore`` on rank 0 and broadcasts its address over MPI, so no
+MASTER_ADDR, MASTER_PORT, RANK or WORLD_SIZE is needed. The default ``env://`` is wrapped so that
+a plain ``init_process_group("cudampi")`` under mpirun/mpiexec/srun does the same *when those
+variables are missing* (where env:// would raise); with them set (torchrun) env:// runs unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlparse
+
+from cudampi.errors import ConfigError
+
+SCHEME = "cudampi"
+INIT_METHOD = f"{SCHEME}://"
+"""``init_process_group(backend, init_method=cudampi.torch.INIT_METHOD)`` takes ranks from MPI."""
+
+LAUNCHER_ENV: tuple[tuple[str, str, str], ...] = (
+    # (launcher, rank variable, size variable): set by the launcher in every rank it starts.
+    ("Open MPI mpirun/prterun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("MPICH/Hydra mpiexec", "PMI_RANK", "PMI_SIZE"),
+    ("PMIx launcher", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("Slurm srun", "SLURM_PROCID", "SLURM_NTASKS"),
+)
+
+_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+
+
+def mpi_launcher(env: Mapping[str, str]) -> tuple[str, int, int] | None:
+    """``(launcher, rank, size)`` if ``env`` is that of a rank started by an MPI launcher.
+
+    Pure: reads only ``env``. A Slurm batch shell has SLURM_NTASKS but no SLURM_STEP_ID, so it
+    does not count: only tasks of an ``srun`` step do.
+    """
+    for name, rank_var, size_var in LAUNCHER_ENV:
+        if rank_var in env and size_var in env:
+            if rank_var == "SLURM_PROCID" and "SLURM_STEP_ID" not in env:
+                continue
+            try:
+                return name, int(env[rank_var]), int(env[size_var])
+            except ValueError:
+                continue
+    return None
+
+
+def needs_mpi_rendezvous(url: str, env: Mapping[str, str]) -> bool:
+    """Would ``env://`` fail here for want of variables that MPI can stand in for?"""
+    query = urlparse(url).query
+    missing = [v for v in _ENV_VARS if not env.get(v)]
+    if "rank=" in query:
+        missing = [v for v in missing if v != "RANK"]
+    if "world_size=" in query:
+        missing = [v for v in missing if v != "WORLD_SIZE"]
+    return bool(missing) and mpi_launcher(env) is not None
+
+
+def _query_int(url: str, key: str) -> int:
+    for pair in urlparse(url).query.split("&"):
+        k, _, v = pair.partition("=")
+        if k == key and v:
+            return int(v)
+    return -1
+
+
+def _store_address(comm: Any, env: Mapping[str, str]) -> str:
+    """The address rank 0's TCPStore is reached at: loopback on one host, else a routable one."""
+    hosts = comm.allgather(socket.gethostname())
+    if env.get("MASTER_ADDR"):
+        return env["MASTER_ADDR"]
+    if len(set(hosts)) == 1:
+        return "127.0.0.1"
+    if comm.rank != 0:
+        return ""
+    try:
+        addr = socket.gethostbyname(hosts[0])
+    except OSError:
+        addr = ""
+    if not addr or addr.startswith("127."):
+        # The hostname maps to loopback (a common /etc/hosts entry): ask the routing table which
+        # source address reaches other hosts. A UDP connect sends nothing.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect(("10.255.255.255", 1))
+                addr = s.getsockname()[0]
+            except OSError:
+                addr = hosts[0]
+    return addr
+
+
+def mpi_rendezvous(
+    url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any
+) -> Iterator[tuple[Any, int, int]]:
+    """torch rendezvous handler: ``(store, rank, world_size)`` from MPI.COMM_WORLD.
+
+    Rank 0 starts a TCPStore (on MASTER_PORT if set, else a free port) and broadcasts its address
+    and port to every rank over MPI. A rank or world size in the URL must agree with MPI's.
+    """
+    from mpi4py import MPI
+    from torch.distributed import TCPStore
+
+    comm = MPI.COMM_WORLD
+    want_rank, want_size = _query_int(url, "rank"), _query_int(url, "world_size")
+    host = socket.gethostname()
+    asked = max(want_size, _env_int(os.environ, "WORLD_SIZE"))
+    if comm.size == 1 and asked > 1:
+        raise ConfigError(singleton_message(asked))
+    if (want_rank != -1 and want_rank != comm.rank) or (want_size != -1 and want_size != comm.size):
+        raise ConfigError(
+            f"init_process_group was given rank={want_rank} world_size={want_size}, but MPI "
+            f"says this process is rank {comm.rank} of {comm.size} (host {host}). The cudampi "
+            "rendezvous takes rank and size from MPI. Fix: drop rank=/world_size= (and RANK/"
+            "WORLD_SIZE), or set them to MPI's values."
+        )
+    addr = _store_address(comm, os.environ)
+    port = int(os.environ.get("MASTER_PORT", "0") or 0)
+    store = None
+    error = ""
+    if comm.rank == 0:
+        try:
+            store = TCPStore(
+                "0.0.0.0" if addr != "127.0.0.1" else addr,
+                port,
+                comm.size,
+                True,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+            port = store.port
+        except Exception as exc:  # noqa: BLE001 - told to every rank below, then raised
+            error = f"{type(exc).__name__}: {exc}"
+    addr, port, error = comm.bcast((addr, port, error), root=0)
+    if error:
+        raise ConfigError(
+            f"cudampi rendezvous: rank 0 could not start the TCPStore on port {port}: {error}. "
+            "Fix: set MASTER_PORT to a free port (or unset it to pick one)."
+        )
+    if store is None:
+        try:
+            store = TCPStore(addr, port, comm.size, False, timeout=timeout)
+        except Exception as exc:
+            raise ConfigError(
+                f"cudampi rendezvous: rank {comm.rank} on {host} cannot reach rank 0's TCPStore "
+                f"at {addr}:{port}: {exc}. Fix: set MASTER_ADDR to an address of rank 0's host "
+                "that every host can reach (and open the port), then rerun."
+            ) from exc
+    comm.Barrier()
+    yield store, comm.rank, comm.size
+    raise RuntimeError("cudampi:// cannot re-rendezvous: the MPI job's membership is fixed")
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env.get(name, "-1") or -1)
+    except ValueError:
+        return -1
+
+
+def singleton_message(world_size: int) -> str:
+    """Why torchrun-started processes cannot form one cudampi group, and what to do instead."""
+    return (
+        f"torch asks for a group of {world_size} processes, but this process is a 1-process MPI "
+        "job (an MPI singleton): it was not started by mpirun/mpiexec/srun, e.g. torchrun "
+        "started it. cudampi needs the processes in one MPI job; Open MPI 5 cannot join "
+        "singletons afterwards (MPI_Comm_accept/connect and MPI_Comm_join fail with "
+        "MPI_ERR_INTERN without a shared PMIx server). Fix: launch with `cudampi launch -n "
+        f"{world_size} script.py` or `mpirun -n {world_size} python script.py` instead of "
+        "torchrun (no MASTER_ADDR needed), or use backend 'gloo'/'nccl' under torchrun."
+    )
+
+
+def wrap_env_handler(handlers: dict[str, Callable[..., Any]]) -> None:
+    """Make ``handlers['env']`` fall back to :func:`mpi_rendezvous` where env:// would fail.
+
+    Idempotent. Only used where the env variables are missing *and* an MPI launcher started
+    this process, i.e. exactly where stock env:// raises "environment variable ... expected".
+    """
+    original = handlers.get("env")
+    if original is None or getattr(original, "_cudampi_wrapped", False):
+        return
+
+    def env_or_mpi(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+        if needs_mpi_rendezvous(url, os.environ):
+            return mpi_rendezvous(url, **kwargs)
+        return original(url, **kwargs)  # type: ignore[no-any-return]
+
+    env_or_mpi._cudampi_wrapped = True  # type: ignore[attr-defined]
+    env_or_mpi.__doc__ = original.__doc__
+    handlers["env"] = env_or_mpi

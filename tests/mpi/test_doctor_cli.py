@@ -1,0 +1,219 @@
+"""`cudampi doctor` for real: child processes, real mpiexec jobs, real MPI installs.
+
+The mismatch and MPICH scenarios use the real PyPI ``mpich`` wheel installed into a temporary
+prefix, the UCX recipe the real ``libucx-cu13`` wheel (its CUDA transports cannot load without
+a GPU, which the doctor must say).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cudampi_cli
+from tests.mpirun import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def _doctor(*args: str, env: dict[str, str] | None = None, timeout: float = 240):
+    proc = cudampi_cli("doctor", *args, env=env, timeout=timeout)
+    return proc
+
+
+def _json(proc) -> dict:
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"not JSON (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}") from None
+
+
+def _check(doc: dict, name: str) -> dict:
+    for c in doc["checks"]:
+        if c["name"] == name:
+            return c
+    raise AssertionError(f"no check {name!r} in {[c['name'] for c in doc['checks']]}")
+
+
+def _pip_install(tmp: Path, spec: str, how: list[str]) -> Path:
+    dest = tmp / "dest"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+         "--disable-pip-version-check", *how, str(dest), spec],
+        capture_output=True, text=True, timeout=300,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot install {spec} from the package index here: {proc.stderr.strip()[-300:]}")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def mpich_prefix(tmp_path_factory) -> Path:
+    """A real MPICH 5.0.2 (the PyPI wheel) in its own prefix: bin/mpiexec, lib/libmpi.so.12."""
+    prefix = _pip_install(tmp_path_factory.mktemp("mpich"), "mpich==5.0.2", ["--prefix"])
+    assert (prefix / "bin" / "mpiexec").exists() and (prefix / "lib" / "libmpi.so.12").exists()
+    return prefix
+
+
+@pytest.fixture(scope="session")
+def libucx_dir(tmp_path_factory) -> Path:
+    """The real libucx-cu13 1.22.0 package folder."""
+    target = _pip_install(tmp_path_factory.mktemp("ucx"), "libucx-cu13==1.22.0", ["--target"])
+    return target / "libucx"
+
+
+def rank_reads_the_cache(comm, cache_dir, expected_key):
+    """In a rank launched like the probe: the key it computes finds the doctor's entry."""
+    from mpi4py import MPI
+
+    from cudampi.probe import capabilities
+
+    key = capabilities.stack_key(MPI.Get_library_version(), os.environ)
+    assert key == expected_key, (key, capabilities.stack_env())
+    caps = capabilities.load(cache_dir, key)
+    assert caps is not None
+    assert caps.device_p2p.status == "skipped" and not caps.device_p2p.ok
+
+
+def test_doctor_json_on_the_wheels(isolated_cache):
+    proc = _doctor("--json")
+    doc = _json(proc)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert doc["exit_code"] == 0 and doc["summary"]["fail"] == 0
+    for c in doc["checks"]:
+        assert set(c) == {"name", "section", "status", "detail", "fix"}
+        assert c["status"] in ("ok", "warn", "fail", "n/a")
+        assert c["status"] in ("ok", "n/a") or c["fix"], c  # every warning says what to do
+    assert _check(doc, "MPI library")["status"] == "ok"
+    assert "Open MPI 5.0.11" in _check(doc, "MPI library")["detail"]
+    for name in ("host p2p", "host allreduce"):
+        c = _check(doc, name)
+        assert c["status"] == "ok" and c["detail"].startswith("2 ranks, correct data"), c
+    probes = doc["data"]["runtime"]["probes"]
+    assert probes["host_p2p"]["report"]["size"] == 2
+    assert probes["host_p2p"]["report"]["ok"] is True and probes["host_p2p"]["gbps"] > 0
+    # no GPU here: device probes are n/a, not failures, and the MPI is honestly not CUDA-aware
+    for name in ("device p2p", "device allreduce", "host-staged allreduce", "GPUs"):
+        assert _check(doc, name)["status"] == "n/a"
+    build = _check(doc, "CUDA build")
+    assert build["status"] == "warn" and "built_with_cuda_support=false" in build["detail"]
+    assert "MPIX_Query_cuda_support()=0 in a rank" in build["detail"]
+    aware = _check(doc, "CUDA-aware MPI")
+    assert aware["status"] == "warn" and aware["detail"].startswith("no")
+    assert "libucx-cu13" in aware["fix"] and "conda-forge" in aware["fix"]
+    # the cache entry is where a rank launched the same way will look for it
+    caps = doc["data"]["capabilities"]
+    assert caps is not None and caps["device_p2p"]["status"] == "skipped"
+    key = doc["data"]["cache"]["keys"][0]
+    assert Path(doc["data"]["cache"]["path"]) == isolated_cache / "capabilities.json"
+    run_mpi(2, __file__, "rank_reads_the_cache", str(isolated_cache), key)
+
+
+def test_doctor_text_no_runtime(isolated_cache):
+    proc = _doctor("--no-runtime")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.startswith("cudampi doctor")
+    assert "host p2p" in out and "skipped (--no-runtime)" in out
+    assert "-> exit 0" in out.splitlines()[-1]
+    assert not (isolated_cache / "capabilities.json").exists()  # nothing probed, nothing cached
+
+
+def test_mpirun_on_path_is_a_different_mpi(mpich_prefix, isolated_cache):
+    env = {"PATH": f"{mpich_prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = _doctor("--no-runtime", "--json", "-x", "UCX_TLS=tcp,self", env=env)
+    doc = _json(proc)
+    assert proc.returncode == 1
+    c = _check(doc, "mpirun on PATH")
+    assert c["status"] == "fail"
+    assert f"{mpich_prefix}/bin/mpirun is MPICH 5.0.2 but mpi4py loads Open MPI 5.0.11" in c["detail"]
+    beside = Path(sys.executable).parent / "mpiexec"
+    assert f"launch with {beside}" in c["fix"]
+    assert f"MPI4PY_LIBMPI={mpich_prefix}/lib/libmpi.so" in c["fix"]
+    inst = _check(doc, "MPI installations")
+    assert "MPICH 5.0.2" in inst["detail"] and "Open MPI 5.0.11" in inst["detail"]
+    # -x UCX_TLS=tcp,self reaches the ranks: flagged (warn without a GPU)
+    s = _check(doc, "MPI/UCX/NCCL settings")
+    assert s["status"] in ("warn", "fail") and "UCX_TLS" in s["detail"]
+
+
+def test_mpi4py_on_mpich_is_probed_with_its_own_hydra(mpich_prefix, isolated_cache):
+    env = {"MPI4PY_LIBMPI": str(mpich_prefix / "lib" / "libmpi.so.12")}
+    doc = _json(proc := _doctor("--json", env=env))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "MPICH 5.0.2" in _check(doc, "MPI library")["detail"]
+    assert _check(doc, "probe launcher")["detail"].startswith(str(mpich_prefix / "bin" / "mpiexec"))
+    for name in ("host p2p", "host allreduce"):
+        assert _check(doc, name)["status"] == "ok"
+    assert "configured without CUDA" in _check(doc, "CUDA build")["detail"]
+    assert doc["data"]["capabilities"]["mpi_library"].startswith("MPICH Version:")
+
+
+def test_pml_ucx_that_cannot_be_selected_is_reported(isolated_cache):
+    doc = _json(proc := _doctor("--json", "--mca", "pml", "ucx"))
+    assert proc.returncode == 1
+    c = _check(doc, "host p2p")
+    assert c["status"] == "fail"
+    assert "no usable PML" in c["detail"] and "pml_ucx_tls any" in c["fix"]
+    assert _check(doc, "capabilities cache")["status"] == "warn"  # nothing proven, nothing saved
+
+
+def test_preload_ucx_recipe(libucx_dir, isolated_cache):
+    doc = _json(proc := _doctor(
+        "--json", "--preload-ucx", str(libucx_dir),
+        # no InfiniBand and no GPU here: pml ucx accepts only shm/tcp when told so
+        "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
+    ))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for name in ("host p2p", "host allreduce"):
+        assert _check(doc, name)["status"] == "ok"
+    ucx = _check(doc, "UCX transports")
+    assert "libucx wheel UCX 1.22.0" in ucx["detail"]
+    assert "built with CUDA, but cuda_copy/cuda_ipc not loaded" in ucx["detail"]
+    argv = doc["data"]["runtime"]["probes"]["host_p2p"]["argv"]
+    assert ["--mca", "pml", "ucx"] == argv[argv.index("pml") - 1 : argv.index("pml") + 2]
+    env = doc["data"]["capabilities"]["env"]  # as the ranks saw it
+    assert env["LD_PRELOAD"].split(":")[0] == str(libucx_dir / "lib" / "libucs.so.0")
+    assert env["UCX_MODULE_DIR"] == str(libucx_dir / "lib" / "ucx")
+    assert env["OMPI_MCA_pml"] == "ucx"
+
+
+def test_a_hung_probe_is_reported_not_waited_for(isolated_cache):
+    doc = _json(proc := _doctor("--json", "--timeout", "0.5"))
+    assert proc.returncode == 1
+    c = _check(doc, "host p2p")
+    assert c["status"] == "fail" and c["detail"].startswith("timeout: hung")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-x", "NOEQUALS"], "expected VAR=VALUE"),
+        (["--ranks", "1"], "--ranks must be at least 2"),
+        (["--preload-ucx", "/nonexistent"], "no lib/libucp.so.0 there"),
+        (["--size", "lots"], "expected a size"),
+    ],
+)
+def test_usage_errors_exit_2(args, message):
+    proc = _doctor(*args, "--no-runtime")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+
+
+def rank_sees_its_launcher(comm):
+    from cudampi.probe.launcher import detect_launcher
+
+    info = detect_launcher(os.environ)
+    assert info.name in ("open-mpi", "mpich-hydra"), info
+    assert (info.rank, info.size) == (comm.rank, comm.size)
+    assert info.local_rank == comm.rank  # one host
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_launcher_detected_in_real_ranks(n):
+    run_mpi(n, __file__, "rank_sees_its_launcher")

