@@ -30,7 +30,9 @@ def _json(proc) -> dict:
     try:
         return json.loads(proc.stdout)
     except ValueError:
-        raise AssertionError(f"not JSON (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}") from None
+        raise AssertionError(
+            f"not JSON (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        ) from None
 
 
 def _check(doc: dict, name: str) -> dict:
@@ -43,12 +45,27 @@ def _check(doc: dict, name: str) -> dict:
 def _pip_install(tmp: Path, spec: str, how: list[str]) -> Path:
     dest = tmp / "dest"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-         "--disable-pip-version-check", *how, str(dest), spec],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-compile",
+            "--disable-pip-version-check",
+            *how,
+            str(dest),
+            spec,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if proc.returncode != 0:
-        pytest.skip(f"cannot install {spec} from the package index here: {proc.stderr.strip()[-300:]}")
+        pytest.skip(
+            f"cannot install {spec} from the package index here: {proc.stderr.strip()[-300:]}"
+        )
     return dest
 
 
@@ -114,14 +131,18 @@ def test_doctor_json_on_the_wheels(isolated_cache):
     run_mpi(2, __file__, "rank_reads_the_cache", str(isolated_cache), key)
 
 
-def test_doctor_text_no_runtime(isolated_cache):
-    proc = _doctor("--no-runtime")
+def test_doctor_text_no_runtime(isolated_cache, tmp_path):
+    proc = _doctor("--no-runtime", "--save-json", str(tmp_path / "r.json"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert out.startswith("cudampi doctor")
     assert "host p2p" in out and "skipped (--no-runtime)" in out
     assert "-> exit 0" in out.splitlines()[-1]
     assert not (isolated_cache / "capabilities.json").exists()  # nothing probed, nothing cached
+    saved = json.loads((tmp_path / "r.json").read_text())  # the same report, as JSON
+    assert [c["name"] for c in saved["checks"]][:3] == ["python", "mpi4py", "MPI library"]
+    for c in saved["checks"]:
+        assert c["name"] in out
 
 
 def test_mpirun_on_path_is_a_different_mpi(mpich_prefix, isolated_cache):
@@ -131,7 +152,9 @@ def test_mpirun_on_path_is_a_different_mpi(mpich_prefix, isolated_cache):
     assert proc.returncode == 1
     c = _check(doc, "mpirun on PATH")
     assert c["status"] == "fail"
-    assert f"{mpich_prefix}/bin/mpirun is MPICH 5.0.2 but mpi4py loads Open MPI 5.0.11" in c["detail"]
+    assert (
+        f"{mpich_prefix}/bin/mpirun is MPICH 5.0.2 but mpi4py loads Open MPI 5.0.11" in c["detail"]
+    )
     beside = Path(sys.executable).parent / "mpiexec"
     assert f"launch with {beside}" in c["fix"]
     assert f"MPI4PY_LIBMPI={mpich_prefix}/lib/libmpi.so" in c["fix"]
@@ -164,11 +187,20 @@ def test_pml_ucx_that_cannot_be_selected_is_reported(isolated_cache):
 
 
 def test_preload_ucx_recipe(libucx_dir, isolated_cache):
-    doc = _json(proc := _doctor(
-        "--json", "--preload-ucx", str(libucx_dir),
-        # no InfiniBand and no GPU here: pml ucx accepts only shm/tcp when told so
-        "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
-    ))
+    doc = _json(
+        proc := _doctor(
+            "--json",
+            "--preload-ucx",
+            str(libucx_dir),
+            # no InfiniBand and no GPU here: pml ucx accepts only shm/tcp when told so
+            "--mca",
+            "pml_ucx_tls",
+            "any",
+            "--mca",
+            "pml_ucx_devices",
+            "any",
+        )
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     for name in ("host p2p", "host allreduce"):
         assert _check(doc, name)["status"] == "ok"
@@ -176,7 +208,7 @@ def test_preload_ucx_recipe(libucx_dir, isolated_cache):
     assert "libucx wheel UCX 1.22.0" in ucx["detail"]
     assert "built with CUDA, but cuda_copy/cuda_ipc not loaded" in ucx["detail"]
     argv = doc["data"]["runtime"]["probes"]["host_p2p"]["argv"]
-    assert ["--mca", "pml", "ucx"] == argv[argv.index("pml") - 1 : argv.index("pml") + 2]
+    assert argv[argv.index("pml") - 1 : argv.index("pml") + 2] == ["--mca", "pml", "ucx"]
     env = doc["data"]["capabilities"]["env"]  # as the ranks saw it
     assert env["LD_PRELOAD"].split(":")[0] == str(libucx_dir / "lib" / "libucs.so.0")
     assert env["UCX_MODULE_DIR"] == str(libucx_dir / "lib" / "ucx")
@@ -217,3 +249,17 @@ def rank_sees_its_launcher(comm):
 @pytest.mark.parametrize("n", [2, 4])
 def test_launcher_detected_in_real_ranks(n):
     run_mpi(n, __file__, "rank_sees_its_launcher")
+
+
+def test_doctor_started_on_two_ranks_reports_once(isolated_cache):
+    from tests.mpirun import mpi_env, mpiexec_argv
+
+    argv = [*mpiexec_argv(2), sys.executable, "-m", "cudampi", "doctor", "--no-runtime", "--json"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=mpi_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)  # one document: only rank 0 printed
+    c = _check(doc, "launcher")
+    assert c["status"] == "ok"
+    assert c["detail"].startswith(("open-mpi: rank 0 of 2", "mpich-hydra: rank 0 of 2"))
+    # the launcher's own OMPI_MCA_* variables are not mistaken for user settings
+    assert "OMPI_MCA_PREFIXES" not in _check(doc, "MPI/UCX/NCCL settings")["detail"]

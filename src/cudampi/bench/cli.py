@@ -138,7 +138,7 @@ def _meta(session: Any, o: opts.Options) -> dict[str, Any]:
         "gpu_name": session.gpu_name,
         "shares_gpu": session.shares_gpu,
         "host": platform.node(),
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0].strip(),
+        "mpi_library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip(),
         "warmup": o.warmup,
         "iters": o.iters,
         "check": o.check,

@@ -56,12 +56,12 @@ def plot_collectives(result: BenchResult, out: str | Path) -> Path:
         rows = [r for r in result.rows if (r.op, r.dtype, r.redop) == (op, dtype, redop)]
         if op != "copy":
             rows += [r for r in copy_rows if r.dtype == dtype]
-        for path in dict.fromkeys(r.path for r in rows):
-            pts = sorted((r.size, r.busbw) for r in rows if r.path == path and r.busbw > 0)
+        for name in dict.fromkeys(r.path for r in rows):
+            pts = sorted((r.size, r.busbw) for r in rows if r.path == name and r.busbw > 0)
             if not pts:
                 continue
-            style = ":" if path in ("copy", "mpi") else "-"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3, label=path)
+            style = ":" if name in ("copy", "mpi") else "-"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3, label=name)
         _draw_limit(ax, result.limit)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

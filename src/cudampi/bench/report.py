@@ -47,6 +47,11 @@ def fmt(value: float, width: int) -> str:
     return f"{value:{width}.1e}" if width >= 7 else f"{value:{width}.0e}"
 
 
+def sig(value: float) -> str:
+    """Three significant digits (the side-by-side table spans 8 B to 1 GB)."""
+    return f"{value:.3g}"
+
+
 Block = tuple[str, str, str | None]  # op, dtype, redop
 
 
@@ -164,12 +169,12 @@ def _side_by_side(result: BenchResult, op: str, dtype: str, redop: str | None) -
     table: dict[int, dict[str, float]] = {}
     for r in rows:
         table.setdefault(r.size, {})[r.path] = r.busbw
-    width = max(9, *(len(p) for p in paths))
+    width = max(10, *(len(p) for p in paths))
     lines = [f"# busbw (GB/s) side by side: {_title(op, dtype, redop)}"]
     lines.append("# " + f"{'size (B)':>10s}" + "".join(f"  {p:>{width}s}" for p in paths))
     for size in sorted(table):
         cells = "".join(
-            f"  {fmt(table[size][p], width) if p in table[size] else '-':>{width}s}" for p in paths
+            f"  {sig(table[size][p]) if p in table[size] else '-':>{width}s}" for p in paths
         )
         lines.append(f"  {size:>10d}{cells}")
     lines.append("#")

@@ -244,6 +244,7 @@ def reduce(ctx: Ctx, work: Any, op: str, dtype: str, root: int) -> None:
             exchange(ctx, work, whole, (vr - mask + root) % n, work, (0, 0), 0)
             break
         if vr + mask < n:
+            ops.fence()  # the previous reduction still reads tmp
             exchange(ctx, work, (0, 0), 0, tmp, whole, (vr + mask + root) % n)
             ops.reduce(work, tmp, op, dtype)
         mask <<= 1

@@ -12,7 +12,6 @@ it can never match a collective's internal messages.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +21,16 @@ from cudampi.comm import native, staged
 from cudampi.comm.buffers import DTYPES, Buf, adapt, empty_like_shape, flat, same_memory
 from cudampi.comm.handle import Handle, Worker, completed
 from cudampi.comm.ops import ArrayOps, check_op, ops_for
-from cudampi.comm.paths import PathChoice, check_path, choose, device_support
+from cudampi.comm.paths import DeviceSupport, PathChoice, check_path, choose, device_support
 from cudampi.comm.staging import stager_for
-from cudampi.comm.transport import DirectTransport, StagedTransport, mem, recv_into
+from cudampi.comm.transport import (
+    DirectTransport,
+    StagedTransport,
+    mem,
+    opens_sequence,
+    recv_into,
+    recv_rest,
+)
 from cudampi.comm.validate import Signature, check
 from cudampi.config import Config
 from cudampi.errors import CommError, CudampiError, DeviceError
@@ -115,6 +121,11 @@ class Communicator:
             new.Free()
 
     # ------------------------------------------------------------------ paths
+
+    @property
+    def device_support(self) -> DeviceSupport:
+        """What MPI may be given device memory for here (from the probe cache or config)."""
+        return self._support
 
     def path_for(self, op: str, x: Any, nbytes: int | None = None) -> PathChoice:
         """The path this communicator's default would take for collective ``op`` on ``x``; the
@@ -777,7 +788,7 @@ class Communicator:
                     f, source, tag
                 )
         else:
-            recv_into(self.mpi_comm, ops.ptr(f), b.nbytes, source, tag)
+            recv_into(self.mpi_comm, ops.ptr(f), b.nbytes, source, tag, self.config.chunk_bytes)
         return x
 
     def isend(self, x: Any, dest: int, tag: int = 0, *, path: str | None = None) -> Handle:
@@ -820,11 +831,13 @@ class Communicator:
 
         def finish() -> None:
             got = status.Get_count(MPI.BYTE)
-            if got < n:  # a chunked (staged) sender: the rest follows from the same rank
-                recv_into_rest(self.mpi_comm, ptr, n, got, status.Get_source(), tag)
+            if opens_sequence(got, n, self.config.chunk_bytes):
+                # a chunked (staged) sender: the rest follows from the same rank
+                recv_rest(self.mpi_comm, ptr, n, got, status.Get_source(), tag)
+                got = n
             if st is not None:
                 with ops.device_ctx():
-                    st.wait(st.h2d(f, host, 0, n))
+                    st.wait(st.h2d(f, host, 0, got))
 
         def poll(block: bool) -> bool:
             if block:
@@ -846,22 +859,6 @@ class Communicator:
         s = self.isend(x, dest, tag, path=path)
         s.wait()
         return r.wait()
-
-
-def recv_into_rest(comm: Any, ptr: int, nbytes: int, done: int, source: int, tag: int) -> None:
-    """Receive the remaining chunks of a chunk sequence whose first ``done`` bytes arrived."""
-    from mpi4py import MPI
-
-    status = MPI.Status()
-    while done < nbytes:
-        comm.Recv(mem(ptr + done, nbytes - done), source, tag, status)
-        got = status.Get_count(MPI.BYTE)
-        if got == 0:
-            raise CommError(
-                f"rank {source} sent an empty chunk after {done} of {nbytes} bytes; sender and "
-                f"receiver disagree on the message size (on {socket.gethostname()})"
-            )
-        done += got
 
 
 def _prod(shape: tuple[int, ...]) -> int:

@@ -6,9 +6,11 @@ copies device memory to pinned host buffers in chunks (device->host of chunk k+1
 transfer of chunk k; on receipt, the host->device copy of chunk k overlaps the transfer of chunk
 k+1).
 
-Framing: a direct message is one MPI message; a staged message of more than one chunk is a
-sequence of chunk messages. Every receiver accepts both (a message shorter than expected is the
-first chunk of a sequence), so ranks that stage and ranks that do not can talk to each other.
+Framing: a direct message is one MPI message; a staged message of more than ``chunk_bytes`` is
+a sequence of chunk messages of exactly ``chunk_bytes`` (the last one shorter). Every receiver
+accepts both: a message of exactly ``chunk_bytes`` that is shorter than the receive buffer opens a
+sequence, any other shorter message is complete as MPI would deliver it. So ranks that stage and
+ranks that do not can talk to each other (all ranks must use the same ``chunk_bytes``).
 """
 
 from __future__ import annotations
@@ -85,26 +87,40 @@ class DirectTransport:
         self.waitall([self.irecv(recv, source), self.isend(send, dest)])
 
 
-def recv_into(comm: Any, ptr: int, nbytes: int, source: int, tag: int) -> int:
-    """Blocking receive of ``nbytes`` at host-accessible or CUDA-aware ``ptr``, accepting one
-    message or a chunk sequence (see the module doc). Returns the actual source."""
+def opens_sequence(got: int, nbytes: int, chunk_bytes: int) -> bool:
+    """Whether a first message of ``got`` bytes into a buffer of ``nbytes`` starts a chunk
+    sequence (see the module doc)."""
+    return got < nbytes and got == chunk_bytes
+
+
+def recv_into(comm: Any, ptr: int, nbytes: int, source: int, tag: int, chunk_bytes: int) -> int:
+    """Blocking receive of up to ``nbytes`` at host-accessible or CUDA-aware ``ptr``, accepting
+    one message or a chunk sequence (see the module doc). Returns the actual source."""
     from mpi4py import MPI
 
     status = MPI.Status()
     comm.Recv(mem(ptr, nbytes), source, tag, status)
     got = status.Get_count(MPI.BYTE)
-    src = status.Get_source()
-    done = got
+    src = int(status.Get_source())
+    if opens_sequence(got, nbytes, chunk_bytes):
+        recv_rest(comm, ptr, nbytes, got, src, tag)
+    return src
+
+
+def recv_rest(comm: Any, ptr: int, nbytes: int, done: int, source: int, tag: int) -> None:
+    """Receive the remaining chunks of a sequence whose first ``done`` bytes arrived."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
     while done < nbytes:
+        comm.Recv(mem(ptr + done, nbytes - done), source, tag, status)
+        got = status.Get_count(MPI.BYTE)
         if got == 0:
             raise CommError(
-                f"received an empty chunk from rank {src} after {done} of {nbytes} bytes; "
-                "sender and receiver disagree on the message size"
+                f"rank {source} sent an empty chunk after {done} of {nbytes} bytes; sender and "
+                "receiver disagree on the message size or on chunk_bytes (CUDAMPI_CHUNK_BYTES)"
             )
-        comm.Recv(mem(ptr + done, nbytes - done), src, tag, status)
-        got = status.Get_count(MPI.BYTE)
         done += got
-    return int(src)
 
 
 class StagedTransport:
@@ -152,11 +168,11 @@ class StagedTransport:
         msg = self.comm.Mprobe(source, tag, status)
         first = status.Get_count(MPI.BYTE)
         src = status.Get_source()
-        if first >= n or n == 0:
+        if not opens_sequence(first, n, self.chunk_bytes):
             # one message: receive it whole, then copy to the device
             host = st.pinned(max(n, 1))
             msg.Recv(mem(st.host_ptr(host), n))
-            st.wait(st.h2d(a, host, 0, n))
+            st.wait(st.h2d(a, host, 0, min(first, n)))
             return int(src)
         # a chunk sequence: chunk k+1 arrives while chunk k is copied to the device
         slots = [st.pinned(max(first, self.chunk_bytes)) for _ in range(2)]

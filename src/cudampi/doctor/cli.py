@@ -4,6 +4,7 @@ a usage error."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -31,37 +32,65 @@ def _size(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
-        "--no-runtime", action="store_true",
+        "--save-json",
+        metavar="FILE",
+        default=None,
+        help="also write the JSON report to FILE (text and JSON from one run)",
+    )
+    parser.add_argument(
+        "--no-runtime",
+        action="store_true",
         help="skip the runtime probe (no mpiexec jobs; build and environment checks only)",
     )
     parser.add_argument(
-        "--mpiexec", metavar="PATH",
+        "--mpiexec",
+        metavar="PATH",
         help="launcher for the probe ranks (default: the mpiexec of the MPI that mpi4py loads)",
     )
     parser.add_argument(
-        "--preload-ucx", nargs="?", const="auto", default=None, metavar="LIBUCX_DIR",
+        "--preload-ucx",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="LIBUCX_DIR",
         help="test the PyPI UCX recipe: preload libucx-cu12/13's libucs/libucm/libuct/libucp, "
         "set UCX_MODULE_DIR and add --mca pml ucx (default: the importable libucx package)",
     )
     parser.add_argument(
-        "--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+        "--mca",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
         help="an Open MPI MCA setting for the probe ranks (repeatable)",
     )
     parser.add_argument(
-        "-x", dest="exports", type=_kv, action="append", default=[], metavar="VAR=VALUE",
+        "-x",
+        dest="exports",
+        type=_kv,
+        action="append",
+        default=[],
+        metavar="VAR=VALUE",
         help="an environment variable for the probe ranks (repeatable)",
     )
     parser.add_argument(
-        "--size", type=_size, default=16 << 20, metavar="BYTES",
+        "--size",
+        type=_size,
+        default=16 << 20,
+        metavar="BYTES",
         help="message size of the runtime probes, e.g. 16M (default), 256M",
     )
     parser.add_argument("--ranks", type=int, default=2, help="probe ranks (default 2)")
     parser.add_argument(
-        "--timeout", type=float, default=None, metavar="SECONDS",
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
         help="seconds each probe job may run before it is reported hung (default: CUDAMPI_PROBE_TIMEOUT or 90)",
     )
     parser.add_argument(
-        "--cache-dir", default=None,
+        "--cache-dir",
+        default=None,
         help="where to save the probed capabilities (default: CUDAMPI_CACHE_DIR or ~/.cache/cudampi)",
     )
 
@@ -84,8 +113,11 @@ def _facts_data(facts: Any) -> dict[str, Any]:
         for test, why in runtime.skipped.items():
             probes[test] = {"status": "skipped", "detail": why}
     return {
-        "python": {"version": facts.python_version, "executable": facts.python,
-                   "platform": facts.platform},
+        "python": {
+            "version": facts.python_version,
+            "executable": facts.python,
+            "platform": facts.platform,
+        },
         "mpi_library": facts.library,
         "installations": facts.installations,
         "path_launcher": dict(zip(("path", "vendor", "version"), facts.path_launcher)),
@@ -99,8 +131,12 @@ def _facts_data(facts: Any) -> dict[str, Any]:
         "python_gpu": facts.python_gpu,
         "launcher": facts.launcher.launcher,
         "interfaces": facts.launcher.interfaces,
-        "runtime": {"note": facts.runtime_note, "size": facts.options.nbytes,
-                    "ranks": facts.options.ranks, "probes": probes},
+        "runtime": {
+            "note": facts.runtime_note,
+            "size": facts.options.nbytes,
+            "ranks": facts.options.ranks,
+            "probes": probes,
+        },
         "capabilities": facts.capabilities.to_json() if facts.capabilities else None,
         "cache": {"path": facts.cache_path, "keys": list(facts.cache_keys)},
     }
@@ -114,9 +150,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks < 2:
         raise ConfigError(f"--ranks must be at least 2 (p2p needs a peer), got {args.ranks!r}")
-    config = Config.load(
-        {"probe_timeout": args.timeout, "cache_dir": args.cache_dir}
-    )
+    from cudampi.probe.launcher import detect_launcher
+
+    launcher = detect_launcher(os.environ)
+    if launcher.rank not in (None, 0):
+        # Started on several ranks (mpirun -n N cudampi doctor): rank 0 diagnoses and prints;
+        # the others would only repeat it and start N copies of the probe jobs.
+        return 0
+    config = Config.load({"probe_timeout": args.timeout, "cache_dir": args.cache_dir})
     options = DoctorOptions(
         mpiexec=args.mpiexec,
         preload_ucx=args.preload_ucx,
@@ -130,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
     )
     facts = gather(options)
     report = Report.of(all_checks(facts), _facts_data(facts))
+    if args.save_json:
+        from pathlib import Path
+
+        Path(args.save_json).write_text(render_json(report))
     sys.stdout.write(render_json(report) if args.json else render_text(report))
     sys.stdout.flush()
     return report.exit_code

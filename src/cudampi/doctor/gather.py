@@ -80,6 +80,10 @@ class Facts:
     ucx_package: str | None
     options: DoctorOptions
     ranks_env: dict[str, str]
+    """The settings (OMPI_MCA_*, UCX_*, ... and the capabilities-key variables) the probe ranks
+    get: the caller's, minus an enclosing job's launcher variables, plus ``--mca``/``-x``."""
+    settings_env: dict[str, str]
+    """The whole environment the ranks get (checked, never printed: it may hold secrets)."""
     gpu_system: GpuSystem
     python_gpu: PythonGpu
     launcher: LauncherEnv
@@ -212,9 +216,7 @@ def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Fact
         runtime = RuntimeResult(
             {**host_runs.runs, **device.runs}, {**host_runs.skipped, **device.skipped}
         )
-        capabilities, cache_path, keys = _save_capabilities(
-            runtime, library, predicted_env, options
-        )
+        capabilities, cache_path, keys = _save_capabilities(runtime, options)
     return Facts(
         python_version=platform.python_version(),
         python=sys.executable,
@@ -236,6 +238,7 @@ def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Fact
             for k, v in predicted_env.items()
             if k in caps_mod.STACK_ENV or k.startswith(SETTING_PREFIXES)
         },
+        settings_env=dict(predicted_env),
         gpu_system=gpu_system,
         python_gpu=python_gpu,
         launcher=launcher,
@@ -249,29 +252,20 @@ def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Fact
 
 
 def _save_capabilities(
-    runtime: RuntimeResult,
-    library: MpiLibrary,
-    predicted_env: Mapping[str, str],
-    options: DoctorOptions,
+    runtime: RuntimeResult, options: DoctorOptions
 ) -> tuple[Capabilities | None, str | None, tuple[str, ...]]:
-    """Cache what the probe proved, under the key the ranks computed for themselves (what
-    :class:`~cudampi.comm.Communicator` computes in a job launched the same way) and under the
-    key predicted from the launch options when that differs."""
+    """Cache what the probe proved under the key the ranks computed for themselves: what a
+    :class:`~cudampi.comm.Communicator` computes in a job launched the same way (same MPI,
+    same ``--mca``/``-x`` settings, same launcher). Nothing is saved when the host probes failed:
+    with no entry, cudampi assumes nothing is CUDA-aware."""
     facts = runtime.rank_facts
-    if facts is None:
-        return None, None, ()
-    host_ok = all(runtime.outcome(t).ok for t in ("host_p2p", "host_allreduce"))
-    if not host_ok:
+    if facts is None or not all(runtime.outcome(t).ok for t in HOST_TESTS):
         return None, None, ()
     p2p = runtime.outcome("device_p2p")
     copy = runtime.runs.get("copy")
     copy_gbps = copy.outcome.gbps if copy is not None and copy.outcome.ok else None
-    keys = [str(facts["key"])]
-    predicted = caps_mod.stack_key(library.library_version, predicted_env)
-    if predicted not in keys:
-        keys.append(predicted)
     gpu = next(
-        (r.report.get("device") for r in runtime.runs.values() if r.report and r.report.get("device")),
+        (r.report["device"] for r in runtime.runs.values() if r.report and r.report.get("device")),
         None,
     )
     cache_dir = options.cache_dir
@@ -279,20 +273,16 @@ def _save_capabilities(
         from cudampi.config import Config
 
         cache_dir = Config.load().cache_dir
-    first: Capabilities | None = None
-    path = None
-    for key in keys:
-        caps = Capabilities(
-            key=key,
-            mpi_library=str(facts["library_version"]),
-            device_p2p=p2p,
-            device_allreduce=runtime.outcome("device_allreduce"),
-            host_staged=runtime.outcome("host_staged"),
-            host_copy_gbps=copy_gbps,
-            silent_staging=staging_verdict(p2p.gbps if p2p.ok else None, copy_gbps),
-            gpu=str(gpu) if gpu else None,
-            env=dict(facts.get("env") or {}),
-        )
-        path = str(caps_mod.save(cache_dir, caps))
-        first = first or caps
-    return first, path, tuple(keys)
+    caps = Capabilities(
+        key=str(facts["key"]),
+        mpi_library=str(facts["library_version"]),
+        device_p2p=p2p,
+        device_allreduce=runtime.outcome("device_allreduce"),
+        host_staged=runtime.outcome("host_staged"),
+        host_copy_gbps=copy_gbps,
+        silent_staging=staging_verdict(p2p.gbps if p2p.ok else None, copy_gbps),
+        gpu=str(gpu) if gpu else None,
+        env=dict(facts.get("env") or {}),
+    )
+    path = caps_mod.save(cache_dir, caps)
+    return caps, str(path), (caps.key,)

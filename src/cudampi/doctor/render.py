@@ -14,25 +14,30 @@ from cudampi.doctor.report import Report
 _MARK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "n/a": "n/a"}
 
 
+def _wrap(text: str, width: int) -> list[str]:
+    # Paths and commands stay whole so that they can be copied from the terminal.
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+
+
 def render_text(report: Report, width: int | None = None) -> str:
     """A table grouped by section; every non-ok row is followed by its fix."""
     width = width or max(80, min(160, shutil.get_terminal_size((120, 24)).columns))
     name_w = max([len(c.name) for c in report.checks] + [5])
-    lead = name_w + 2 + 6
+    lead = name_w + 2 + 6 + 2
     body_w = max(30, width - lead)
     lines: list[str] = [f"cudampi doctor {__version__}", ""]
-    lines.append(f"{'check'.ljust(name_w)}  {'status'.ljust(4)}  detail")
+    lines.append(f"{'check'.ljust(name_w)}  {'status'.ljust(6)}  detail")
     lines.append("-" * min(width, lead + body_w))
     section = None
     for c in report.checks:
         if c.section != section:
             section = c.section
             lines.append(f"[{section}]")
-        wrapped = textwrap.wrap(c.detail, body_w) or [""]
-        lines.append(f"{c.name.ljust(name_w)}  {_MARK[c.status].ljust(4)}  {wrapped[0]}")
+        wrapped = _wrap(c.detail, body_w) or [""]
+        lines.append(f"{c.name.ljust(name_w)}  {_MARK[c.status].ljust(6)}  {wrapped[0]}")
         lines += [" " * lead + w for w in wrapped[1:]]
         if c.fix and c.status in ("warn", "fail"):
-            fix = textwrap.wrap("fix: " + c.fix, body_w)
+            fix = _wrap("fix: " + c.fix, body_w)
             lines += [" " * lead + w for w in fix]
     n = report.counts
     lines.append("-" * min(width, lead + body_w))

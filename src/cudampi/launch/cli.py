@@ -46,59 +46,92 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--hostfile", default=None, help="hostfile (host slots=N or host:N lines)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="ranks (GPUs) per node")
     parser.add_argument(
-        "--launcher", default="auto",
+        "--launcher",
+        default="auto",
         help="auto, mpirun, mpiexec, srun or a path (auto: srun in a Slurm allocation, else the "
         "mpiexec beside this python, else PATH)",
     )
     parser.add_argument(
-        "--bind-to", dest="bind", default="gpu", choices=BINDS,
+        "--bind-to",
+        dest="bind",
+        default="gpu",
+        choices=BINDS,
         help="gpu: each rank to its GPU's NUMA cores (default); none; or the launcher's core/numa/socket",
     )
     parser.add_argument(
-        "--gpu-bind", default="local", choices=GPU_BINDS,
+        "--gpu-bind",
+        default="local",
+        choices=GPU_BINDS,
         help="local: all GPUs visible, device LOCAL_RANK %% GPUs (default); visible: "
         "CUDA_VISIBLE_DEVICES cut to the rank's GPU; none",
     )
     parser.add_argument(
-        "--cuda-aware", default="auto", choices=("auto", "yes", "no"),
+        "--cuda-aware",
+        default="auto",
+        choices=("auto", "yes", "no"),
         help="preload the libucx wheel under --mca pml ucx (auto: when a GPU and libucx are here)",
     )
     parser.add_argument(
-        "--oversubscribe", action="store_true", default=None,
+        "--oversubscribe",
+        action="store_true",
+        default=None,
         help="allow more ranks than slots (automatic on one host when -n exceeds its cores)",
     )
     parser.add_argument("--master-addr", default=None, help="MASTER_ADDR (default: rank 0's host)")
-    parser.add_argument("--master-port", type=int, default=None, help="MASTER_PORT (default: a free port)")
     parser.add_argument(
-        "--ifname", default=None,
+        "--master-port", type=int, default=None, help="MASTER_PORT (default: a free port)"
+    )
+    parser.add_argument(
+        "--ifname",
+        default=None,
         help="network interface for NCCL/Gloo/MPI TCP (default: chosen per rank from the route "
         "to MASTER_ADDR; for MPI, the network reaching the remote hosts)",
     )
     parser.add_argument(
-        "--ssh", default=None,
-        help="remote shell command with options, e.g. \"ssh -i key -o StrictHostKeyChecking=no\"",
+        "--ssh",
+        default=None,
+        help='remote shell command with options, e.g. "ssh -i key -o StrictHostKeyChecking=no"',
     )
     parser.add_argument(
-        "-x", dest="export", action="append", default=[], metavar="NAME=VALUE",
+        "-x",
+        dest="export",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="export a variable to every rank (repeatable); NAME alone forwards its value here",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the exact command, run nothing")
-    parser.add_argument("--json", action="store_true", help="print the plan (--dry-run) or the result as JSON")
     parser.add_argument(
-        "--grace", type=float, default=10.0,
+        "--dry-run", action="store_true", help="print the exact command, run nothing"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the plan (--dry-run) or the result as JSON"
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
         help="seconds the launcher gets to end the job after a rank reports a failure",
     )
-    parser.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
     parser.add_argument(
-        "-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE",
+        "--timeout", type=float, default=None, help="stop the job after this many seconds"
+    )
+    parser.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        default=None,
+        metavar="MODULE",
         help="run a module as python -m does (the rest are its arguments)",
     )
     parser.add_argument("target", nargs=argparse.REMAINDER, help="script.py and its arguments")
 
 
-def split_target(module: list[str] | None, target: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def split_target(
+    module: list[str] | None, target: list[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(rank command after the bootstrap, raw launcher flags) from the parsed remainder."""
-    rest = list(module) if module is not None else list(target)
+    # argparse hands a "--" after -m's arguments (and what follows) to the positional.
+    rest = [*module, *target] if module is not None else list(target)
     if module is not None and not module:
         raise ConfigError("-m needs a module name, e.g. -m cudampi.selftest")
     raw: list[str] = []
@@ -111,7 +144,9 @@ def split_target(module: list[str] | None, target: list[str]) -> tuple[tuple[str
         return ("-m", *rest), tuple(raw)
     script, *args = rest
     if script.startswith("-"):
-        raise ConfigError(f"unknown option {script!r} before the script (see cudampi launch --help)")
+        raise ConfigError(
+            f"unknown option {script!r} before the script (see cudampi launch --help)"
+        )
     path = Path(script)
     if not path.is_file():
         raise ConfigError(f"script {script!r} does not exist (cwd {os.getcwd()!r}); give its path")
@@ -193,6 +228,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         ifname=ifname,
         slurm_nodes=slurm_nodes,
         report_dir=os.path.join(workdir, "reports"),
+        env_names=frozenset(os.environ),
     )
     req = PlanRequest(
         command=(sys.executable, *BOOTSTRAP, *command),

@@ -52,12 +52,17 @@ def parse_launcher_version(text: str) -> tuple[str, str, str]:
 
 def parse_gpu_list(text: str) -> list[tuple[int, str]]:
     """``[(index, pci_bus_id)]`` from ``nvidia-smi --query-gpu=index,pci.bus_id
-    --format=csv,noheader``; the bus id is in sysfs form (``0000:19:00.0``)."""
+    --format=csv,noheader`` (or any ``--format=csv`` query with a header naming ``index`` and
+    ``pci.bus_id``); the bus id is in sysfs form (``0000:19:00.0``)."""
+    col_index, col_bus = 0, 1
     out = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 2 and parts[0].isdigit():
-            out.append((int(parts[0]), sysfs_bus_id(parts[1])))
+        if "pci.bus_id" in parts and "index" in parts:
+            col_index, col_bus = parts.index("index"), parts.index("pci.bus_id")
+            continue
+        if len(parts) > max(col_index, col_bus) and parts[col_index].isdigit():
+            out.append((int(parts[col_index]), sysfs_bus_id(parts[col_bus])))
     return out
 
 
@@ -158,7 +163,9 @@ def find_launcher(
             raise LaunchError(f"--launcher {choice!r} is not an executable file")
         flavour, name, version = _version_of(choice)
         return Launcher(flavour, choice, version, name)
-    if choice == "srun" or (choice == "auto" and in_slurm_allocation(env) and shutil.which("srun", path=path)):
+    if choice == "srun" or (
+        choice == "auto" and in_slurm_allocation(env) and shutil.which("srun", path=path)
+    ):
         found = shutil.which("srun", path=path)
         if not found:
             raise LaunchError("--launcher srun: srun is not on PATH; run inside a Slurm allocation")

@@ -26,6 +26,7 @@ class RankFailure:
     signal: int | None = None
     lines: tuple[str, ...] = ()
     """First lines of its error (its traceback's last line first)."""
+    pid: int | None = None
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "a rank"
@@ -66,6 +67,8 @@ class JobResult:
     failures: tuple[RankFailure, ...] = ()
     hosts: tuple[HostFailure, ...] = ()
     interrupted: bool = False
+    timed_out: float | None = None
+    """The --timeout (seconds) that stopped the job, if it did."""
     duration_s: float = 0.0
     argv: tuple[str, ...] = ()
 
@@ -78,7 +81,9 @@ class JobResult:
         if self.ok:
             return ""
         head = "cudampi launch: "
-        if self.interrupted:
+        if self.timed_out is not None:
+            head += f"stopped after --timeout {self.timed_out:g} s: every rank was stopped"
+        elif self.interrupted:
             head += "interrupted (Ctrl-C): every rank was stopped"
         else:
             head += f"the job failed (launcher exit status {self.launcher_rc})"
@@ -88,7 +93,8 @@ class JobResult:
         for f in self.failures:
             out.append(f"  - {f.describe()}")
             out += [f"      | {ln}" for ln in f.lines[:8]]
-        if not self.failures and not self.hosts and not self.interrupted:
+        quiet = self.interrupted or self.timed_out is not None
+        if not self.failures and not self.hosts and not quiet:
             out.append("  - no rank reported an error; see the launcher's output above")
         if any(h.problem == "unreachable" for h in self.hosts):
             out.append(
@@ -140,8 +146,8 @@ _SSH = re.compile(
     r"ssh: (?:connect to host (\S+) port \d+: (.+)|Could not resolve hostname ([^:\s]+): (.+))"
 )
 _SSH_TIMEOUT = re.compile(r"Connection to (\S+) port \d+ timed out")
-_SSH_CLOSED = re.compile(r"Connection (?:closed|reset) by (?:remote host )?(\S+?)(?: port \d+)?$", re.M)
-_HYDRA_BAD = re.compile(r"PID \d+ RUNNING AT (\S+)\s*\n=\s*EXIT CODE:\s*(\d+)")
+_SSH_CLOSED = re.compile(r"^Connection to (\S+) closed by remote host\.?\r?$", re.M)
+_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE:\s*(\d+)")
 _HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*?\(signal (\d+)\)")
 _HYDRA_ABORT = re.compile(r"Abort\((-?\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
 _SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$", re.M)
@@ -186,6 +192,17 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
         ssh_detail[host] = (m.group(2) or m.group(4) or "").strip()
     for m in _SSH_TIMEOUT.finditer(text):
         ssh_detail[m.group(1)] = "ssh connection timed out"
+    lost = {m.group(1) for m in _SSH_CLOSED.finditer(text)}
+    for host in lost:
+        ssh_detail[host] = "its ssh connection closed"
+
+    def ssh_name(short: str) -> str:
+        """Open MPI names a remote node by its own hostname; ssh by the name we gave it."""
+        for h in ssh_detail:
+            if h == short or h.split(".")[0] == short:
+                return h
+        unnamed = [h for h in ssh_detail if h not in hosts]
+        return unnamed[0] if len(unnamed) == 1 else short
 
     if flavour == "openmpi":
         for m in _OMPI_EXIT.finditer(text):
@@ -197,11 +214,15 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
         for m in _OMPI_ABORT_NODE.finditer(text):
             add_rank(RankFailure(int(m.group(1)), m.group(2)))
         for m in _OMPI_IMPROPER.finditer(text):
-            add_rank(RankFailure(int(m.group(1)), m.group(2), lines=("exited without finalizing MPI",)))
+            add_rank(
+                RankFailure(int(m.group(1)), m.group(2), lines=("exited without finalizing MPI",))
+            )
         for m in _OMPI_DAEMON.finditer(text):
-            short = m.group(1)
-            full = next((h for h in ssh_detail if h == short or h.split(".")[0] == short), short)
-            add_host(HostFailure(full, "unreachable", ssh_detail.get(full, f"its daemon exited {m.group(2)}")))
+            name = ssh_name(m.group(1))
+            detail = ssh_detail.get(name, f"its daemon exited with status {m.group(2)}")
+            if name != m.group(1):
+                detail += f" (Open MPI calls it {m.group(1)})"
+            add_host(HostFailure(name, "lost" if name in lost else "unreachable", detail))
         for m in _OMPI_LOST.finditer(text):
             add_host(HostFailure(m.group(1), "lost", "its daemon stopped answering"))
     elif flavour == "mpich":
@@ -209,11 +230,12 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
             add_rank(RankFailure(int(m.group(2)), None, exit_code=int(m.group(1))))
         sig = _HYDRA_SIGNAL.search(text)
         for m in _HYDRA_BAD.finditer(text):
-            code = int(m.group(2))
+            # Hydra's PID is the first process of that host, not the one that failed.
+            host, code = m.group(2), int(m.group(3))
             if sig is not None and int(sig.group(1)) == code:
-                add_rank(RankFailure(None, m.group(1), signal=code))
+                add_rank(RankFailure(None, host, signal=code))
             else:
-                add_rank(RankFailure(None, m.group(1), exit_code=code))
+                add_rank(RankFailure(None, host, exit_code=code))
     elif flavour == "slurm":
         for m in _SRUN.finditer(text):
             host, what = m.group(1), m.group(3).strip()
@@ -225,8 +247,8 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
                     name = what.replace(" (core dumped)", "")
                     add_rank(RankFailure(r, host, signal=_SIG_BY_TEXT.get(name), lines=(what,)))
     for host, detail in ssh_detail.items():
-        if host not in hosts and not any(h.split(".")[0] == host for h in hosts):
-            add_host(HostFailure(host, "unreachable", detail))
+        if host not in hosts:
+            add_host(HostFailure(host, "lost" if host in lost else "unreachable", detail))
     return LauncherEvents(tuple(ranks.values()), tuple(hosts.values()))
 
 
@@ -242,6 +264,7 @@ def build_result(
     fault_files: Mapping[int, str] | None = None,
     *,
     interrupted: bool = False,
+    stopped_for_fault: bool = False,
     duration_s: float = 0.0,
     argv: Iterable[str] = (),
 ) -> JobResult:
@@ -250,7 +273,15 @@ def build_result(
     merged: dict[int | None, RankFailure] = {}
     for r in reports:
         merged[r.rank] = RankFailure(r.rank, r.host, exit_code=r.code, lines=r.lines)
+    by_pid = {
+        (_fault_field(t, "host"), _fault_field(t, "pid")): r for r, t in (fault_files or {}).items()
+    }
     for f in events.ranks:
+        if f.rank is None and f.pid is not None:
+            # Hydra names host and pid; the rank's fault file says which rank that pid was.
+            rank = by_pid.get((f.host, str(f.pid)))
+            if rank is not None:
+                f = dataclasses.replace(f, rank=rank)
         old = merged.get(f.rank)
         if old is None and f.rank is None:
             # Hydra names the host, not the rank: attach to a reported rank on that host.
@@ -268,7 +299,7 @@ def build_result(
                 old.lines or f.lines,
             )
     for rank, text in (fault_files or {}).items():
-        lines = _fault_lines(text)
+        lines = _fault_lines(text) if "Fatal Python error" in text else []
         if not lines:
             continue
         old = merged.get(rank)
@@ -278,7 +309,14 @@ def build_result(
         elif not old.lines:
             merged[rank] = dataclasses.replace(old, host=old.host or host, lines=tuple(lines))
     failures = tuple(sorted(merged.values(), key=lambda f: (f.rank is None, f.rank or 0)))
+    real = tuple(f for f in failures if not _only_stopped(f))
+    if real and not interrupted:
+        # Ranks stopped by the job's own end (Ctrl-C sent to them) are not its faults.
+        failures = real
     code = exit_status(launcher_rc)
+    if stopped_for_fault and real:
+        first = next((f for f in real if f.exit_code), None)
+        code = first.exit_code if first is not None and first.exit_code else 1
     if code == 0 and (failures or events.hosts):
         code = 1
     if interrupted:
@@ -294,9 +332,18 @@ def build_result(
     )
 
 
-def _fault_host(text: str) -> str | None:
-    m = re.match(r"host=(\S+)", text)
+def _only_stopped(f: RankFailure) -> bool:
+    return f.exit_code == 130 and f.signal is None and f.lines[:1] == ("KeyboardInterrupt",)
+
+
+def _fault_field(text: str, name: str) -> str | None:
+    first = text.splitlines()[0] if text else ""
+    m = re.search(rf"(?:^|\s){name}=(\S+)", first)
     return m.group(1) if m else None
+
+
+def _fault_host(text: str) -> str | None:
+    return _fault_field(text, "host")
 
 
 def _fault_lines(text: str) -> list[str]:

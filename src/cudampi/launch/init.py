@@ -55,8 +55,15 @@ def _job_port(env: MutableMapping[str, str]) -> int:
     """A port every rank of one job computes alike without talking (from the job's id)."""
     key = "|".join(
         env.get(k, "")
-        for k in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID",
-                  "PMI_PORT", "HYDI_CONTROL_FD", "MASTER_ADDR")
+        for k in (
+            "PMIX_NAMESPACE",
+            "OMPI_MCA_ess_base_jobid",
+            "SLURM_JOB_ID",
+            "SLURM_STEP_ID",
+            "PMI_PORT",
+            "HYDI_CONTROL_FD",
+            "MASTER_ADDR",
+        )
     )
     digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
     return 20000 + digest % 20000

@@ -35,6 +35,8 @@ ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"
 FORWARD_MULTI_HOST = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 """Set on the launching host and forwarded to remote ranks (local ranks inherit everything)."""
 
+FORWARD_ALL = frozenset(FORWARD_MULTI_HOST)
+
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:%]+$")
 
 
@@ -167,7 +169,8 @@ def parse_hosts(text: str) -> tuple[Host, ...]:
 
 def parse_hostfile(text: str) -> tuple[Host, ...]:
     """Parse a hostfile in Open MPI (``host slots=4``), MPICH (``host:4``) or plain (``host``)
-    form; ``#`` starts a comment. A host listed twice adds its slots, as both MPIs do."""
+    form; ``#`` starts a comment. A host listed twice adds its slots (a line without slots
+    counts one), as both MPIs do."""
     order: list[str] = []
     slots: dict[str, int | None] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
@@ -194,8 +197,7 @@ def parse_hostfile(text: str) -> tuple[Host, ...]:
             order.append(name)
             slots[name] = count
         else:
-            prev = slots[name]
-            slots[name] = (prev or 1) + (count or 1) if (prev or count) else None
+            slots[name] = (slots[name] or 1) + (count or 1)
     if not order:
         raise ConfigError("the hostfile names no host")
     return tuple(Host(n, slots[n]) for n in order)
@@ -315,7 +317,13 @@ def _mpich(plan: LaunchPlan, hostfile_path: str | None) -> Command:
     return Command(tuple(argv), plan.launcher_env, hostfile_path if hf_text else None, hf_text)
 
 
-_SRUN_CPU_BIND = {"gpu": "none", "none": "none", "core": "cores", "numa": "ldoms", "socket": "sockets"}
+_SRUN_CPU_BIND = {
+    "gpu": "none",
+    "none": "none",
+    "core": "cores",
+    "numa": "ldoms",
+    "socket": "sockets",
+}
 
 
 def _slurm(plan: LaunchPlan, hostfile_path: str | None) -> Command:
@@ -390,16 +398,18 @@ class Machine:
     """Expanded SLURM_JOB_NODELIST when inside an allocation."""
     report_dir: str | None = None
     """Where ranks write fault reports (visible to the supervisor on this host)."""
+    env_names: frozenset[str] = FORWARD_ALL
+    """Variables set on this machine (only those are forwarded to remote ranks)."""
 
 
-def make_plan(req: PlanRequest, launcher: Launcher, machine: Machine, mpi_flavour: str) -> LaunchPlan:
+def make_plan(
+    req: PlanRequest, launcher: Launcher, machine: Machine, mpi_flavour: str
+) -> LaunchPlan:
     """Decide the plan: ranks, mapping, binding, environment and CUDA-aware settings."""
     if req.bind not in BINDS:
         raise ConfigError(f"--bind-to must be one of {', '.join(BINDS)}, got {req.bind!r}")
     if req.gpu_bind not in GPU_BINDS:
-        raise ConfigError(
-            f"--gpu-bind must be one of {', '.join(GPU_BINDS)}, got {req.gpu_bind!r}"
-        )
+        raise ConfigError(f"--gpu-bind must be one of {', '.join(GPU_BINDS)}, got {req.gpu_bind!r}")
     notes: list[str] = []
     hosts = req.hosts
     remote = [h for h in hosts if h.name not in machine.local_names]
@@ -507,7 +517,7 @@ def make_plan(req: PlanRequest, launcher: Launcher, machine: Machine, mpi_flavou
         notes.append("running as root: OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1")
     forward: tuple[str, ...] = ()
     if multi_host and launcher.flavour != "slurm":
-        forward = FORWARD_MULTI_HOST
+        forward = tuple(n for n in FORWARD_MULTI_HOST if n in machine.env_names)
         if launcher.flavour == "openmpi" and machine.subnet and not req.ifname:
             mca += [("btl_tcp_if_include", machine.subnet), ("oob_tcp_if_include", machine.subnet)]
             notes.append(f"TCP of MPI and of its daemons kept on {machine.subnet}")

@@ -21,6 +21,7 @@ import socket
 import sys
 import traceback
 from collections.abc import MutableMapping, Sequence
+from types import TracebackType
 from typing import IO, Any
 
 from cudampi.launch.report import format_report, summarize_exception
@@ -158,13 +159,23 @@ def run(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         _report(host, rank, 130, ["KeyboardInterrupt"])
         return 130
-    except BaseException:
-        tb = traceback.format_exception(*sys.exc_info())
+    except BaseException as exc:
+        tb = traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__))
         sys.stderr.write("".join(tb))
         _report(host, rank, 1, summarize_exception(tb))
         _abort_mpi(1)
         return 1
     return 0
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without this bootstrap's and runpy's frames (they are not the user's)."""
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    return tb
 
 
 def _report(host: str, rank: int, code: int, lines: list[str]) -> None:

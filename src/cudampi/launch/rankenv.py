@@ -60,21 +60,35 @@ def rank_env(env: Mapping[str, str]) -> RankEnv:
     """Rank, size, local rank/size and launcher from ``env`` (see the module doc for order)."""
     if env.get("TORCHELASTIC_RUN_ID") is not None and _int(env, "RANK") is not None:
         return _checked(
-            _int(env, "RANK"), _int(env, "WORLD_SIZE"), _int(env, "LOCAL_RANK"),
-            _int(env, "LOCAL_WORLD_SIZE"), "torchrun", _int(env, "GROUP_RANK"),
+            _int(env, "RANK"),
+            _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_RANK"),
+            _int(env, "LOCAL_WORLD_SIZE"),
+            "torchrun",
+            _int(env, "GROUP_RANK"),
         )
     if _int(env, "OMPI_COMM_WORLD_RANK") is not None:
         return _checked(
-            _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
-            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-            "openmpi", None,
+            _int(env, "OMPI_COMM_WORLD_RANK"),
+            _int(env, "OMPI_COMM_WORLD_SIZE"),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+            "openmpi",
+            None,
         )
     if _int(env, "PMI_RANK") is not None:
         return _checked(
-            _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
-            _int(env, "MPI_LOCALRANKID"), _int(env, "MPI_LOCALNRANKS"), "mpich", None,
+            _int(env, "PMI_RANK"),
+            _int(env, "PMI_SIZE"),
+            _int(env, "MPI_LOCALRANKID"),
+            _int(env, "MPI_LOCALNRANKS"),
+            "mpich",
+            None,
         )
-    if _int(env, "SLURM_STEP_ID", "SLURM_STEPID") is not None and _int(env, "SLURM_PROCID") is not None:
+    if (
+        _int(env, "SLURM_STEP_ID", "SLURM_STEPID") is not None
+        and _int(env, "SLURM_PROCID") is not None
+    ):
         size = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
         node = _int(env, "SLURM_NODEID")
         local_size = None
@@ -88,8 +102,12 @@ def rank_env(env: Mapping[str, str]) -> RankEnv:
         )
     if _int(env, "RANK") is not None and _int(env, "WORLD_SIZE") is not None:
         return _checked(
-            _int(env, "RANK"), _int(env, "WORLD_SIZE"), _int(env, "LOCAL_RANK"),
-            _int(env, "LOCAL_WORLD_SIZE"), "env", _int(env, "GROUP_RANK", "NODE_RANK"),
+            _int(env, "RANK"),
+            _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_RANK"),
+            _int(env, "LOCAL_WORLD_SIZE"),
+            "env",
+            _int(env, "GROUP_RANK", "NODE_RANK"),
         )
     return RankEnv(0, 1, 0, 1, "none", 0)
 

@@ -52,15 +52,27 @@ def parse_reports(lines: Iterable[str]) -> list[RankReport]:
 
 
 def summarize_exception(tb_lines: list[str], max_lines: int = MAX_LINES) -> list[str]:
-    """The most useful first lines of a formatted traceback: the exception line first, then the
-    innermost frames (what a person reads first), cut to ``max_lines``."""
+    """The first lines a person reads of a formatted traceback: the exception line(s), then the
+    innermost frames (innermost first, each with its source line), cut to ``max_lines``."""
     lines = [ln.rstrip("\n") for chunk in tb_lines for ln in chunk.splitlines()]
     if not lines:
         return []
-    # The exception line(s) come after the last frame's source line.
-    last_frame = max((i for i, ln in enumerate(lines) if ln.startswith("  File ")), default=-1)
-    tail = lines[last_frame + 2 :] if last_frame >= 0 else lines[-1:]
-    frames = lines[1 : last_frame + 2] if last_frame >= 0 else []
-    head = [ln for ln in tail if ln.strip()] or lines[-1:]
-    room = max(0, max_lines - len(head))
-    return head[:max_lines] + (frames[-room:] if room else [])
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("  File ")]
+    if not starts:
+        return [ln for ln in lines if ln.strip()][-max_lines:]
+    # The exception line(s) follow the last frame and its (optional, indented) source lines.
+    end = starts[-1] + 1
+    while end < len(lines) and lines[end].startswith("    "):
+        end += 1
+    head = [ln for ln in lines[end:] if ln.strip()] or lines[-1:]
+    frames: list[list[str]] = []
+    for i, s in enumerate(starts):
+        stop = starts[i + 1] if i + 1 < len(starts) else end
+        body = [ln for ln in lines[s:stop] if ln.strip() and set(ln.strip()) - set("^~ ")]
+        frames.append(body[:2])
+    out = head[:max_lines]
+    for frame in reversed(frames):
+        if len(out) + len(frame) > max_lines:
+            break
+        out += frame
+    return out

@@ -10,6 +10,7 @@ afterwards (their launcher killed with -9) are killed from their fault-file pids
 
 from __future__ import annotations
 
+import codecs
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from typing import IO
 from cudampi.errors import LaunchError
 from cudampi.launch.faults import JobResult, build_result, parse_launcher_output
 from cudampi.launch.plan import Command, LaunchPlan, build_command, merge_env
-from cudampi.launch.report import is_report_line, parse_reports
+from cudampi.launch.report import TAG, is_report_line, parse_reports
 
 STOP_STEPS = (3.0, 3.0)
 """Seconds to wait after the launcher's interrupt, then after SIGTERM, before SIGKILL."""
@@ -41,33 +42,91 @@ def write_hostfile(cmd: Command) -> None:
         Path(cmd.hostfile_path).write_text(cmd.hostfile_text)
 
 
+class _Stream:
+    """Pass one of the launcher's streams through as it comes (partial lines too: progress
+    bars), keep its last lines for the fault parser, and hold back the ranks' tagged reports."""
+
+    def __init__(self, sup: _Supervisor, out: IO[str]) -> None:
+        self.sup = sup
+        self.out = out
+        self.line = ""
+        self.flushed = 0
+
+    def _write(self, text: str) -> None:
+        if not text:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+
+    def feed(self, text: str) -> None:
+        while text:
+            nl = text.find("\n")
+            if nl < 0:
+                self.line += text
+                if not _may_be_report(self.line):
+                    self._write(self.line[self.flushed :])
+                    self.flushed = len(self.line)
+                return
+            line, text = self.line + text[: nl + 1], text[nl + 1 :]
+            if is_report_line(line) and self.flushed == 0:
+                self.sup.add_report(line)
+            else:
+                self._write(line[self.flushed :])
+                self.sup.add_tail(line)
+            self.line, self.flushed = "", 0
+
+    def close(self) -> None:
+        if self.line:
+            self._write(self.line[self.flushed :])
+            self.sup.add_tail(self.line)
+            self.line, self.flushed = "", 0
+
+
+_PREFIX = f"[{TAG} "
+
+
+def _may_be_report(partial: str) -> bool:
+    return partial.startswith(_PREFIX) or _PREFIX.startswith(partial)
+
+
 class _Supervisor:
-    def __init__(self, proc: subprocess.Popen[bytes], flavour: str, err: IO[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], flavour: str) -> None:
         self.proc = proc
         self.flavour = flavour
-        self.err = err
         self.tail: deque[str] = deque(maxlen=400)
         self.report_lines: list[str] = []
         self.first_fault: float | None = None
+        self.stopped_for_fault = False
         self.interrupts = 0
         self.lock = threading.Lock()
 
-    def pump(self) -> None:
-        assert self.proc.stderr is not None
-        for raw in iter(self.proc.stderr.readline, b""):
-            line = raw.decode("utf-8", "replace")
+    def add_report(self, line: str) -> None:
+        with self.lock:
+            self.report_lines.append(line)
+            if self.first_fault is None:
+                self.first_fault = time.monotonic()
+
+    def add_tail(self, line: str) -> None:
+        with self.lock:
+            self.tail.append(line)
+
+    def pump(self, pipe: IO[bytes], out: IO[str]) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stream = _Stream(self, out)
+        fd = pipe.fileno()
+        while True:
             try:
-                self.err.write(line)
-                self.err.flush()
-            except (OSError, ValueError):
-                pass
-            with self.lock:
-                if is_report_line(line):
-                    self.report_lines.append(line)
-                    if self.first_fault is None:
-                        self.first_fault = time.monotonic()
-                else:
-                    self.tail.append(line)
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            stream.feed(decoder.decode(chunk))
+        stream.feed(decoder.decode(b"", final=True))
+        stream.close()
 
     def on_sigint(self, signum: int, frame: FrameType | None) -> None:
         self.interrupts += 1
@@ -149,9 +208,11 @@ def execute(
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
     err: IO[str] | None = None,
+    out: IO[str] | None = None,
 ) -> JobResult:
     """Run ``plan`` to the end and return what happened (the summary is not printed here)."""
     err = sys.stderr if err is None else err
+    out = sys.stdout if out is None else out
     cmd = command_for(plan, workdir)
     write_hostfile(cmd)
     report_dir = dict(plan.env).get("CUDAMPI_REPORT_DIR")
@@ -163,14 +224,20 @@ def execute(
             list(cmd.argv),
             env=merge_env(os.environ if env is None else env, cmd),
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
     except OSError as exc:
         raise LaunchError(f"could not start {cmd.argv[0]!r}: {exc}") from None
-    sup = _Supervisor(proc, plan.launcher.flavour, err)
-    reader = threading.Thread(target=sup.pump, daemon=True)
-    reader.start()
+    sup = _Supervisor(proc, plan.launcher.flavour)
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [
+        threading.Thread(target=sup.pump, args=(proc.stdout, out), daemon=True),
+        threading.Thread(target=sup.pump, args=(proc.stderr, err), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
     in_main = threading.current_thread() is threading.main_thread()
     old_int = signal.signal(signal.SIGINT, sup.on_sigint) if in_main else None
     old_term = signal.signal(signal.SIGTERM, sup.on_sigint) if in_main else None
@@ -182,6 +249,7 @@ def execute(
                 sup.stop()
                 break
             if sup.first_fault is not None and now - sup.first_fault > grace:
+                sup.stopped_for_fault = True
                 sup.stop()
                 break
             if timeout is not None and now - start > timeout:
@@ -194,25 +262,28 @@ def execute(
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
     proc.wait()
-    reader.join(timeout=10)
+    for reader in readers:
+        reader.join(timeout=10)
     faults = _read_fault_files(report_dir)
     _kill_leftovers(faults)
     with sup.lock:
         text = "".join(sup.tail)
         reports = parse_reports(sup.report_lines)
     events = parse_launcher_output(text, plan.launcher.flavour)
-    crashed = {r: t for r, t in faults.items() if "Fatal Python error" in t}
     result = build_result(
         proc.returncode,
         reports,
         events,
-        crashed,
+        faults,
         interrupted=bool(sup.interrupts),
+        stopped_for_fault=sup.stopped_for_fault,
         duration_s=time.monotonic() - start,
         argv=cmd.argv,
     )
     if timed_out:
         from dataclasses import replace
 
-        result = replace(result, exit_code=124 if result.exit_code in (0, 130) else result.exit_code)
+        result = replace(
+            result, exit_code=124 if result.exit_code in (0, 130) else result.exit_code
+        )
     return result

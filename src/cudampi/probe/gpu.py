@@ -47,7 +47,12 @@ class Topology:
     def summary(self) -> str:
         """``NVLink (NV18) between all 8 GPUs`` / ``PCIe only (PHB, SYS)`` / ``1 GPU``."""
         kinds = sorted(
-            {self.links[a][b] for a in self.gpus for b in self.gpus if a != b and b in self.links.get(a, {})}
+            {
+                self.links[a][b]
+                for a in self.gpus
+                for b in self.gpus
+                if a != b and b in self.links.get(a, {})
+            }
         )
         if len(self.gpus) <= 1:
             return f"{len(self.gpus)} GPU"
@@ -84,7 +89,9 @@ def parse_topo_m(text: str) -> Topology:
             if header is not None and links:
                 break
             continue
-        cells = [c.strip() for c in line.split("\t")]
+        # nvidia-smi separates columns with tabs; fall back to runs of spaces if a copy lost them
+        sep = "\t" if "\t" in line else r" {2,}"
+        cells = [c.strip() for c in re.split(sep, line)]
         if header is None:
             if "GPU0" in cells:
                 header = [c for c in cells if c]
@@ -256,7 +263,10 @@ class PythonGpuProbe:
     overlaps the runtime probes (``query_python_gpu`` is start + result)."""
 
     def __init__(
-        self, python: str | None = None, env: Mapping[str, str] | None = None, timeout: float = 180.0
+        self,
+        python: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 180.0,
     ) -> None:
         self.python = python or sys.executable
         self.timeout = timeout
@@ -339,7 +349,9 @@ def query_gpu_system(env: Mapping[str, str] | None = None) -> GpuSystem:
         return GpuSystem(None, (), None, peermem, ib)
     rc, out = _run([smi, "-L"])
     if rc != 0:
-        return GpuSystem(smi, (), None, peermem, ib, error=f"nvidia-smi -L exited {rc}: {out[-200:]!r}")
+        return GpuSystem(
+            smi, (), None, peermem, ib, error=f"nvidia-smi -L exited {rc}: {out[-200:]!r}"
+        )
     gpus = tuple(parse_nvidia_smi_L(out))
     rc, topo_text = _run([smi, "topo", "-m"])
     topo = parse_topo_m(topo_text) if rc == 0 else None

@@ -136,7 +136,9 @@ def check_cuda_settings(env: Mapping[str, str], gpus_present: bool) -> list[Sett
             if bad:
                 issues.append(
                     SettingIssue(
-                        "UCX_TLS", tls, breaks,
+                        "UCX_TLS",
+                        tls,
+                        breaks,
                         f"excludes the device-memory transport(s) {', '.join(bad)}",
                         f"unset UCX_TLS, or drop {', '.join(bad)} from its exclusion list",
                     )
@@ -144,7 +146,9 @@ def check_cuda_settings(env: Mapping[str, str], gpus_present: bool) -> list[Sett
         elif not any(t in ("all", "cuda") or t.startswith("cuda") for t in items):
             issues.append(
                 SettingIssue(
-                    "UCX_TLS", tls, breaks,
+                    "UCX_TLS",
+                    tls,
+                    breaks,
                     "names no CUDA transport, so UCX cannot move device buffers "
                     "(they segfault or fail to register)",
                     f"unset UCX_TLS, or add cuda_copy,cuda_ipc: export UCX_TLS={tls},cuda_copy,cuda_ipc",
@@ -154,7 +158,9 @@ def check_cuda_settings(env: Mapping[str, str], gpus_present: bool) -> list[Sett
     if pml is not None and gpus_present and pml.strip() in ("ob1", "^ucx", "cm"):
         issues.append(
             SettingIssue(
-                "OMPI_MCA_pml", pml, "warn",
+                "OMPI_MCA_pml",
+                pml,
+                "warn",
                 f"pml {pml} keeps UCX (the CUDA-capable path of the PyPI and most cluster builds) "
                 "out of point-to-point",
                 "unset OMPI_MCA_pml or set it to ucx (mpirun --mca pml ucx)",
@@ -164,7 +170,9 @@ def check_cuda_settings(env: Mapping[str, str], gpus_present: bool) -> list[Sett
         if var in env and _truthy_off(env[var]):
             issues.append(
                 SettingIssue(
-                    var, env[var], breaks,
+                    var,
+                    env[var],
+                    breaks,
                     "switches off Open MPI's CUDA support at run time",
                     f"unset {var}",
                 )
@@ -173,7 +181,9 @@ def check_cuda_settings(env: Mapping[str, str], gpus_present: bool) -> list[Sett
     if btl and gpus_present and "^" in btl and "smcuda" in btl:
         issues.append(
             SettingIssue(
-                "OMPI_MCA_btl", btl, "warn",
+                "OMPI_MCA_btl",
+                btl,
+                "warn",
                 "excludes smcuda, the CUDA-aware shared-memory path of CUDA builds of Open MPI",
                 "drop smcuda from OMPI_MCA_btl's exclusion list",
             )
@@ -182,7 +192,9 @@ def check_cuda_settings(env: Mapping[str, str], gpus_present: bool) -> list[Sett
         if var in env and _truthy_off(env[var]):
             issues.append(
                 SettingIssue(
-                    var, env[var], "warn",
+                    var,
+                    env[var],
+                    "warn",
                     "disables GPUDirect RDMA: inter-node device traffic is staged through host memory",
                     f"unset {var}",
                 )
@@ -191,7 +203,9 @@ def check_cuda_settings(env: Mapping[str, str], gpus_present: bool) -> list[Sett
         if var in env and _truthy_off(env[var]) and gpus_present:
             issues.append(
                 SettingIssue(
-                    var, env[var], "warn",
+                    var,
+                    env[var],
+                    "warn",
                     "switches off MPICH's GPU support",
                     f"unset {var} or set it to 1",
                 )
@@ -200,7 +214,9 @@ def check_cuda_settings(env: Mapping[str, str], gpus_present: bool) -> list[Sett
         if env.get(var, "").strip() in ("1", "true", "yes"):
             issues.append(
                 SettingIssue(
-                    var, env[var], "warn",
+                    var,
+                    env[var],
+                    "warn",
                     f"turns off a NCCL transport ({var[5:-8].lower()}): slower, sometimes much slower",
                     f"unset {var} unless it works around a known hardware problem",
                 )

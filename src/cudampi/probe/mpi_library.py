@@ -256,7 +256,9 @@ def matching_mpiexec(library: MpiLibrary) -> Path | None:
 
 
 def _ldconfig_libmpi(timeout: float = 20.0) -> list[str]:
-    exe = shutil.which("ldconfig") or ("/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None)
+    exe = shutil.which("ldconfig") or (
+        "/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None
+    )
     if exe is None:
         return []
     try:
@@ -375,7 +377,9 @@ def find_installations(
     return out
 
 
-def launcher_on_path(env: Mapping[str, str] | None = None) -> tuple[str | None, str | None, str | None]:
+def launcher_on_path(
+    env: Mapping[str, str] | None = None,
+) -> tuple[str | None, str | None, str | None]:
     """(path, vendor, version) of the ``mpirun`` (else ``mpiexec``) first on PATH."""
     env = os.environ if env is None else env
     for name in ("mpirun", "mpiexec"):

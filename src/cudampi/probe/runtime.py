@@ -80,7 +80,12 @@ class ProbeFailure:
         return self.message or self.kind
 
 
-_FRAME = re.compile(r"\[\s*\d+\]\s+(?P<lib>[^\s(\[]+)\((?P<sym>[^)+]*)\+0x[0-9a-fA-F]+\)")
+_FRAME = re.compile(
+    r"(?:\[\s*\d+\]\s+|^\s*\d+\s+(?=/))(?P<lib>[^\s(\[]+)\((?P<sym>[^)+]*)\+0x[0-9a-fA-F]+\)", re.M
+)
+"""A native frame: Open MPI's ``[ 2] /path/lib.so(sym+0x1f)[0x..]`` or UCX's
+``  2  /path/lib.so(sym+0x1f) [0x..]``."""
+_UCX_SIGNAL = re.compile(r"Caught signal (\d+) \(([^:)]+)")
 _SIGNAL = re.compile(r"Signal:\s*([A-Za-z][\w ]*?)\s*\((\d+)\)")
 _EXITED_ON = re.compile(r"exited on\s+signal\s+(\d+)\s*\(([^)]+)\)", re.S)
 _HYDRA_EXIT = re.compile(r"EXIT CODE:\s*(\d+)")
@@ -136,7 +141,7 @@ def parse_probe_failure(text: str) -> ProbeFailure | None:
     sig_num: int | None = None
     if m := _SIGNAL.search(text):
         sig_name, sig_num = m.group(1), int(m.group(2))
-    elif m := _EXITED_ON.search(text):
+    elif (m := _UCX_SIGNAL.search(text)) or (m := _EXITED_ON.search(text)):
         sig_num, sig_name = int(m.group(1)), m.group(2).strip()
     elif m := _PY_FATAL.search(text):
         sig_name = m.group(1).strip()
@@ -169,11 +174,14 @@ def _error_cause(text: str, call: str | None) -> ProbeFailure | None:
         or "cannot be selected" in text
     ):
         m = re.search(r"PML (\w+) cannot be selected", text)
-        msg = f"PML {m.group(1)} cannot be selected" if m else (
-            "no component of the pml framework could be opened"
+        msg = (
+            f"PML {m.group(1)} cannot be selected"
+            if m
+            else ("no component of the pml framework could be opened")
         )
-        return ProbeFailure("pml-unavailable", where=f"pml {m.group(1)}" if m else "pml",
-                            message=msg)
+        return ProbeFailure(
+            "pml-unavailable", where=f"pml {m.group(1)}" if m else "pml", message=msg
+        )
 
     if m := re.search(r"process_vm_readv failed \(errno (\d+)\)", text):
         return ProbeFailure(
@@ -240,7 +248,9 @@ def classify(
     """Turn one probe job's exit status and output into an outcome, a failure and its report."""
     report = _marker(stdout)
     text = stdout + "\n" + stderr
-    failure = parse_probe_failure(text) if (timed_out or returncode != 0 or report is None) else None
+    failure = (
+        parse_probe_failure(text) if (timed_out or returncode != 0 or report is None) else None
+    )
     meaning = explain(test, failure)
 
     def detail(prefix: str) -> str:
@@ -262,7 +272,9 @@ def classify(
         outcome = ProbeOutcome("crash", detail(f"killed by signal {sig}"))
     else:
         tail = "" if failure else (stderr.strip().splitlines() or ["no output"])[-1][:300]
-        outcome = ProbeOutcome("error", detail(f"exit {returncode}" + (f": {tail}" if tail else "")))
+        outcome = ProbeOutcome(
+            "error", detail(f"exit {returncode}" + (f": {tail}" if tail else ""))
+        )
     return outcome, failure, report
 
 
@@ -283,8 +295,15 @@ class ProbeSpec:
 
 def mpiexec_argv(spec: ProbeSpec, test: str, backend: str | None) -> list[str]:
     """The argv of one probe job (pure). Open MPI gets ``--mca``/``-x``; MPICH ``-genv``."""
-    tail = [spec.python, "-m", "cudampi.probe.worker", test, str(spec.nbytes), backend or "-",
-            str(spec.iters)]
+    tail = [
+        spec.python,
+        "-m",
+        "cudampi.probe.worker",
+        test,
+        str(spec.nbytes),
+        backend or "-",
+        str(spec.iters),
+    ]
     if test == "copy":
         return tail
     argv = [spec.mpiexec, "-n", str(spec.ranks)]

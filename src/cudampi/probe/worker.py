@@ -24,6 +24,18 @@ STAGE = "CUDAMPI_STAGE "
 WARMUP = 2
 
 
+PERIOD = 1021
+"""Test data is ``i % PERIOD + rank``: small integers, so float32 sums are exact at any size and
+rank count (a plain arange loses integer precision past 2**24 elements)."""
+
+
+def pattern(n: int, offset: float) -> Any:
+    """The host test data: ``(arange(n) % PERIOD) + offset`` as float32."""
+    import numpy as np
+
+    return (np.arange(n, dtype=np.int64) % PERIOD).astype(np.float32) + np.float32(offset)
+
+
 def _stage(test: str, call: str) -> None:
     sys.stderr.write(f"{STAGE}{test} {call}\n")
     sys.stderr.flush()
@@ -56,9 +68,13 @@ class _Device:
             raise ValueError(f"device backend must be cupy or torch, got {backend!r}")
 
     def arange(self, n: int, offset: float) -> Any:
+        """:func:`pattern` on the device."""
         if self.backend == "cupy":
-            return self.cp.arange(n, dtype=self.cp.float32) + offset
-        return self.torch.arange(n, dtype=self.torch.float32, device="cuda") + offset
+            return (self.cp.arange(n, dtype=self.cp.int64) % PERIOD).astype(
+                self.cp.float32
+            ) + offset
+        t = self.torch.arange(n, dtype=self.torch.int64, device="cuda") % PERIOD
+        return t.to(self.torch.float32) + offset
 
     def empty(self, n: int) -> Any:
         if self.backend == "cupy":
@@ -142,17 +158,17 @@ def run_test(comm: Any, test: str, nbytes: int, backend: str | None, iters: int)
     local_ok = True
     extra: dict[str, Any] = {}
     if test.startswith("host_p2p"):
-        x = np.arange(n, dtype=np.float32) + rank
+        x = pattern(n, rank)
         y = np.zeros(n, dtype=np.float32)
         secs = _p2p(comm, test, x, y, iters, None)
         if rank < 2:
-            local_ok = bool(np.array_equal(y, np.arange(n, dtype=np.float32) + peer))
+            local_ok = bool(np.array_equal(y, pattern(n, peer)))
     elif test == "host_allreduce":
-        x = np.arange(n, dtype=np.float32) + rank
+        x = pattern(n, rank)
         y = np.zeros(n, dtype=np.float32)
         _stage(test, "MPI_Allreduce")
         secs = _timed(comm, iters, lambda: comm.Allreduce(x, y))
-        local_ok = bool(np.array_equal(y, np.arange(n, dtype=np.float32) * size + sum(range(size))))
+        local_ok = bool(np.array_equal(y, pattern(n, 0) * size + sum(range(size))))
     else:
         if backend is None:
             raise ValueError(f"test {test!r} needs a device backend (cupy or torch)")
@@ -193,11 +209,18 @@ def run_test(comm: Any, test: str, nbytes: int, backend: str | None, iters: int)
         else:
             raise ValueError(f"unknown probe test {test!r}; known: {', '.join(TESTS)}")
     all_ok = bool(comm.allreduce(int(local_ok)) == size)
-    return {"ok": all_ok, "gbps": nbytes / secs / 1e9 if secs > 0 else None, "bytes": nbytes, **extra}
+    return {
+        "ok": all_ok,
+        "gbps": nbytes / secs / 1e9 if secs > 0 else None,
+        "bytes": nbytes,
+        **extra,
+    }
 
 
 def run_copy(nbytes: int, backend: str, iters: int) -> dict[str, Any]:
     """Pinned host<->device copy rates of one process (no MPI): the bar for silent staging."""
+    import numpy as np
+
     n = max(1, nbytes // 4)
     dev = _Device(backend, 0)
     x = dev.arange(n, 1.0)
@@ -215,12 +238,19 @@ def run_copy(nbytes: int, backend: str, iters: int) -> dict[str, Any]:
         return n * 4 * iters / (time.perf_counter() - t0) / 1e9
 
     d2h = rate(lambda: dev.to_host(x, h))
-    ok = bool(h[1] == 2.0 and h[-1] == float(n))
+    ok = bool(np.array_equal(h, pattern(n, 1.0)))
     y = dev.empty(n)
     h2d = rate(lambda: dev.to_device(h, y))
     ok = ok and dev.equal(x, y)
-    return {"ok": ok, "d2h_gbps": d2h, "h2d_gbps": h2d, "gbps": min(d2h, h2d), "bytes": n * 4,
-            "device": dev.name, "backend": backend}
+    return {
+        "ok": ok,
+        "d2h_gbps": d2h,
+        "h2d_gbps": h2d,
+        "gbps": min(d2h, h2d),
+        "bytes": n * 4,
+        "device": dev.name,
+        "backend": backend,
+    }
 
 
 def _library_facts(mpi: Any) -> dict[str, Any]:
@@ -255,7 +285,9 @@ def _library_facts(mpi: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] not in TESTS:
-        sys.stderr.write(f"usage: python -m cudampi.probe.worker {{{','.join(TESTS)}}} BYTES [cupy|torch]\n")
+        sys.stderr.write(
+            f"usage: python -m cudampi.probe.worker {{{','.join(TESTS)}}} BYTES [cupy|torch]\n"
+        )
         return 2
     test, nbytes = args[0], int(args[1])
     backend = args[2] if len(args) > 2 and args[2] != "-" else None

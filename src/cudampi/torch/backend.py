@@ -74,13 +74,17 @@ def _open_world(options: Options, rank: int, size: int) -> _World:
         from mpi4py import MPI
 
         mpi_comm = MPI.COMM_WORLD
-    if mpi_comm.size != size or mpi_comm.rank != rank:
-        if mpi_comm.size == 1 and size > 1:
-            raise ConfigError(singleton_message(size))
+    if mpi_comm.size == 1 and size > 1:
+        raise ConfigError(singleton_message(size))
+    # Sizes are the same on every rank; ranks may differ on some only: agree before raising, so
+    # no rank is left waiting in the next collective.
+    mismatch = mpi_comm.size != size or bool(mpi_comm.allreduce(int(mpi_comm.rank != rank)))
+    if mismatch:
         raise ConfigError(
             f"torch made this process rank {rank} of a {size}-process group, but its MPI "
             f"communicator says rank {mpi_comm.rank} of {mpi_comm.size} (host "
-            f"{socket.gethostname()}). The cudampi backend needs torch's ranks to be MPI's. "
+            f"{socket.gethostname()}; some rank's torch and MPI ranks differ). The cudampi "
+            "backend needs torch's ranks to be MPI's. "
             "Fix: under mpirun/mpiexec/srun drop RANK/WORLD_SIZE/rank=/world_size= so the "
             "cudampi rendezvous takes them from MPI (or set init_method='cudampi://'); or pass "
             "pg_options=cudampi.torch.Options(comm=...) with a communicator that matches."
@@ -189,7 +193,12 @@ def _premul(x: torch.Tensor, factor: Any, *, in_place: bool) -> torch.Tensor:
     return x.mul_(factor) if in_place else x * factor
 
 
-class CudampiProcessGroup(dist.ProcessGroup):
+# Typed as Any: the Python overrides follow c10d's (untyped, version-dependent) call convention
+# rather than the overload stubs of one torch release.
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+class CudampiProcessGroup(_ProcessGroup):
     """One torch.distributed group whose collectives run on a :class:`cudampi.comm.Communicator`.
 
     Method names cover torch 2.4 to 2.13 (``_allgather_base`` became ``all_gather_single``,
@@ -242,7 +251,7 @@ class CudampiProcessGroup(dist.ProcessGroup):
             pass
 
     @property
-    def group_name(self) -> str:  # type: ignore[override]
+    def group_name(self) -> str:
         return self._cudampi_group_name
 
     def _set_group_desc(self, desc: str) -> None:
@@ -253,7 +262,7 @@ class CudampiProcessGroup(dist.ProcessGroup):
             pass
 
     @property
-    def group_desc(self) -> str:  # type: ignore[override]
+    def group_desc(self) -> str:
         return self._cudampi_group_desc
 
     def _get_backend(self, device: Any) -> CudampiProcessGroup:
@@ -585,7 +594,7 @@ def _close(comm: Any, mpi_comm: Any) -> None:
 
             if not MPI.Is_finalized() and mpi_comm != MPI.COMM_NULL:
                 mpi_comm.Free()
-        except Exception:  # noqa: BLE001 - freeing at teardown must not mask the real error
+        except Exception:  # freeing at teardown must not mask the real error
             pass
 
 

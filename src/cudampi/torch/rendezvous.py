@@ -102,57 +102,68 @@ def mpi_rendezvous(
     Rank 0 starts a TCPStore (on MASTER_PORT if set, else a free port) and broadcasts its address
     and port to every rank over MPI. A rank or world size in the URL must agree with MPI's.
     """
+    return _rendezvous(url, timeout, env_ranks=False)
+
+
+def _rendezvous(url: str, timeout: timedelta, *, env_ranks: bool) -> Iterator[tuple[Any, int, int]]:
+    """``env_ranks``: RANK/WORLD_SIZE in the environment count too (env:// reads them)."""
     from mpi4py import MPI
     from torch.distributed import TCPStore
 
     comm = MPI.COMM_WORLD
     want_rank, want_size = _query_int(url, "rank"), _query_int(url, "world_size")
+    if env_ranks:
+        want_rank = want_rank if want_rank != -1 else _env_int(os.environ, "RANK")
+        want_size = want_size if want_size != -1 else _env_int(os.environ, "WORLD_SIZE")
     host = socket.gethostname()
     asked = max(want_size, _env_int(os.environ, "WORLD_SIZE"))
     if comm.size == 1 and asked > 1:
         raise ConfigError(singleton_message(asked))
+    problem = ""
     if (want_rank != -1 and want_rank != comm.rank) or (want_size != -1 and want_size != comm.size):
-        raise ConfigError(
-            f"init_process_group was given rank={want_rank} world_size={want_size}, but MPI "
-            f"says this process is rank {comm.rank} of {comm.size} (host {host}). The cudampi "
+        problem = (
+            f"init_process_group was given rank={want_rank} world_size={want_size} (arguments, "
+            "URL or RANK/WORLD_SIZE), but MPI "
+            f"says the process on {host} is rank {comm.rank} of {comm.size}. The cudampi "
             "rendezvous takes rank and size from MPI. Fix: drop rank=/world_size= (and RANK/"
             "WORLD_SIZE), or set them to MPI's values."
         )
+    _raise_on_every_rank(comm, problem)
     addr = _store_address(comm, os.environ)
     port = int(os.environ.get("MASTER_PORT", "0") or 0)
     store = None
-    error = ""
+    problem = ""
     if comm.rank == 0:
         try:
-            store = TCPStore(
-                "0.0.0.0" if addr != "127.0.0.1" else addr,
-                port,
-                comm.size,
-                True,
-                timeout=timeout,
-                wait_for_workers=False,
-            )
+            store = TCPStore(addr, port, comm.size, True, timeout=timeout, wait_for_workers=False)
             port = store.port
-        except Exception as exc:  # noqa: BLE001 - told to every rank below, then raised
-            error = f"{type(exc).__name__}: {exc}"
-    addr, port, error = comm.bcast((addr, port, error), root=0)
-    if error:
-        raise ConfigError(
-            f"cudampi rendezvous: rank 0 could not start the TCPStore on port {port}: {error}. "
-            "Fix: set MASTER_PORT to a free port (or unset it to pick one)."
-        )
+        except Exception as exc:  # told to every rank, then raised everywhere
+            problem = (
+                f"cudampi rendezvous: rank 0 on {host} could not start the TCPStore on port "
+                f"{port}: {type(exc).__name__}: {exc}. Fix: set MASTER_PORT to a free port (or "
+                "unset it to pick one)."
+            )
+    addr, port = comm.bcast((addr, port), root=0)
+    _raise_on_every_rank(comm, problem)
     if store is None:
         try:
             store = TCPStore(addr, port, comm.size, False, timeout=timeout)
-        except Exception as exc:
-            raise ConfigError(
+        except Exception as exc:  # told to every rank, then raised everywhere
+            problem = (
                 f"cudampi rendezvous: rank {comm.rank} on {host} cannot reach rank 0's TCPStore "
-                f"at {addr}:{port}: {exc}. Fix: set MASTER_ADDR to an address of rank 0's host "
-                "that every host can reach (and open the port), then rerun."
-            ) from exc
-    comm.Barrier()
+                f"at {addr}:{port}: {type(exc).__name__}: {exc}. Fix: set MASTER_ADDR to an "
+                "address of rank 0's host that every host can reach (and open the port)."
+            )
+    _raise_on_every_rank(comm, problem)
     yield store, comm.rank, comm.size
     raise RuntimeError("cudampi:// cannot re-rendezvous: the MPI job's membership is fixed")
+
+
+def _raise_on_every_rank(comm: Any, problem: str) -> None:
+    """Raise ``problem`` (of any rank) as a ConfigError on every rank: no rank is left waiting."""
+    problems = [p for p in comm.allgather(problem) if p]
+    if problems:
+        raise ConfigError(problem or problems[0])
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int:
@@ -187,8 +198,8 @@ def wrap_env_handler(handlers: dict[str, Callable[..., Any]]) -> None:
 
     def env_or_mpi(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
         if needs_mpi_rendezvous(url, os.environ):
-            return mpi_rendezvous(url, **kwargs)
-        return original(url, **kwargs)  # type: ignore[no-any-return]
+            return _rendezvous(url, kwargs.get("timeout", timedelta(minutes=30)), env_ranks=True)
+        return original(url, **kwargs)
 
     env_or_mpi._cudampi_wrapped = True  # type: ignore[attr-defined]
     env_or_mpi.__doc__ = original.__doc__

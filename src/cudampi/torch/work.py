@@ -27,10 +27,36 @@ def _devices(tensors: Any) -> list[Any]:
     return list(found.values())
 
 
-def completed_future(result: Any) -> Any:
-    """A ``torch.futures.Future`` already holding ``result`` (CUDA devices declared)."""
+def _same(x: Any) -> Any:
+    return x
+
+
+def _is_tensor_list(value: Any) -> bool:
     import torch
 
+    if not isinstance(value, list) or not value:
+        return False
+    if all(isinstance(v, torch.Tensor) for v in value):
+        return True
+    return all(_is_tensor_list(v) for v in value)
+
+
+def completed_future(result: Any) -> Any:
+    """A completed ``torch.futures.Future`` holding ``result``.
+
+    A tensor list is stored *typed* (an IValue ``List[Tensor]``, as C++ process groups return
+    it): DDP's built-in C++ comm hooks (``_register_builtin_comm_hook``) insist on that, and a
+    future made in Python holds an opaque Python object. ``torch._C.fork`` of an identity
+    function runs it at once and returns such a typed, completed future.
+    """
+    import torch
+
+    fork = getattr(torch._C, "fork", None)
+    if fork is not None and _is_tensor_list(result):
+        try:
+            return fork(_same, result)
+        except (RuntimeError, TypeError, ValueError):
+            pass  # fall back to a Python-object future below
     devices = _devices(result)
     fut: Any = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
     fut.set_result(result)
@@ -39,10 +65,10 @@ def completed_future(result: Any) -> Any:
 
 def completed_work(result: Any) -> Any:
     """A c10d Work that is already done, whose future holds ``result``."""
-    fut = completed_future(result)
-    from torch._C._distributed_c10d import _create_work_from_future
+    import importlib
 
-    return _create_work_from_future(fut)
+    c10d: Any = importlib.import_module("torch._C._distributed_c10d")
+    return c10d._create_work_from_future(completed_future(result))
 
 
 def handle_work(
@@ -59,7 +85,9 @@ def handle_work(
 def _handle_work_class() -> type:
     import torch.distributed as dist
 
-    class HandleWork(dist._Work):  # type: ignore[misc,name-defined]
+    work_base: Any = dist._Work
+
+    class HandleWork(work_base):
         """Waits on a :class:`cudampi.comm.Handle`; the future is made when first asked for."""
 
         def __init__(

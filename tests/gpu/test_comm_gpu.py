@@ -1,0 +1,250 @@
+"""cudampi.comm on CUDA arrays (torch and CuPy), 2 ranks sharing one GPU, every path the stack
+allows: staged always; gpu-ring where device p2p is proven (probe cache or CUDAMPI_CUDA_AWARE=yes);
+native where MPI's device collectives are. Run on the GPU machine:
+
+    python -m pytest -m gpu tests/gpu/test_comm_gpu.py            # system MPI: staged only
+    LD_PRELOAD=... OMPI_MCA_pml=ucx CUDAMPI_CUDA_AWARE=yes python -m pytest -m gpu tests/gpu
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.mpi.test_comm_collectives import (
+    Failures,
+    empty_lib,
+    gen,
+    run_async,
+    run_matrix,
+    same,
+    to_lib,
+)
+from tests.mpirun import run_mpi
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+GPU_DTYPES = ("bool", "int8", "int32", "int64", "uint8", "uint32", "uint64", "float16",
+              "bfloat16", "float32", "float64", "complex64")
+GPU_SIZES = (0, 1, 7, 1000, 100003)
+
+
+def _libs() -> list[str]:
+    libs = []
+    if importlib.util.find_spec("torch"):
+        libs.append("torch-cuda")
+    if importlib.util.find_spec("cupy"):
+        libs.append("cupy")
+    return libs
+
+
+def _setup(comm, lib):
+    """Bind every rank to GPU 0 (one GPU shared) or to rank % device_count."""
+    if lib == "torch-cuda":
+        import torch
+
+        torch.cuda.set_device(comm.rank % torch.cuda.device_count())
+    else:
+        import cupy
+
+        cupy.cuda.Device(comm.rank % cupy.cuda.runtime.getDeviceCount()).use()
+
+
+def _paths(c) -> list[str]:
+    paths = ["staged"]
+    if c.device_support.p2p:
+        paths.append("gpu-ring")
+    if c.device_support.collectives:
+        paths.append("native")
+    return paths
+
+
+def rank_gpu_matrix(comm, lib):
+    from cudampi.comm import Communicator
+    from cudampi.config import Config
+
+    _setup(comm, lib)
+    f = Failures(comm.rank)
+    cfg = Config.load({"chunk_bytes": "4K", "small_bytes": "1K"}, env=None, strict_env=False)
+    with Communicator(comm, config=cfg) as c:
+        paths = _paths(c)
+        auto = c.path_for("allreduce", to_lib(gen(0, 4, "float32"), lib, "float32"))
+        if comm.rank == 0:
+            print(f"paths {paths}; auto: {auto} ({auto.reason})")
+        run_matrix(c, [lib], [*paths, "auto"], f, sizes=GPU_SIZES, dtypes=GPU_DTYPES,
+                   some=("float32", "float16", "int64", "bool"))
+        run_async(c, lib, paths, f)
+        _p2p(c, lib, paths, f)
+    with Communicator(comm) as c:  # default chunking: large pipelined transfers
+        run_matrix(c, [lib], _paths(c), f, sizes=(3 << 20,), dtypes=("float32", "float16"),
+                   some=("float32",))
+    f.finish()
+    if comm.rank == 0:
+        print(f"checked {f.checked} results")
+
+
+def _p2p(c, lib, paths, f: Failures) -> None:
+    size, rank = c.size, c.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    pairs = [(a, b) for a in paths for b in paths if a != "native" and b != "native"]
+    for n in (0, 1, 1000, 1 << 20):
+        for spath, rpath in pairs:
+            where = f"p2p {lib} n={n} {spath}->{rpath}"
+            x = to_lib(gen(rank, n, "float32"), lib, "float32")
+            y = empty_lib((n,), lib, "float32")
+            if rank % 2 == 0:
+                c.send(x, right, tag=1, path=spath)
+                c.recv(y, left, tag=1, path=rpath)
+            else:
+                c.recv(y, left, tag=1, path=rpath)
+                c.send(x, right, tag=1, path=spath)
+            f.check(same(y, gen(left, n, "float32"), "float32"), where)
+            y2 = empty_lib((n,), lib, "float32")
+            hr = c.irecv(y2, left, tag=2, path=rpath)
+            c.isend(x, right, tag=2, path=spath).wait(timeout=60)
+            hr.wait(timeout=60)
+            f.check(same(y2, gen(left, n, "float32"), "float32"), "i" + where)
+
+
+def rank_gpu_streams(comm, lib):
+    """Data produced on a busy side stream must be complete before MPI reads it."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+
+    _setup(comm, lib)
+    n = 1 << 22
+    with Communicator(comm) as c:
+        for path in _paths(c):
+            if lib == "torch-cuda":
+                import torch
+
+                x = torch.zeros(n, device="cuda")
+                s = torch.cuda.Stream()
+                with torch.cuda.stream(s):
+                    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the write
+                    x.fill_(comm.rank + 1)
+                    y = c.allreduce(x, path=path)
+                    h = c.allreduce(x, path=path, async_op=True)
+                got, got_async = y.cpu().numpy(), h.wait(timeout=120).cpu().numpy()
+            else:
+                import cupy
+
+                x = cupy.zeros(n, dtype=cupy.float32)
+                with cupy.cuda.Stream(non_blocking=True):
+                    z = cupy.ones(n * 4, dtype=cupy.float32)
+                    for _ in range(200):
+                        z = cupy.sin(z)
+                    x[...] = comm.rank + 1
+                    y = c.allreduce(x, path=path)
+                    h = c.allreduce(x, path=path, async_op=True)
+                got, got_async = cupy.asnumpy(y), cupy.asnumpy(h.wait(timeout=120))
+            want = float(sum(r + 1 for r in range(comm.size)))
+            assert np.all(got == want), (path, got[:4], want)
+            assert np.all(got_async == want), (path, got_async[:4], want)
+    if comm.rank == 0:
+        print("streams ok")
+
+
+def rank_gpu_errors(comm, lib):
+    """Wrong device / host path for a device array: DeviceError on every rank, no hang."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+    from cudampi.errors import DeviceError
+
+    _setup(comm, lib)
+    with Communicator(comm) as c:
+        x = to_lib(gen(comm.rank, 8, "float32"), lib, "float32")
+        for call in (
+            lambda: c.allreduce(x, out=np.zeros(8, dtype=np.float32)),
+            lambda: c.allreduce(x, path="host" if comm.rank == 0 else None),
+        ):
+            try:
+                call()
+            except DeviceError as exc:
+                assert "device" in str(exc).lower() or "host" in str(exc), exc
+            else:
+                raise AssertionError("no DeviceError")
+        if lib == "torch-cuda":
+            import torch
+
+            if torch.cuda.device_count() > 1:
+                other = (torch.cuda.current_device() + 1) % torch.cuda.device_count()
+                try:
+                    c.allreduce(torch.ones(4, device=f"cuda:{other}"))
+                except DeviceError as exc:
+                    assert "cuda:" in str(exc), exc
+                else:
+                    raise AssertionError("no DeviceError for an array on another GPU")
+        assert float(to_np_sum(c.allreduce(x))) == float(sum(gen(r, 8, "float32").sum()
+                                                             for r in range(comm.size)))
+    if comm.rank == 0:
+        print("errors ok")
+
+
+def to_np_sum(x):
+    from tests.mpi.test_comm_collectives import to_np
+
+    return to_np(x).sum()
+
+
+def rank_gpu_perf(comm, lib):
+    """256 MB float32 allreduce and 256 MB p2p: gpu-ring vs staged (printed; gpu-ring must win)."""
+    import time
+
+    from cudampi.comm import Communicator
+
+    _setup(comm, lib)
+    n = 64 << 20  # 256 MB of float32
+    with Communicator(comm) as c:
+        x = to_lib(gen(comm.rank, 16, "float32"), lib, "float32")
+        times = {}
+        for path in _paths(c):
+            big = empty_lib((n,), lib, "float32")
+            for i in range(7):
+                if i == 2:
+                    c.barrier()
+                    t0 = time.perf_counter()
+                c.allreduce(big, out=big, path=path)
+            times[path] = (time.perf_counter() - t0) / 5
+        if comm.rank == 0:
+            for p, t in times.items():
+                print(f"allreduce 256MB {lib} {p}: {t * 1e3:.2f} ms, algbw {n * 4 / t / 1e9:.1f} GB/s")
+        if "gpu-ring" in times:
+            assert times["gpu-ring"] * 2 < times["staged"], times
+        del x
+
+
+@pytest.mark.parametrize("lib", _libs() or ["none"])
+def test_gpu_collectives_every_path_match_numpy(lib):
+    if lib == "none":
+        pytest.skip("neither torch nor CuPy is installed")
+    proc = run_mpi(2, __file__, "rank_gpu_matrix", lib, timeout=900)
+    print(proc.stdout)
+    assert "checked" in proc.stdout
+
+
+@pytest.mark.parametrize("lib", _libs() or ["none"])
+def test_gpu_streams_are_synchronized_before_mpi(lib):
+    if lib == "none":
+        pytest.skip("neither torch nor CuPy is installed")
+    proc = run_mpi(2, __file__, "rank_gpu_streams", lib, timeout=300)
+    assert "streams ok" in proc.stdout
+
+
+@pytest.mark.parametrize("lib", _libs() or ["none"])
+def test_gpu_bad_device_input_raises_on_every_rank(lib):
+    if lib == "none":
+        pytest.skip("neither torch nor CuPy is installed")
+    proc = run_mpi(2, __file__, "rank_gpu_errors", lib, timeout=300)
+    assert "errors ok" in proc.stdout
+
+
+@pytest.mark.parametrize("lib", _libs() or ["none"])
+def test_gpu_ring_beats_staged(lib):
+    if lib == "none":
+        pytest.skip("neither torch nor CuPy is installed")
+    proc = run_mpi(2, __file__, "rank_gpu_perf", lib, timeout=600)
+    print(proc.stdout)

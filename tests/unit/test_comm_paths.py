@@ -1,0 +1,118 @@
+"""Path choice from probed capabilities, config overrides and message size (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudampi.comm.paths import choose, device_support
+from cudampi.config import Config
+from cudampi.errors import ConfigError, DeviceError
+from cudampi.probe.capabilities import Capabilities, ProbeOutcome
+
+# What the reference H200 stack showed (tests/fixtures/device-h200-1gpu/probe.log): PyPI Open MPI
+# + libucx-cu13 + pml ucx moves device memory point-to-point, but its device Allreduce segfaults.
+H200_UCX = Capabilities(
+    key="k",
+    mpi_library="Open MPI v5.0.11",
+    device_p2p=ProbeOutcome("ok", "268 MB correct", gbps=891.78),
+    device_allreduce=ProbeOutcome("crash", "SIGSEGV in coll"),
+)
+# System Open MPI 4.1.6: device Send and Allreduce both segfault.
+H200_SYSTEM = Capabilities(
+    key="k",
+    mpi_library="Open MPI v4.1.6",
+    device_p2p=ProbeOutcome("crash", "SIGSEGV in btl vader"),
+    device_allreduce=ProbeOutcome("crash", "SIGSEGV in coll base"),
+)
+NATIVE_OK = Capabilities(
+    key="k", mpi_library="x", device_p2p=ProbeOutcome("crash"), device_allreduce=ProbeOutcome("ok")
+)
+
+
+def cfg(**kw):
+    return Config.load(kw, env={})
+
+
+def pick(call, requested, on_device, caps, dtype="float32", nbytes=1 << 20, **conf):
+    from cudampi.comm.native import can_reduce
+
+    return choose(call, requested, on_device, dtype, nbytes, device_support(cfg(**conf), caps),
+                  mpi_reduces=can_reduce(dtype))
+
+
+def test_host_arrays_take_mpi_and_fall_back_to_our_reduction_for_half_types():
+    c = pick("allreduce", "auto", False, None)
+    assert c == "host" and c.engine == "mpi" and "MPI's own" in c.reason
+    for dt in ("float16", "bfloat16"):
+        c = pick("allreduce", "auto", False, None, dtype=dt)
+        assert c == "host" and c.engine == "alg" and dt in c.reason
+        assert c.label == "host-alg"
+    # half types move fine through MPI when nothing is reduced
+    assert pick("broadcast", "auto", False, None, dtype="float16").engine == "mpi"
+
+
+def test_every_explicit_path_runs_on_host_arrays():
+    assert pick("allreduce", "gpu-ring", False, None).engine == "alg"
+    c = pick("allreduce", "staged", False, None)
+    assert (c, c.engine, c.inner) == ("staged", "staged", "mpi")
+    assert pick("allreduce", "staged", False, None, dtype="bfloat16").inner == "alg"
+    assert pick("allreduce", "native", False, None).engine == "mpi"
+
+
+def test_device_arrays_with_no_probe_are_staged_and_never_reach_mpi():
+    c = pick("allreduce", "auto", True, None)
+    assert c == "staged" and "cudampi doctor" in c.reason
+    with pytest.raises(DeviceError, match=r"gpu-ring.*not proven.*cudampi doctor"):
+        pick("allreduce", "gpu-ring", True, None)
+    with pytest.raises(DeviceError, match="segfaults"):
+        pick("allreduce", "native", True, None)
+    with pytest.raises(DeviceError, match="host arrays"):
+        pick("allreduce", "host", True, None)
+
+
+def test_h200_ucx_stack_takes_gpu_ring_but_never_native():
+    c = pick("allreduce", "auto", True, H200_UCX)
+    assert c == "gpu-ring" and c.engine == "alg" and "proved" in c.reason
+    with pytest.raises(DeviceError, match="crash"):
+        pick("allreduce", "native", True, H200_UCX)
+    assert pick("send", "auto", True, H200_UCX) == "gpu-ring"
+
+
+def test_system_openmpi_stack_is_staged():
+    assert pick("allreduce", "auto", True, H200_SYSTEM) == "staged"
+    assert pick("send", "auto", True, H200_SYSTEM) == "staged"
+    with pytest.raises(DeviceError):
+        pick("send", "gpu-ring", True, H200_SYSTEM)
+
+
+def test_config_overrides_the_probe():
+    assert pick("allreduce", "auto", True, None, cuda_aware="yes") == "gpu-ring"
+    assert pick("allreduce", "auto", True, H200_UCX, cuda_aware="no") == "staged"
+    c = pick("allreduce", "auto", True, None, native_collectives="yes")
+    assert c == "native" and c.engine == "mpi"
+    assert pick("allreduce", "auto", True, NATIVE_OK) == "native"
+    assert pick("allreduce", "auto", True, NATIVE_OK, native_collectives="no") == "staged"
+
+
+def test_native_device_half_types_fall_back_safely():
+    c = pick("allreduce", "native", True, NATIVE_OK, dtype="float16")
+    assert c == "staged" and c.inner == "alg"
+    c = pick("allreduce", "native", True, None, dtype="bfloat16", cuda_aware="yes",
+             native_collectives="yes")
+    assert c == "native" and c.engine == "alg"
+    # auto on a native-only stack: half-type reductions are staged, not given to MPI
+    assert pick("allreduce", "auto", True, NATIVE_OK, dtype="bfloat16") == "staged"
+
+
+def test_p2p_paths():
+    assert pick("send", "auto", False, None) == "host"
+    assert pick("send", "staged", False, None).engine == "staged"
+    assert pick("recv", "auto", True, None).engine == "staged"
+
+
+def test_bad_path_names_are_config_errors():
+    from cudampi.comm.paths import check_path
+
+    with pytest.raises(ConfigError, match="'ring'"):
+        check_path("ring", "path")
+    assert check_path(None, "path") is None

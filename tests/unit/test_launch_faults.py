@@ -1,0 +1,117 @@
+"""Fault reports and the launchers' failure messages (real captured output) -> the summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cudampi.launch.faults import HostFailure, RankFailure, build_result, parse_launcher_output
+from cudampi.launch.report import format_report, parse_reports, summarize_exception
+
+LAUNCH = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
+
+
+def fixture(name: str) -> str:
+    return (LAUNCH / name).read_text()
+
+
+def test_openmpi_messages():
+    ev = parse_launcher_output(fixture("openmpi-exit.txt"), "openmpi")
+    assert ev.ranks == (RankFailure(1, None, exit_code=3),)
+    ev = parse_launcher_output(fixture("openmpi-kill.txt"), "openmpi")
+    assert ev.ranks == (RankFailure(1, "vm", signal=9),)
+    ev = parse_launcher_output(fixture("openmpi-segv.txt"), "openmpi")
+    assert ev.ranks == (RankFailure(1, "vm", signal=11),)
+    ev = parse_launcher_output(fixture("openmpi-abort.txt"), "openmpi")
+    assert ev.ranks == (RankFailure(1, "vm", exit_code=7),)
+    ev = parse_launcher_output(fixture("openmpi-unresolvable-host.txt"), "openmpi")
+    assert ev.hosts == (
+        HostFailure(
+            "nosuchhost.invalid",
+            "unreachable",
+            "Name or service not known (Open MPI calls it nosuchhost)",
+        ),
+    )
+
+
+def test_openmpi_host_killed_mid_run_and_host_refusing_ssh():
+    ev = parse_launcher_output(fixture("openmpi-host-killed.txt"), "openmpi")
+    assert ev.hosts == (
+        HostFailure("10.231.0.2", "lost", "its ssh connection closed (Open MPI calls it cm-host2)"),
+    )
+    ev = parse_launcher_output(fixture("openmpi-host-refused.txt"), "openmpi")
+    assert ev.hosts == (HostFailure("10.231.0.2", "unreachable", "Connection refused"),)
+    res = build_result(255, [], ev)
+    assert "host 10.231.0.2 cannot be reached: Connection refused" in res.summary()
+    assert "ssh HOST true" in res.summary()
+
+
+def test_hydra_and_srun_messages():
+    ev = parse_launcher_output(fixture("mpich-kill.txt"), "mpich")
+    assert ev.ranks == (RankFailure(None, "vm", signal=9),)
+    ev = parse_launcher_output(fixture("mpich-abort.txt"), "mpich")
+    assert ev.ranks == (RankFailure(1, None, exit_code=7),)
+    # srun's wording is its source's format "%s: %s %s: Exited with exit code %d" / strsignal
+    srun = (
+        "srun: error: gpu02: task 3: Exited with exit code 2\n"
+        "srun: error: gpu01: tasks 0-1: Segmentation fault (core dumped)\n"
+    )
+    ev = parse_launcher_output(srun, "slurm")
+    assert RankFailure(3, "gpu02", exit_code=2) in ev.ranks
+    assert (
+        RankFailure(0, "gpu01", signal=11, lines=("Segmentation fault (core dumped)",)) in ev.ranks
+    )
+    assert len(ev.ranks) == 3
+
+
+def test_reports_roundtrip_and_traceback_summary():
+    tb = [
+        "Traceback (most recent call last):\n",
+        '  File "/w/train.py", line 9, in <module>\n    main()\n',
+        '  File "/w/train.py", line 5, in main\n    raise ValueError("loss is nan")\n',
+        "ValueError: loss is nan\n",
+    ]
+    lines = summarize_exception(tb)
+    assert lines[0] == "ValueError: loss is nan"
+    assert lines[1] == '  File "/w/train.py", line 5, in main'  # innermost first
+    text = format_report("node2", 3, 1, lines) + "unrelated\n" + format_report("node1", 0, 2, ["x"])
+    reps = parse_reports(text.splitlines())
+    assert [(r.host, r.rank, r.code) for r in reps] == [("node2", 3, 1), ("node1", 0, 2)]
+    assert reps[0].lines == tuple(lines)
+
+
+def test_build_result_merges_reports_launcher_and_fault_files():
+    reps = parse_reports(format_report("vm", 1, 1, ["ValueError: boom"]).splitlines())
+    ev = parse_launcher_output(
+        fixture("openmpi-exit.txt").replace("Exit code:    3", "Exit code:    1"), "openmpi"
+    )
+    res = build_result(1, reps, ev)
+    assert res.exit_code == 1 and res.failures == (
+        RankFailure(1, "vm", 1, None, ("ValueError: boom",)),
+    )
+    assert "rank 1 on host vm exited with code 1" in res.summary()
+    assert "ValueError: boom" in res.summary()
+    # a crash: the launcher knows the signal, the fault file the Python stack
+    fault = (
+        "host=vm pid=42\nFatal Python error: Segmentation fault\n\nCurrent thread 0x1:\n"
+        '  File "/w/t.py", line 3 in <module>\n'
+    )
+    res = build_result(
+        139,
+        [],
+        parse_launcher_output(fixture("openmpi-segv.txt"), "openmpi"),
+        {1: fault, 0: "host=vm pid=41\n"},
+    )
+    assert res.exit_code == 139
+    assert res.failures[0].signal == 11
+    assert res.failures[0].lines[0] == "Fatal Python error: Segmentation fault"
+    assert "killed by signal 11 (SIGSEGV)" in res.summary()
+    # ranks stopped by the job's own end are not listed next to the real fault
+    stopped = format_report("vm", 0, 130, ["KeyboardInterrupt"])
+    both = parse_reports((stopped + format_report("vm", 1, 4, ["E"])).splitlines())
+    res = build_result(131, both, parse_launcher_output("", "mpich"), stopped_for_fault=True)
+    assert [f.rank for f in res.failures] == [1] and res.exit_code == 4
+    assert build_result(0, [], parse_launcher_output("", "openmpi")).ok
+    assert (
+        build_result(-2, [], parse_launcher_output("", "openmpi"), interrupted=True).exit_code
+        == 130
+    )
