@@ -54,7 +54,7 @@ def init_distributed(backend: str = "cudampi", device: str = "auto") -> DistInfo
 
     info = cudampi.init()  # rank, local rank, MASTER_ADDR/PORT where missing, the rank's GPU
     if backend == "cudampi":
-        import cudampi.torch  # noqa: F401  (registers the backend)
+        import cudampi.torch  # (registers the backend)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     dev = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     dist.init_process_group(backend)
@@ -78,7 +78,9 @@ def build_model(width: int, depth: int) -> object:
     return nn.Sequential(*layers)
 
 
-def train(di: DistInfo, *, steps: int, batch: int, width: int, depth: int, warmup: int) -> TrainResult:
+def train(
+    di: DistInfo, *, steps: int, batch: int, width: int, depth: int, warmup: int
+) -> TrainResult:
     """DDP on synthetic data (a fixed random linear teacher); timed after ``warmup`` steps."""
     import torch
     import torch.distributed as dist
@@ -89,7 +91,7 @@ def train(di: DistInfo, *, steps: int, batch: int, width: int, depth: int, warmu
     torch.manual_seed(0)  # the same init everywhere (DDP would broadcast rank 0's anyway)
     model = build_model(width, depth).to(device)  # type: ignore[attr-defined]
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(1234)
     teacher = (torch.randn(64, 10, generator=gen) / 8).to(device)
     gen.manual_seed(1000 + di.rank)  # each rank its own shard of the data
@@ -143,7 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     di = init_distributed(args.backend, args.device)
     result = train(
-        di, steps=args.steps, batch=args.batch, width=args.width, depth=args.depth,
+        di,
+        steps=args.steps,
+        batch=args.batch,
+        width=args.width,
+        depth=args.depth,
         warmup=args.warmup,
     )
     # Every rank must end with the same parameters; say so instead of assuming it.

@@ -101,3 +101,55 @@ def rank_mismatch(comm, debug):
 def test_mismatched_or_bad_input_raises_on_every_rank(n, debug):
     proc = run_mpi(n, __file__, "rank_mismatch", debug, timeout=180)
     assert f"passed on {n} ranks" in proc.stdout
+
+
+def rank_env_and_probe_cache(comm, cache_dir):
+    """CUDAMPI_PATH and CUDAMPI_DEBUG from the environment; capabilities from the probe cache."""
+    import os
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from cudampi.comm import Communicator
+    from cudampi.config import Config
+    from cudampi.errors import MismatchError
+    from cudampi.probe import capabilities as capmod
+
+    assert os.environ["CUDAMPI_PATH"] == "staged" and os.environ["CUDAMPI_DEBUG"] == "1"
+    with Communicator(comm) as c:
+        assert c.config.debug and c.config.path == "staged"
+        choice = c.path_for("allreduce", np.ones(4))
+        assert choice == "staged" and choice.engine == "staged", (choice, choice.reason)
+        assert c.capabilities is None and not c.device_support.p2p
+        got = c.allreduce(np.full(1000, comm.rank, dtype=np.int32))
+        assert (got == sum(range(comm.size))).all()
+        # a per-call path wins over the environment
+        assert c.path_for("allreduce", np.ones(4)) == "staged"
+        shape = (2, 3) if comm.rank == 0 else (3, 2)
+        try:
+            c.allreduce(np.ones(shape), path="host")
+        except MismatchError as exc:
+            assert "shape" in str(exc)
+        else:
+            raise AssertionError("CUDAMPI_DEBUG=1 must compare shapes")
+    # a probe result for this very stack makes device p2p trusted
+    if comm.rank == 0:
+        key = capmod.stack_key(MPI.Get_library_version(), os.environ)
+        capmod.save(cache_dir, capmod.Capabilities(
+            key=key, mpi_library=MPI.Get_library_version(),
+            device_p2p=capmod.ProbeOutcome("ok", "test entry"),
+            device_allreduce=capmod.ProbeOutcome("crash", "test entry")))
+    comm.Barrier()
+    cfg = Config.load({"cache_dir": cache_dir}, env={})
+    with Communicator(comm, config=cfg) as c:
+        assert c.capabilities is not None and c.capabilities.device_p2p.ok
+        assert c.device_support.p2p and not c.device_support.collectives
+    if comm.rank == 0:
+        print("env and cache ok")
+
+
+def test_env_settings_and_probe_cache_drive_the_path(tmp_path):
+    proc = run_mpi(2, __file__, "rank_env_and_probe_cache", str(tmp_path / "cache"),
+                   env={"CUDAMPI_PATH": "staged", "CUDAMPI_DEBUG": "1",
+                        "CUDAMPI_CACHE_DIR": str(tmp_path / "empty")}, timeout=120)
+    assert "env and cache ok" in proc.stdout

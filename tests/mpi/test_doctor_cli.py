@@ -13,9 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
-from tests.conftest import cudampi_cli
+from cudampi.doctor.render import REPORT_SCHEMA
+from tests.conftest import HAS_CUDA, cudampi_cli
 from tests.mpirun import run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -97,11 +99,16 @@ def rank_reads_the_cache(comm, cache_dir, expected_key):
     assert caps.device_p2p.status == "skipped" and not caps.device_p2p.ok
 
 
+@pytest.mark.skipif(
+    HAS_CUDA, reason="with a GPU the device rows run: see tests/gpu/test_doctor_gpu.py"
+)
 def test_doctor_json_on_the_wheels(isolated_cache):
     proc = _doctor("--json")
     doc = _json(proc)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert doc["exit_code"] == 0 and doc["summary"]["fail"] == 0
+    jsonschema.validate(doc, REPORT_SCHEMA)
+    assert sum(doc["summary"].values()) == len(doc["checks"])
     for c in doc["checks"]:
         assert set(c) == {"name", "section", "status", "detail", "fix"}
         assert c["status"] in ("ok", "warn", "fail", "n/a")
@@ -263,3 +270,25 @@ def test_doctor_started_on_two_ranks_reports_once(isolated_cache):
     assert c["detail"].startswith(("open-mpi: rank 0 of 2", "mpich-hydra: rank 0 of 2"))
     # the launcher's own OMPI_MCA_* variables are not mistaken for user settings
     assert "OMPI_MCA_PREFIXES" not in _check(doc, "MPI/UCX/NCCL settings")["detail"]
+
+
+def test_probe_launcher_of_another_mpi_is_caught(mpich_prefix, isolated_cache):
+    # --mpiexec of MPICH while mpi4py loads Open MPI: each rank would be a world of 1
+    doc = _json(proc := _doctor("--json", "--mpiexec", str(mpich_prefix / "bin" / "mpiexec")))
+    assert proc.returncode == 1
+    launcher = _check(doc, "probe launcher")
+    assert (
+        launcher["status"] == "fail"
+        and "is MPICH 5.0.2 but mpi4py loads Open MPI" in launcher["detail"]
+    )
+    p2p = _check(doc, "host p2p")
+    assert p2p["status"] == "fail" and "world of 1 rank" in p2p["detail"], p2p
+
+
+def test_four_probe_ranks(isolated_cache):
+    doc = _json(proc := _doctor("--json", "--ranks", "4", "--size", "1M"))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for name in ("host p2p", "host allreduce"):
+        c = _check(doc, name)
+        assert c["status"] == "ok" and c["detail"].startswith("4 ranks, correct data"), c
+    assert doc["data"]["runtime"]["probes"]["host_allreduce"]["report"]["size"] == 4

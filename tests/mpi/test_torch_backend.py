@@ -143,7 +143,11 @@ def check_allreduce(ck, dist, gloo, rank, n):
             dist.all_reduce(x, op=getattr(R, op))
             want = local_reduce([data(seed, r, (7, 3), dtype, kind) for r in range(n)], op)
             ck.close(x, want, f"all_reduce {op} {dtype}")
-            if op != "AVG" and _try_gloo(lambda y=y, op=op: dist.all_reduce(y, op=getattr(R, op), group=gloo)) is not None:
+            if (
+                op != "AVG"
+                and _try_gloo(lambda y=y, op=op: dist.all_reduce(y, op=getattr(R, op), group=gloo))
+                is not None
+            ):
                 ck.close(x, y, f"all_reduce {op} {dtype} vs gloo", gloo=True)
     # PREMUL_SUM (what FSDP2 uses to fold the gradient divide into the reduce-scatter).
     for factor in (0.5, torch.tensor([0.25])):
@@ -155,7 +159,11 @@ def check_allreduce(ck, dist, gloo, rank, n):
     # Non-contiguous input, and an empty tensor.
     x = data(7, rank, (6, 4), "float32").t()
     dist.all_reduce(x)
-    ck.close(x, local_reduce([data(7, r, (6, 4), "float32").t() for r in range(n)], "SUM"), "non-contiguous")
+    ck.close(
+        x,
+        local_reduce([data(7, r, (6, 4), "float32").t() for r in range(n)], "SUM"),
+        "non-contiguous",
+    )
     e = torch.empty(0)
     dist.all_reduce(e)
     assert e.numel() == 0
@@ -222,9 +230,14 @@ def check_gathers(ck, dist, gloo, rank, n):
         out = torch.empty((n * 3, 2), dtype=x.dtype)
         gout = torch.empty_like(out)
         dist.all_gather_into_tensor(out, x)
-        if _try_gloo(lambda gout=gout, x=x: dist.all_gather_into_tensor(gout, x, group=gloo)) is not None:
+        if (
+            _try_gloo(lambda gout=gout, x=x: dist.all_gather_into_tensor(gout, x, group=gloo))
+            is not None
+        ):
             ck.close(out, gout, f"all_gather_into_tensor {dtype} vs gloo", gloo=True)
-        ck.close(out, torch.cat([data(60, i, (3, 2), dtype) for i in range(n)]), "all_gather_into_tensor")
+        ck.close(
+            out, torch.cat([data(60, i, (3, 2), dtype) for i in range(n)]), "all_gather_into_tensor"
+        )
     # Uneven all_gather (rank i contributes i+1 elements): gloo cannot, NCCL can.
     x = torch.arange(rank + 1, dtype=torch.float32) + 10 * rank
     outs = [torch.empty(i + 1) for i in range(n)]
@@ -237,7 +250,12 @@ def check_scatters(ck, dist, gloo, rank, n):
     import torch
 
     R = dist.ReduceOp
-    for dtype, op in (("float32", "SUM"), ("float32", "AVG"), ("int64", "MAX"), ("bfloat16", "SUM")):
+    for dtype, op in (
+        ("float32", "SUM"),
+        ("float32", "AVG"),
+        ("int64", "MAX"),
+        ("bfloat16", "SUM"),
+    ):
         ins = [data(70 + i, rank, (4,), dtype) for i in range(n)]
         out = torch.empty(4, dtype=ins[0].dtype)
         dist.reduce_scatter(out, [t.clone() for t in ins], op=getattr(R, op))
@@ -245,7 +263,14 @@ def check_scatters(ck, dist, gloo, rank, n):
         ck.close(out, want, f"reduce_scatter {op} {dtype}")
         if op != "AVG":
             gout = torch.empty_like(out)
-            if _try_gloo(lambda gout=gout, ins=ins, op=op: dist.reduce_scatter(gout, [t.clone() for t in ins], op=getattr(R, op), group=gloo)) is not None:
+            if (
+                _try_gloo(
+                    lambda gout=gout, ins=ins, op=op: dist.reduce_scatter(
+                        gout, [t.clone() for t in ins], op=getattr(R, op), group=gloo
+                    )
+                )
+                is not None
+            ):
                 ck.close(out, gout, f"reduce_scatter {op} {dtype} vs gloo", gloo=True)
         flat = torch.cat(ins)
         out = torch.empty(4, dtype=flat.dtype)
@@ -253,13 +278,25 @@ def check_scatters(ck, dist, gloo, rank, n):
         ck.close(out, want, f"reduce_scatter_tensor {op} {dtype}")
         if op != "AVG":
             gout = torch.empty_like(out)
-            if _try_gloo(lambda gout=gout, flat=flat, op=op: dist.reduce_scatter_tensor(gout, flat.clone(), op=getattr(R, op), group=gloo)) is not None:
+            if (
+                _try_gloo(
+                    lambda gout=gout, flat=flat, op=op: dist.reduce_scatter_tensor(
+                        gout, flat.clone(), op=getattr(R, op), group=gloo
+                    )
+                )
+                is not None
+            ):
                 ck.close(out, gout, f"reduce_scatter_tensor {op} {dtype} vs gloo", gloo=True)
     # PREMUL_SUM reduce-scatter, as FSDP2 issues it.
     flat = data(80, rank, (n * 3,), "float32")
     out = torch.empty(3)
     dist.reduce_scatter_tensor(out, flat, op=dist._make_nccl_premul_sum(1.0 / n))
-    want = local_reduce([data(80, r, (n * 3,), "float32") for r in range(n)], "SUM")[3 * rank : 3 * rank + 3] / n
+    want = (
+        local_reduce([data(80, r, (n * 3,), "float32") for r in range(n)], "SUM")[
+            3 * rank : 3 * rank + 3
+        ]
+        / n
+    )
     ck.close(out, want, "reduce_scatter_tensor PREMUL_SUM")
     # Uneven reduce_scatter list (block i has i+1 elements).
     ins = [torch.full((i + 1,), float(rank + 1)) for i in range(n)]

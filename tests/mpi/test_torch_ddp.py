@@ -228,5 +228,7 @@ def test_ddp_and_fsdp_match_gloo_2_ranks():
 
 
 def test_ddp_and_fsdp_match_gloo_4_ranks():
-    proc = run_mpi(4, __file__, "rank_ddp_fsdp", "default,small-buckets-views,fp16-hook", timeout=300)
+    proc = run_mpi(
+        4, __file__, "rank_ddp_fsdp", "default,small-buckets-views,fp16-hook", timeout=300
+    )
     assert "match gloo" in proc.stdout

@@ -16,9 +16,23 @@ pytest.importorskip("torch")
 
 
 def test_ddp_example_under_cudampi_launch():
-    argv = [sys.executable, "-m", "cudampi", "launch", "-n", "2", "examples/ddp_train.py",
-            "--steps", "8", "--width", "64", "--json"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=ROOT)
+    argv = [
+        sys.executable,
+        "-m",
+        "cudampi",
+        "launch",
+        "-n",
+        "2",
+        "examples/ddp_train.py",
+        "--steps",
+        "8",
+        "--width",
+        "64",
+        "--json",
+    ]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=ROOT
+    )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, proc.stdout  # only rank 0 prints

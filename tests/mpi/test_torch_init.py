@@ -117,8 +117,12 @@ def test_torchrun_singletons_get_the_fix_not_a_hang():
     for var in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
         env.pop(var, None)
     proc = subprocess.run(
-        [sys.executable, "-c", _SINGLETON], capture_output=True, text=True, timeout=120,
-        env=env, cwd=ROOT,
+        [sys.executable, "-c", _SINGLETON],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
     )
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -146,8 +150,12 @@ def test_a_raising_rank_fails_every_rank_fast(tmp_path):
     script.write_text(textwrap.dedent(_RAISES))
     t0 = time.monotonic()
     proc = subprocess.run(
-        [*mpiexec_argv(2), sys.executable, str(script)], capture_output=True, text=True,
-        timeout=150, env=mpi_env(), cwd=ROOT,
+        [*mpiexec_argv(2), sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=mpi_env(),
+        cwd=ROOT,
     )
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0

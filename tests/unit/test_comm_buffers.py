@@ -88,3 +88,9 @@ def test_mismatch_messages_name_the_odd_rank_and_values():
     s2 = Signature("allreduce", "sum", "float32", count=6, engine="host", shape=(3, 2))
     with pytest.raises(MismatchError, match="shape"):
         _raise_for(0, s1, None, [(s1, None, "h"), (s2, None, "h")], True)
+
+
+def test_tensors_that_require_grad_are_written_through_a_detached_view():
+    t = torch.ones(3, requires_grad=True)
+    b = adapt(t)
+    assert not b.arr.requires_grad and b.arr.data_ptr() == t.data_ptr()

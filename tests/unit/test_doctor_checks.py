@@ -128,7 +128,7 @@ def test_device_checks_from_the_h200_log(log):
     assert "libucx-cu13" in c.fix
     red = _run("device_allreduce", chunks[2], int(chunks[3]))
     c2 = C.check_device_probe("device allreduce", "device_allreduce", red.outcome, red)
-    assert c2.status == "fail" and "coll base allreduce" in c2.detail and "gpu-ring" in c2.fix
+    assert c2.status == "warn" and "coll base allreduce" in c2.detail and "gpu-ring" in c2.fix
     skipped = ProbeOutcome("skipped", "no GPU visible")
     assert C.check_device_probe("device p2p", "device_p2p", skipped, None).status == "n/a"
 

@@ -16,8 +16,16 @@ pytestmark = pytest.mark.torch
 
 @pytest.mark.parametrize(
     ("name", "op"),
-    [("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"), ("BAND", "band"),
-     ("BOR", "bor"), ("BXOR", "bxor"), ("AVG", "avg")],
+    [
+        ("SUM", "sum"),
+        ("PRODUCT", "prod"),
+        ("MIN", "min"),
+        ("MAX", "max"),
+        ("BAND", "band"),
+        ("BOR", "bor"),
+        ("BXOR", "bxor"),
+        ("AVG", "avg"),
+    ],
 )
 def test_every_reduce_op_maps_from_the_enum_and_from_options(name, op):
     red = getattr(dist.ReduceOp, name)
@@ -62,7 +70,10 @@ def test_split_sizes_become_element_counts():
 @pytest.mark.parametrize(
     ("env", "want"),
     [
-        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}, ("Open MPI mpirun/prterun", 1, 4)),
+        (
+            {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"},
+            ("Open MPI mpirun/prterun", 1, 4),
+        ),
         ({"PMI_RANK": "0", "PMI_SIZE": "2"}, ("MPICH/Hydra mpiexec", 0, 2)),
         ({"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}, ("Slurm srun", 3, 8)),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8"}, None),  # an sbatch shell, not a task

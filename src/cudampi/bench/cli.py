@@ -42,12 +42,25 @@ def launched_size(env: dict[str, str] | os._Environ[str] | None = None) -> int |
     return None
 
 
-def relaunch_argv(np: int, bench_argv: list[str], executable: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+def relaunch_argv(
+    np: int, bench_argv: list[str], executable: str = sys.executable
+) -> tuple[list[str], dict[str, str]]:
     """argv and extra environment that run ``cudampi bench <bench_argv>`` on ``np`` ranks."""
     try:
         import cudampi.launch.cli  # noqa: F401
 
-        return [executable, "-m", "cudampi", "launch", "-n", str(np), "-m", "cudampi", "bench", *bench_argv], {}
+        return [
+            executable,
+            "-m",
+            "cudampi",
+            "launch",
+            "-n",
+            str(np),
+            "-m",
+            "cudampi",
+            "bench",
+            *bench_argv,
+        ], {}
     except ImportError:
         pass
     beside = Path(executable).parent / "mpiexec"
@@ -74,7 +87,11 @@ def _relaunch(args: argparse.Namespace, o: opts.Options) -> int:
     env = dict(os.environ)
     env.update(extra)
     if not o.quiet:
-        print(f"# cudampi bench: re-launching on {o.np} ranks: {' '.join(argv)}", file=sys.stderr, flush=True)
+        print(
+            f"# cudampi bench: re-launching on {o.np} ranks: {' '.join(argv)}",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         return subprocess.call(argv, env=env)
     except OSError as exc:
@@ -138,7 +155,11 @@ def _meta(session: Any, o: opts.Options) -> dict[str, Any]:
         "gpu_name": session.gpu_name,
         "shares_gpu": session.shares_gpu,
         "host": platform.node(),
-        "mpi_library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip(),
+        "mpi_library": MPI.Get_library_version()
+        .replace("\x00", "")
+        .strip()
+        .splitlines()[0]
+        .strip(),
         "warmup": o.warmup,
         "iters": o.iters,
         "check": o.check,
@@ -216,7 +237,13 @@ def _collectives(session: Any, o: opts.Options) -> int:
     )
     result = run_collectives(session, spec)
     result = dataclasses.replace(result, min_busbw=o.min_busbw)
-    emit(session, o, report.render_text(result), report.render_json(result), report.render_csv(result))
+    emit(
+        session,
+        o,
+        report.render_text(result),
+        report.render_json(result),
+        report.render_csv(result),
+    )
     if o.plot and session.rank == 0:
         from cudampi.bench import plot
 

@@ -80,7 +80,9 @@ def query_link_limit(gpu: int) -> Limit | None:
     if text:
         rate = parse_nvlink_status(text, gpu)
         if rate:
-            return Limit("nvlink", rate, f"nvidia-smi nvlink --status -i {gpu}: active links summed")
+            return Limit(
+                "nvlink", rate, f"nvidia-smi nvlink --status -i {gpu}: active links summed"
+            )
     text = _nvidia_smi(
         [
             "--query-gpu=pcie.link.gen.max,pcie.link.width.max",

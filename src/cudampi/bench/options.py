@@ -79,7 +79,9 @@ def parse_paths(text: str, mode: str) -> tuple[str, ...]:
     out = []
     for p in _split(text):
         if p not in known:
-            raise ConfigError(f"--paths {p!r} is not a {mode} path; choose from {', '.join(known)} or all")
+            raise ConfigError(
+                f"--paths {p!r} is not a {mode} path; choose from {', '.join(known)} or all"
+            )
         if p not in out:
             out.append(p)
     if not out:
@@ -196,15 +198,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("what to move")
     g.add_argument("-d", "--dtype", default="float32", help="comma list: float32,bfloat16,...")
-    g.add_argument("-o", "--op", default="sum", help="comma list of reductions: sum,prod,min,max,avg,...")
+    g.add_argument(
+        "-o", "--op", default="sum", help="comma list of reductions: sum,prod,min,max,avg,..."
+    )
     g.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (0)")
     g.add_argument(
         "--paths",
         default="all",
         help=f"comma list or all: {', '.join(PATHS)} (p2p: cudampi,mpi,torch-*; ddp: torch-*,local)",
     )
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="buffers on (auto: cuda if visible)")
-    g.add_argument("--array", choices=("auto", "numpy", "torch", "cupy"), default="auto", help="array library")
+    g.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="buffers on (auto: cuda if visible)",
+    )
+    g.add_argument(
+        "--array", choices=("auto", "numpy", "torch", "cupy"), default="auto", help="array library"
+    )
     g.add_argument(
         "--check",
         action=argparse.BooleanOptionalAction,
@@ -212,15 +223,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check every result (default on)",
     )
     g = parser.add_argument_group("verdict and output")
-    g.add_argument("--min-busbw", type=float, default=None, metavar="GBPS", help="exit 1 if a path peaks below")
-    g.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", help="JSON (stdout, or FILE)")
-    g.add_argument("--csv", nargs="?", const="-", default=None, metavar="FILE", help="CSV (stdout, or FILE)")
+    g.add_argument(
+        "--min-busbw", type=float, default=None, metavar="GBPS", help="exit 1 if a path peaks below"
+    )
+    g.add_argument(
+        "--json", nargs="?", const="-", default=None, metavar="FILE", help="JSON (stdout, or FILE)"
+    )
+    g.add_argument(
+        "--csv", nargs="?", const="-", default=None, metavar="FILE", help="CSV (stdout, or FILE)"
+    )
     g.add_argument("--plot", default=None, metavar="PNG", help="busbw vs size, a line per path")
     g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     g.add_argument("--np", type=int, default=None, metavar="N", help="re-launch on N ranks")
     g.add_argument("--corrupt-rank", type=int, default=None, help=argparse.SUPPRESS)
     g = parser.add_argument_group("p2p and ddp")
-    g.add_argument("--window", type=int, default=64, help="p2p: messages in flight for bw/bibw (64)")
+    g.add_argument(
+        "--window", type=int, default=64, help="p2p: messages in flight for bw/bibw (64)"
+    )
     g.add_argument("--buffers", default="host,device", help="p2p: host,device")
     g.add_argument(
         "--model",
@@ -232,7 +251,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--image-size", type=int, default=None, help="ddp: ResNet input side (224)")
 
 
-def to_argv(args: argparse.Namespace, parser: argparse.ArgumentParser, *, drop: tuple[str, ...] = ("np",)) -> list[str]:
+def to_argv(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, *, drop: tuple[str, ...] = ("np",)
+) -> list[str]:
     """Rebuild the flags of ``args`` (minus ``drop``) for a re-launch; defaults are left out."""
     out: list[str] = []
     positional: list[str] = []

@@ -74,7 +74,9 @@ class P2PResult:
                 "ok": self.ok,
                 "wrong": self.wrong,
                 "min_bw_gbps": self.min_bw_gbps,
-                "below_min": [{"path": p, "buffers": b, "peak_gbps": v} for p, b, v in self.below_min()],
+                "below_min": [
+                    {"path": p, "buffers": b, "peak_gbps": v} for p, b, v in self.below_min()
+                ],
             },
         }
 
@@ -173,7 +175,9 @@ class _Torch(_P2P):
             if lib.device != "cuda":
                 raise Skip("NCCL moves CUDA tensors only, not host buffers")
             if session.shares_gpu:
-                raise Skip(f"NCCL needs one GPU per rank: {session.local_size} ranks share {session.gpus}")
+                raise Skip(
+                    f"NCCL needs one GPU per rank: {session.local_size} ranks share {session.gpus}"
+                )
         import torch.distributed as dist
 
         self.dist = dist
@@ -363,7 +367,8 @@ def render_text(r: P2PResult) -> str:
     m = r.meta
     lines = [
         f"# cudampi bench p2p (OSU-style, rank 0 <-> rank 1): ranks {m.get('ranks')}  device "
-        f"{m.get('device')}" + (f" [{m.get('gpu_name')}]" if m.get("gpu_name") else "")
+        f"{m.get('device')}"
+        + (f" [{m.get('gpu_name')}]" if m.get("gpu_name") else "")
         + f"  window {m.get('window')}  MB/s = 1e6 B/s",
         f"# MPI: {m.get('mpi_library', '?')}",
         "#",
@@ -371,7 +376,9 @@ def render_text(r: P2PResult) -> str:
     keys = list(dict.fromkeys((row.path, row.buffers) for row in r.rows))
     for path, buffers in keys:
         lines.append(f"# {path}, {buffers} buffers")
-        lines.append(f"# {'Size':>10s}  {'Latency (us)':>13s}  {'Bandwidth (MB/s)':>17s}  {'Bi-Bandwidth (MB/s)':>20s}  {'#wrong':>6s}")
+        lines.append(
+            f"# {'Size':>10s}  {'Latency (us)':>13s}  {'Bandwidth (MB/s)':>17s}  {'Bi-Bandwidth (MB/s)':>20s}  {'#wrong':>6s}"
+        )
         for row in r.rows:
             if (row.path, row.buffers) == (path, buffers):
                 wrong = "N/A" if row.wrong is None else str(row.wrong)
@@ -414,13 +421,25 @@ def main(session: Session, o: Any, meta: dict[str, Any]) -> int:
 
     meta = {**meta, "window": o.window}
     result = run_p2p(session, o, meta)
-    emit(session, o, render_text(result), json.dumps(result.to_json(), indent=2) + "\n", render_csv(result))
+    emit(
+        session,
+        o,
+        render_text(result),
+        json.dumps(result.to_json(), indent=2) + "\n",
+        render_csv(result),
+    )
     if o.plot and session.rank == 0:
         from cudampi.bench.plot import plot_series
 
         series = {
-            f"{p} {b}": [(row.size, row.bw_mbps / 1e3) for row in result.rows if (row.path, row.buffers) == (p, b)]
+            f"{p} {b}": [
+                (row.size, row.bw_mbps / 1e3)
+                for row in result.rows
+                if (row.path, row.buffers) == (p, b)
+            ]
             for p, b in dict.fromkeys((row.path, row.buffers) for row in result.rows)
         }
-        plot_series(series, o.plot, title=f"p2p bandwidth, {meta.get('device')}", ylabel="bandwidth (GB/s)")
+        plot_series(
+            series, o.plot, title=f"p2p bandwidth, {meta.get('device')}", ylabel="bandwidth (GB/s)"
+        )
     return 0 if result.ok else 1

@@ -61,7 +61,14 @@ def plot_collectives(result: BenchResult, out: str | Path) -> Path:
             if not pts:
                 continue
             style = ":" if name in ("copy", "mpi") else "-"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3, label=name)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                style,
+                marker="o",
+                markersize=3,
+                label=name,
+            )
         _draw_limit(ax, result.limit)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -65,9 +65,23 @@ def _blocks(rows: Iterable[Row], skips: Iterable[SkipNote]) -> list[Block]:
 
 
 def _header_lines() -> list[str]:
-    cols = ("size", "count", "type", "redop", "root", "time", "min", "max", "algbw", "busbw", "#wrong")
+    cols = (
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "min",
+        "max",
+        "algbw",
+        "busbw",
+        "#wrong",
+    )
     units = ("(B)", "(elements)", "", "", "", "(us)", "(us)", "(us)", "(GB/s)", "(GB/s)", "")
-    pattern = "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}  {:>9s}  {:>9s}  {:>9s}  {:>7s}  {:>7s}  {:>6s}"
+    pattern = (
+        "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}  {:>9s}  {:>9s}  {:>9s}  {:>7s}  {:>7s}  {:>6s}"
+    )
     return [pattern.format(*cols), pattern.format(*units)]
 
 
@@ -143,10 +157,14 @@ def render_text(result: BenchResult) -> str:
                 paths.setdefault(s.path, None)
         for path in paths:
             rows = [
-                r for r in result.rows if (r.op, r.path, r.dtype, r.redop) == (op, path, dtype, redop)
+                r
+                for r in result.rows
+                if (r.op, r.path, r.dtype, r.redop) == (op, path, dtype, redop)
             ]
             skipped = [
-                s for s in result.skips if (s.op, s.path, s.dtype, s.redop) == (op, path, dtype, redop)
+                s
+                for s in result.skips
+                if (s.op, s.path, s.dtype, s.redop) == (op, path, dtype, redop)
             ]
             lines.append(f"# {_title(op, dtype, redop)} on {path}: {DESCRIPTION.get(path, '')}")
             if rows:
@@ -198,7 +216,9 @@ def _ratio_lines(result: BenchResult) -> list[str]:
 
 def footer(result: BenchResult) -> list[str]:
     """nccl-tests' footer (out-of-bounds count, average busbw) and cudampi's verdict."""
-    lines = [f"# {'Out of bounds values':<20s} : {result.wrong} {'FAILED' if result.wrong else 'OK'}"]
+    lines = [
+        f"# {'Out of bounds values':<20s} : {result.wrong} {'FAILED' if result.wrong else 'OK'}"
+    ]
     avg: dict[str, list[float]] = {}
     for r in result.rows:
         avg.setdefault(r.path, []).append(r.busbw)
@@ -221,8 +241,7 @@ def footer(result: BenchResult) -> list[str]:
     ran = len({r.path for r in result.rows})
     lines.append(
         f"# Verdict: {'OK' if not problems else 'FAILED'}: {len(result.rows)} rows on {ran} path(s), "
-        f"{len(result.skips)} skipped"
-        + ("" if not problems else "; " + "; ".join(problems))
+        f"{len(result.skips)} skipped" + ("" if not problems else "; " + "; ".join(problems))
     )
     return lines
 
@@ -242,5 +261,7 @@ def render_csv(result: BenchResult) -> str:
         d["skipped"] = ""
         w.writerow(d)
     for s in result.skips:
-        w.writerow({"op": s.op, "path": s.path, "dtype": s.dtype, "redop": s.redop, "skipped": s.reason})
+        w.writerow(
+            {"op": s.op, "path": s.path, "dtype": s.dtype, "redop": s.redop, "skipped": s.reason}
+        )
     return buf.getvalue()

@@ -87,7 +87,8 @@ class BenchResult:
         if self.min_busbw is None:
             return []
         return [
-            (k, v) for k, v in sorted(self.peak_busbw().items(), key=lambda kv: str(kv[0]))
+            (k, v)
+            for k, v in sorted(self.peak_busbw().items(), key=lambda kv: str(kv[0]))
             if k[1] != "copy" and v < self.min_busbw
         ]
 

@@ -169,7 +169,9 @@ class Runner:
             layout = collective_layout(op, nbytes, ITEMSIZE[dtype], s.size)
             if layout.count == 0:
                 continue  # below one aligned element per rank: nothing to move
-            case = Case(lib, layout, s.rank, s.size, dtype, redop, max(root, 0), adapter.inplace_reduce)
+            case = Case(
+                lib, layout, s.rank, s.size, dtype, redop, max(root, 0), adapter.inplace_reduce
+            )
             row = self.measure(unit, adapter, case, root)
             if isinstance(row, str):
                 self.skip(op, path, dtype, redop, f"at {layout.size} B: {row}")
@@ -239,7 +241,9 @@ class Runner:
             if spec.corrupt_rank == s.rank:
                 lib.corrupt(unit.result(bufs))
             expected = unit.expected(case)
-            mine = 0 if expected is None else lib.count_wrong(unit.result(bufs), expected, case.dtype)
+            mine = (
+                0 if expected is None else lib.count_wrong(unit.result(bufs), expected, case.dtype)
+            )
             wrong = s.total(mine)
         del bufs
         L = case.layout

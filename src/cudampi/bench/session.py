@@ -123,13 +123,19 @@ class Session:
         if self.rank == 0:
             # wait_for_workers=False: the workers learn the port only after this returns
             store = dist.TCPStore(
-                addr, 0, self.size, True, timeout=datetime.timedelta(seconds=120),
+                addr,
+                0,
+                self.size,
+                True,
+                timeout=datetime.timedelta(seconds=120),
                 wait_for_workers=False,
             )
             port = int(store.port)
         port = int(self.comm.bcast(port, root=0))
         if self.rank != 0:
-            store = dist.TCPStore(addr, port, self.size, False, timeout=datetime.timedelta(seconds=120))
+            store = dist.TCPStore(
+                addr, port, self.size, False, timeout=datetime.timedelta(seconds=120)
+            )
         dist.init_process_group(
             backend,
             store=store,

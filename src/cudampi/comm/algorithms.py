@@ -17,8 +17,9 @@ from typing import Any
 from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import DirectTransport
 
-MAX_CHUNKS = 16
-"""A segment is sent in at most this many chunks: past that, per-message overhead dominates."""
+MAX_CHUNKS = 8
+"""A segment is sent in at most this many chunks: past that, per-message overhead (MPI
+rendezvous, Python, events) costs more than the overlap of transfer and reduction gains."""
 
 SLOTS = 3
 

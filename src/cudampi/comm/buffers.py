@@ -147,7 +147,7 @@ def _from_torch(t: Any, obj: Any) -> Buf:
         )
     return Buf(
         obj=obj,
-        arr=t,
+        arr=t.detach(),  # same memory; in-place writes must not be recorded by autograd
         lib="torch",
         device=device,
         dtype=_canon_torch_dtype(t.dtype),

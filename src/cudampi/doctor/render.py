@@ -61,6 +61,41 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+REPORT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "cudampi doctor --json",
+    "type": "object",
+    "required": ["cudampi", "exit_code", "summary", "checks", "data"],
+    "properties": {
+        "cudampi": {"type": "string"},
+        "exit_code": {"enum": [0, 1]},
+        "summary": {
+            "type": "object",
+            "required": ["ok", "warn", "fail", "n/a"],
+            "additionalProperties": {"type": "integer", "minimum": 0},
+        },
+        "checks": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "section", "status", "detail", "fix"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "section": {"type": "string"},
+                    "status": {"enum": ["ok", "warn", "fail", "n/a"]},
+                    "detail": {"type": "string"},
+                    "fix": {"type": "string"},
+                },
+            },
+        },
+        "data": {"type": "object"},
+    },
+}
+"""The JSON Schema of :func:`report_json` (``data`` holds the probed facts, free-form)."""
+
+
 def report_json(report: Report) -> dict[str, Any]:
     """The JSON document: checks, counts, exit code, and the probed data behind them."""
     return {

@@ -77,9 +77,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "OMPI_MCA_osc", "ucx", ("openmpi4", "openmpi5"),
         "One-sided (RMA) windows on device memory need the UCX OSC component as well.",
-        "conda-forge openmpi post-link message: \"set the environment variables "
-        "OMPI_MCA_pml=\\\"ucx\\\" OMPI_MCA_osc=\\\"ucx\\\" before launching your MPI processes\"; "
-        "NVIDIA HPC-X docs: \"mpirun --mca pml ucx -mca osc ucx ...\"",
+        "NVIDIA HPC-X docs, https://docs.nvidia.com/networking/display/hpcxv219/"
+        "unified+communication+-+x+framework+library: \"To use UCX with Open MPI explicitly: "
+        "$mpirun --mca pml ucx -mca osc ucx ...\"",
     ),
     Setting(
         "OMPI_MCA_opal_cuda_support", "true", ("openmpi4", "openmpi5"),

@@ -3,7 +3,7 @@
 An EnvSpec names the stack (CUDA, torch, MPI flavour and the pins of the communication wheels),
 the job shape (nodes, GPUs and ranks per node, CPUs per rank) and the image. It is built from
 flags, from a small YAML or TOML file, or both (flag > file > default, like :class:`Config`),
-and validated once: an unknown key or a bad value is an :class:`EnvGenError` that quotes the
+and validated once: an unknown key or a bad value is a :class:`SpecError` that quotes the
 value and says which values work.
 """
 
@@ -42,6 +42,12 @@ DEFAULT_PINS: Mapping[str, Mapping[str, str]] = {
         "matplotlib": "3.11.2",
     },
 }
+
+
+
+class SpecError(EnvGenError, ValueError):
+    """The description itself is wrong (a usage error: exit code 2)."""
+
 
 _VERSION = re.compile(r"^\d+(\.\d+){1,3}([a-z]+\d*)?(\+[a-z0-9.]+)?$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -87,6 +93,8 @@ class EnvSpec:
     """The training command ``MODE=train`` runs (argv, never a shell string)."""
     ssh_port: int = 2222
     workdir: str = "/workspace"
+    source: str = ".."
+    """Where pip installs cudampi from, relative to the generated files (or a wheel / URL)."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -139,8 +147,8 @@ class EnvSpec:
         return out
 
 
-def _fail(key: str, value: Any, what: str) -> EnvGenError:
-    return EnvGenError(f"env spec: {key}={value!r}: {what}")
+def _fail(key: str, value: Any, what: str) -> SpecError:
+    return SpecError(f"env spec: {key}={value!r}: {what}")
 
 
 def _validate(s: EnvSpec) -> None:
@@ -190,6 +198,8 @@ def _validate(s: EnvSpec) -> None:
         raise _fail("command", list(s.command), "must be a non-empty argv list of strings")
     if not (1024 <= s.ssh_port <= 65535):
         raise _fail("ssh_port", s.ssh_port, "must be 1024-65535: sshd runs as the non-root user")
+    if not s.source.strip():
+        raise _fail("source", s.source, "must name a path, wheel or URL to install cudampi from")
     if not s.workdir.startswith("/"):
         raise _fail("workdir", s.workdir, "must be an absolute path")
 
@@ -228,7 +238,7 @@ def spec_from_mapping(data: Mapping[str, Any], *, where: str = "spec") -> EnvSpe
     """An EnvSpec from plain data (a parsed file, or flags); unknown keys are rejected."""
     unknown = sorted(k for k in data if k not in FIELDS)
     if unknown:
-        raise EnvGenError(
+        raise SpecError(
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known keys are "
             f"{', '.join(FIELDS)}"
         )
@@ -245,24 +255,24 @@ def parse_spec_text(text: str, fmt: str, *, where: str = "spec") -> dict[str, An
         try:
             data: Any = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise EnvGenError(f"{where}: not valid TOML: {exc}") from None
+            raise SpecError(f"{where}: not valid TOML: {exc}") from None
     elif fmt == "yaml":
         try:
             import yaml
         except ModuleNotFoundError:
-            raise EnvGenError(
+            raise SpecError(
                 f"{where}: reading YAML needs PyYAML: pip install 'cudampi[env]' (or use TOML)"
             ) from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise EnvGenError(f"{where}: not valid YAML: {exc}") from None
+            raise SpecError(f"{where}: not valid YAML: {exc}") from None
     else:
-        raise EnvGenError(f"{where}: unknown format {fmt!r}; use .toml, .yaml or .yml")
+        raise SpecError(f"{where}: unknown format {fmt!r}; use .toml, .yaml or .yml")
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise EnvGenError(f"{where}: expected a mapping of keys to values, got {type(data).__name__}")
+        raise SpecError(f"{where}: expected a mapping of keys to values, got {type(data).__name__}")
     if set(data) == {"env"} and isinstance(data["env"], dict):
         data = data["env"]
     return dict(data)
@@ -278,7 +288,7 @@ def load_spec(path: str | Path | None = None, overrides: Mapping[str, Any] | Non
         try:
             text = p.read_text()
         except OSError as exc:
-            raise EnvGenError(f"env spec {str(p)!r} cannot be read: {exc.strerror}") from None
+            raise SpecError(f"env spec {str(p)!r} cannot be read: {exc.strerror}") from None
         where = str(p)
         data.update(parse_spec_text(text, fmt or p.suffix, where=where))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
@@ -309,6 +319,7 @@ DEFAULT = EnvSpec()
 
 __all__ = [
     "CUDA_VERSIONS",
+    "SpecError",
     "DEFAULT",
     "EXTRAS",
     "MPI_FLAVOURS",

@@ -215,9 +215,12 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         if iface is not None and not iface.loopback:
             subnet, ifname = iface.network, iface.name
     slurm_nodes: tuple[str, ...] = ()
+    slurm_ntasks = None
     if launcher.flavour == "slurm":
         nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
         slurm_nodes = tuple(expand_nodelist(nodelist))
+        ntasks = os.environ.get("SLURM_NTASKS", "")
+        slurm_ntasks = int(ntasks) if ntasks.isdigit() else None
     machine = Machine(
         cores=detect.query_physical_cores(),
         gpus=len(detect.query_gpus()),
@@ -227,6 +230,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         subnet=subnet,
         ifname=ifname,
         slurm_nodes=slurm_nodes,
+        slurm_ntasks=slurm_ntasks,
         report_dir=os.path.join(workdir, "reports"),
         env_names=frozenset(os.environ),
     )

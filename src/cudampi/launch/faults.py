@@ -56,6 +56,8 @@ class HostFailure:
 class LauncherEvents:
     ranks: tuple[RankFailure, ...] = ()
     hosts: tuple[HostFailure, ...] = ()
+    problems: tuple[str, ...] = ()
+    """Launcher-level failures in words, each with its fix."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class JobResult:
     launcher_rc: int
     failures: tuple[RankFailure, ...] = ()
     hosts: tuple[HostFailure, ...] = ()
+    problems: tuple[str, ...] = ()
     interrupted: bool = False
     timed_out: float | None = None
     """The --timeout (seconds) that stopped the job, if it did."""
@@ -88,13 +91,15 @@ class JobResult:
         else:
             head += f"the job failed (launcher exit status {self.launcher_rc})"
         out = [head]
+        for p in self.problems:
+            out.append(f"  - {p}")
         for h in self.hosts:
             out.append(f"  - {h.describe()}")
         for f in self.failures:
             out.append(f"  - {f.describe()}")
             out += [f"      | {ln}" for ln in f.lines[:8]]
         quiet = self.interrupted or self.timed_out is not None
-        if not self.failures and not self.hosts and not quiet:
+        if not self.failures and not self.hosts and not self.problems and not quiet:
             out.append("  - no rank reported an error; see the launcher's output above")
         if any(h.problem == "unreachable" for h in self.hosts):
             out.append(
@@ -150,6 +155,7 @@ _SSH_CLOSED = re.compile(r"^Connection to (\S+) closed by remote host\.?\r?$", r
 _HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE:\s*(\d+)")
 _HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*?\(signal (\d+)\)")
 _HYDRA_ABORT = re.compile(r"Abort\((-?\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
+_SRUN_MPI_PLUGIN = re.compile(r"srun: error: Couldn't load specified plugin name for mpi/(\w+)")
 _SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$", re.M)
 
 
@@ -166,6 +172,7 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
     """Rank and host failures that the launcher itself reported in ``text`` (its stderr)."""
     ranks: dict[int | None, RankFailure] = {}
     hosts: dict[str, HostFailure] = {}
+    problems: list[str] = []
 
     def add_rank(f: RankFailure) -> None:
         old = ranks.get(f.rank)
@@ -237,6 +244,12 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
             else:
                 add_rank(RankFailure(None, host, exit_code=code))
     elif flavour == "slurm":
+        for m in _SRUN_MPI_PLUGIN.finditer(text):
+            problems.append(
+                f"srun cannot start MPI ranks: its mpi/{m.group(1)} plugin failed to load (Slurm "
+                f"without PMIx support, e.g. libpmix missing). Fix: run "
+                f"`cudampi launch --launcher mpirun` inside the allocation, or install PMIx for Slurm"
+            )
         for m in _SRUN.finditer(text):
             host, what = m.group(1), m.group(3).strip()
             code_m = re.match(r"Exited with exit code (\d+)", what)
@@ -249,7 +262,7 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
     for host, detail in ssh_detail.items():
         if host not in hosts:
             add_host(HostFailure(host, "lost" if host in lost else "unreachable", detail))
-    return LauncherEvents(tuple(ranks.values()), tuple(hosts.values()))
+    return LauncherEvents(tuple(ranks.values()), tuple(hosts.values()), tuple(problems))
 
 
 def exit_status(returncode: int) -> int:
@@ -317,7 +330,7 @@ def build_result(
     if stopped_for_fault and real:
         first = next((f for f in real if f.exit_code), None)
         code = first.exit_code if first is not None and first.exit_code else 1
-    if code == 0 and (failures or events.hosts):
+    if code == 0 and (failures or events.hosts or events.problems):
         code = 1
     if interrupted:
         code = 130
@@ -326,6 +339,7 @@ def build_result(
         launcher_rc=launcher_rc,
         failures=failures,
         hosts=events.hosts,
+        problems=events.problems,
         interrupted=interrupted,
         duration_s=duration_s,
         argv=tuple(argv),

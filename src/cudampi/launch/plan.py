@@ -396,6 +396,8 @@ class Machine:
     """This machine's interface that reaches the remote hosts (MPICH -iface)."""
     slurm_nodes: tuple[str, ...] = ()
     """Expanded SLURM_JOB_NODELIST when inside an allocation."""
+    slurm_ntasks: int | None = None
+    """SLURM_NTASKS of the allocation (the default -n under srun)."""
     report_dir: str | None = None
     """Where ranks write fault reports (visible to the supervisor on this host)."""
     env_names: frozenset[str] = FORWARD_ALL
@@ -421,6 +423,9 @@ def make_plan(
         if req.gpus_per_node is not None:
             nprocs = req.gpus_per_node * nnodes
             notes.append(f"-n {nprocs}: {req.gpus_per_node} GPU(s) per node x {nnodes} node(s)")
+        elif launcher.flavour == "slurm" and machine.slurm_ntasks:
+            nprocs = machine.slurm_ntasks
+            notes.append(f"-n {nprocs}: the allocation's tasks (SLURM_NTASKS)")
         elif total_slots(hosts) is not None:
             nprocs = total_slots(hosts) or 1
             notes.append(f"-n {nprocs}: the hosts' slots")
@@ -471,6 +476,11 @@ def make_plan(
     }
     if req.master_port is not None:
         env["MASTER_PORT"] = str(req.master_port)
+        if multi_host and master_addr not in machine.local_names:
+            notes.append(
+                f"MASTER_PORT {req.master_port} was free on this machine; rank 0 runs on "
+                f"{master_addr} (pass --master-port to choose one free there)"
+            )
     if req.gpus_per_node is not None:
         env["CUDAMPI_GPUS_PER_NODE"] = str(req.gpus_per_node)
     if machine.report_dir:
@@ -523,6 +533,11 @@ def make_plan(
             notes.append(f"TCP of MPI and of its daemons kept on {machine.subnet}")
         elif launcher.flavour == "openmpi" and req.ifname:
             mca += [("btl_tcp_if_include", req.ifname), ("oob_tcp_if_include", req.ifname)]
+        if launcher.flavour == "mpich" and (req.ifname or machine.ifname):
+            notes.append(
+                f"-iface {req.ifname or machine.ifname}: Hydra uses this interface name on "
+                f"every host (pass --ifname if the names differ)"
+            )
     env.update(dict(req.env))
     return LaunchPlan(
         launcher=launcher,

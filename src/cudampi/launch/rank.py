@@ -131,7 +131,9 @@ def run(argv: Sequence[str]) -> int:
     try:
         info = export_rank_env(os.environ)
         rank = info.rank
-        _die_with_parent()
+        if info.launcher in ("openmpi", "mpich"):
+            # (Not under srun: slurmstepd forks tasks from threads that may end before them.)
+            _die_with_parent()
         fault = _fault_file(rank)
         if fault is not None:
             import faulthandler
@@ -151,6 +153,8 @@ def run(argv: Sequence[str]) -> int:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
+        if isinstance(exc.code, str):
+            sys.stderr.write(exc.code + "\n")  # what python prints for sys.exit("message")
         if code != 0:
             msg = exc.code if isinstance(exc.code, str) else f"exited with code {code}"
             _report(host, rank, code, [f"SystemExit: {msg}"])

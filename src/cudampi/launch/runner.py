@@ -283,7 +283,6 @@ def execute(
     if timed_out:
         from dataclasses import replace
 
-        result = replace(
-            result, exit_code=124 if result.exit_code in (0, 130) else result.exit_code
-        )
+        real = tuple(f for f in result.failures if f.exit_code != 130)
+        result = replace(result, exit_code=124, timed_out=timeout, failures=real)
     return result

@@ -21,7 +21,6 @@ from typing import Any
 
 STACK_ENV = (
     "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
     "OMPI_MCA_pml",
     "OMPI_MCA_btl",
     "OMPI_MCA_osc",
@@ -93,7 +92,17 @@ class Capabilities:
 def stack_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The subset of ``env`` that :func:`stack_key` depends on."""
     env = os.environ if env is None else env
-    return {k: env[k] for k in STACK_ENV if env.get(k)}
+    out = {}
+    for k in STACK_ENV:
+        value = env.get(k)
+        if not value:
+            continue
+        if k == "LD_PRELOAD":
+            # Launchers repeat entries; order matters only for the first occurrence.
+            parts = [p for p in value.replace(" ", ":").split(":") if p]
+            value = ":".join(dict.fromkeys(parts))
+        out[k] = value
+    return out
 
 
 def stack_key(mpi_library: str, env: Mapping[str, str] | None = None) -> str:

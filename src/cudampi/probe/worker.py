@@ -304,13 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         print(MARKER + json.dumps({"test": test, **result}), flush=True)
         return 0
 
-    import faulthandler
-
     from mpi4py import MPI
 
-    # Enabled after MPI_Init so that on a segfault Python's traceback is dumped first and then
-    # the MPI library's own handler (which faulthandler chains to) prints the native backtrace.
-    faulthandler.enable()
+    # No faulthandler: on a segfault the MPI library's (or UCX's) own handler prints the native
+    # backtrace that cudampi.probe.runtime parses, exactly as in the fixtures; the CUDAMPI_STAGE
+    # line already names the Python-level call.
     comm = MPI.COMM_WORLD
     try:
         if comm.size < 2:

@@ -234,7 +234,9 @@ class CudampiProcessGroup(_ProcessGroup):
         return BACKEND_NAME
 
     def __repr__(self) -> str:
-        return f"CudampiProcessGroup(rank={self._rank}, size={self._size}, ranks={self._global_ranks})"
+        return (
+            f"CudampiProcessGroup(rank={self._rank}, size={self._size}, ranks={self._global_ranks})"
+        )
 
     @property
     def communicator(self) -> Any:
@@ -345,7 +347,10 @@ class CudampiProcessGroup(_ProcessGroup):
         return completed_work(tensors)
 
     def allgather(
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
     ) -> Any:
         self._check_open()
         for outs, inp in zip(output_tensors, input_tensors):
@@ -372,7 +377,10 @@ class CudampiProcessGroup(_ProcessGroup):
                 offset += c
 
     def allgather_coalesced(
-        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None
+        self,
+        output_lists: list[list[torch.Tensor]],
+        input_list: list[torch.Tensor],
+        opts: Any = None,
     ) -> Any:
         return self.allgather(output_lists, input_list, opts)
 
@@ -405,7 +413,10 @@ class CudampiProcessGroup(_ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
     ) -> Any:
         self._check_open()
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -428,7 +439,9 @@ class CudampiProcessGroup(_ProcessGroup):
                 out.copy_(res.view(out.shape))
         return completed_work(output_tensors)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> Any:
         self._check_open()
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         self._reduce_scatter_into(output, input, spec)
@@ -475,16 +488,17 @@ class CudampiProcessGroup(_ProcessGroup):
         if len(set(send)) == 1 and send == recv:
             self._comm.alltoall(src.view(self._size, -1), out=out.view(self._size, -1))
         else:
-            self._comm.alltoall(
-                src.view(-1), out=out.view(-1), send_counts=send, recv_counts=recv
-            )
+            self._comm.alltoall(src.view(-1), out=out.view(-1), send_counts=send, recv_counts=recv)
         _write_back(output, out)
         return completed_work([output])
 
     alltoall_base = all_to_all_single
 
     def alltoall(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
     ) -> Any:
         self._check_open()
         if len(output_tensors) != self._size or len(input_tensors) != self._size:
@@ -504,7 +518,10 @@ class CudampiProcessGroup(_ProcessGroup):
         return completed_work(output_tensors)
 
     def gather(
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
     ) -> Any:
         self._check_open()
         root = int(opts.rootRank) if opts is not None else 0
@@ -522,7 +539,10 @@ class CudampiProcessGroup(_ProcessGroup):
         return completed_work(output_tensors)
 
     def scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
     ) -> Any:
         self._check_open()
         root = int(opts.rootRank) if opts is not None else 0
@@ -551,7 +571,12 @@ class CudampiProcessGroup(_ProcessGroup):
         self._check_open()
         buf = _contiguous(tensors[0])
         handle = self._comm.isend(buf, int(dstRank), tag=int(tag))
-        return handle_work(handle, (tensors, buf))
+
+        def after() -> None:
+            del keep[:]  # a contiguous copy lives until the send completes
+
+        keep = [buf]
+        return handle_work(handle, tensors, after=after)
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> Any:
         self._check_open()

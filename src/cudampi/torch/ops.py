@@ -76,14 +76,18 @@ def reduce_spec(op: Any) -> ReduceSpec:
 
 def check_dtype(spec: ReduceSpec, dtype: Any) -> None:
     """Reject op/dtype pairs that have no meaning (bitwise ops on floating point)."""
-    if spec.op in BITWISE and (getattr(dtype, "is_floating_point", False) or getattr(dtype, "is_complex", False)):
+    if spec.op in BITWISE and (
+        getattr(dtype, "is_floating_point", False) or getattr(dtype, "is_complex", False)
+    ):
         raise CommError(
             f"ReduceOp.{spec.torch_name} on a {dtype} tensor: bitwise reductions need integer "
             "or bool tensors. Fix: reduce an integer tensor, or use SUM/MIN/MAX."
         )
 
 
-def element_counts(split_sizes: Sequence[int], shape: Sequence[int], size: int, what: str) -> list[int]:
+def element_counts(
+    split_sizes: Sequence[int], shape: Sequence[int], size: int, what: str
+) -> list[int]:
     """Element counts per rank for ``all_to_all_single``'s first-dimension split sizes.
 
     Empty ``split_sizes`` means an equal split of the first dimension across ``size`` ranks.

@@ -1,0 +1,295 @@
+"""``cudampi bench ddp``: training throughput of a real model under DistributedDataParallel,
+per torch.distributed backend, against a no-communication baseline (``local``).
+
+Model: torchvision's ResNet-50 on synthetic 224x224 images when torchvision is importable and
+the run is on CUDA (``--model resnet50`` forces it), else a stack of ``torch.nn``
+TransformerEncoderLayers on synthetic sequences. Every path starts from the same weights; the
+check is DDP's own invariant: after the timed steps every rank holds the same parameters
+(per-parameter float64 sums compared across ranks; a differing parameter is one #wrong).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cudampi.bench.paths import TORCH_PATHS, Skip, describe_error
+from cudampi.bench.session import Session
+
+
+@dataclass(frozen=True)
+class DDPRow:
+    path: str
+    model: str
+    batch: int
+    steps: int
+    step_ms: float
+    step_min_ms: float
+    step_max_ms: float
+    samples_per_s: float
+    """All ranks together."""
+    per_rank: float
+    vs_local: float | None
+    """Throughput relative to the ``local`` baseline measured in the same run (1.0 = free)."""
+    wrong: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    unit: str
+    describe: str
+    model: Any
+    make_batch: Any
+    loss: Any
+
+
+def pick_model(choice: str, device: str) -> str:
+    """resnet50 / transformer for ``--model`` (auto: ResNet-50 where torchvision and CUDA are)."""
+    if choice != "auto":
+        return choice
+    if device != "cuda":
+        return "transformer"
+    try:
+        import torchvision  # noqa: F401
+
+        return "resnet50"
+    except ImportError:
+        return "transformer"
+
+
+def build(kind: str, device: Any, batch: int, image_size: int | None, rank: int) -> Workload:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(1234)  # the same initial weights on every rank and for every path
+    gen = torch.Generator(device="cpu").manual_seed(1000 + rank)
+    if kind == "resnet50":
+        try:
+            import torchvision
+        except ImportError as exc:
+            raise Skip(f"--model resnet50 needs torchvision ({exc})") from None
+        side = image_size or 224
+        model = torchvision.models.resnet50(weights=None).to(device)
+        images = torch.randn(batch, 3, side, side, generator=gen).to(device)
+        labels = torch.randint(0, 1000, (batch,), generator=gen).to(device)
+        ce = nn.CrossEntropyLoss()
+        return Workload(
+            "resnet50",
+            "images/s",
+            f"torchvision ResNet-50, synthetic {side}x{side} images",
+            model,
+            lambda: (images, labels),
+            lambda out, y: ce(out, y),
+        )
+    big = getattr(device, "type", str(device)) == "cuda"
+    d, heads, layers, seq = (1024, 16, 4, 256) if big else (256, 4, 2, 64)
+    model = nn.Sequential(
+        *[
+            nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True)
+            for _ in range(layers)
+        ],
+        nn.Linear(d, d),
+    ).to(device)
+    x = torch.randn(batch, seq, d, generator=gen).to(device)
+    target = torch.randn(batch, seq, d, generator=gen).to(device)
+    mse = nn.MSELoss()
+    return Workload(
+        "transformer",
+        "sequences/s",
+        f"{layers} x nn.TransformerEncoderLayer(d={d}, heads={heads}, ff={4 * d}), seq {seq}",
+        model,
+        lambda: (x, target),
+        lambda out, y: mse(out, y),
+    )
+
+
+def _steps(net: Any, opt: Any, w: Workload, n: int) -> None:
+    for _ in range(n):
+        x, y = w.make_batch()
+        opt.zero_grad(set_to_none=True)
+        loss = w.loss(net(x), y)
+        loss.backward()
+        opt.step()
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize()
+
+
+def _param_sums(model: Any) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        return [float(p.detach().double().sum().item()) for p in model.parameters()]
+
+
+def run_ddp(
+    session: Session, o: Any, meta: dict[str, Any]
+) -> tuple[list[DDPRow], list[tuple[str, str]], dict[str, Any]]:
+    import torch
+
+    s = session
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if s.device == "cuda"
+        else torch.device("cpu")
+    )
+    kind = pick_model(o.model, s.device)
+    batch = o.batch or (64 if kind == "resnet50" else (16 if s.device == "cuda" else 8))
+    if "torch-cudampi" in o.paths:
+        s.torch_default = "cudampi"
+    order = [p for p in o.paths if p == "local"] + [p for p in o.paths if p != "local"]
+    rows: list[DDPRow] = []
+    skips: list[tuple[str, str]] = []
+    local_rate: float | None = None
+    info: dict[str, Any] = {"model": kind, "batch": batch}
+    for path in order:
+        if s.rank == 0 and not o.quiet:
+            print(f"# ddp {path} {kind}", file=sys.stderr, flush=True)
+        error: str | None = None
+        net = opt = w = None
+        try:
+            w = build(kind, device, batch, o.image_size, s.rank)
+            info["describe"] = w.describe
+            info["unit"] = w.unit
+            if path == "local":
+                net = w.model
+            else:
+                backend = TORCH_PATHS[path]
+                if backend == "nccl" and s.device != "cuda":
+                    raise Skip("NCCL trains CUDA models only; this run is on the host")
+                if backend == "nccl" and s.shares_gpu:
+                    raise Skip(f"NCCL needs one GPU per rank: {s.local_size} ranks share {s.gpus}")
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                group = s.torch_group(backend)
+                ids = [device.index] if device.type == "cuda" else None
+                net = DDP(w.model, device_ids=ids, process_group=group)
+            opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+            _steps(net, opt, w, 1)  # the probe step
+            _sync(device)
+        except Skip as exc:
+            error = str(exc)
+        except Exception as exc:
+            error = describe_error(exc)
+        agreed = s.first_error(error)
+        if agreed is not None:
+            skips.append((path, agreed))
+            continue
+        assert net is not None and w is not None
+        _steps(net, opt, w, max(o.warmup - 1, 0))
+        _sync(device)
+        s.barrier()
+        t0 = time.perf_counter()
+        _steps(net, opt, w, o.iters)
+        _sync(device)
+        step = (time.perf_counter() - t0) / o.iters
+        lo, avg, hi = s.stats(step)
+        per_rank = batch / avg
+        wrong: int | None = None
+        if o.check and path != "local":
+            sums = _param_sums(w.model)
+            if o.corrupt_rank == s.rank and sums:
+                sums[0] += 1.0  # test-only: as if this rank's first parameter had diverged
+            every = s.comm.allgather(sums)
+            ref = every[0]
+            wrong = sum(
+                1 for r in every[1:] for a, b in zip(r, ref) if abs(a - b) > 1e-6 * max(1.0, abs(b))
+            )
+        if path == "local":
+            local_rate = per_rank
+        rows.append(
+            DDPRow(
+                path=path,
+                model=kind,
+                batch=batch,
+                steps=o.iters,
+                step_ms=avg * 1e3,
+                step_min_ms=lo * 1e3,
+                step_max_ms=hi * 1e3,
+                samples_per_s=per_rank * s.size,
+                per_rank=per_rank,
+                vs_local=None if local_rate is None or path == "local" else per_rank / local_rate,
+                wrong=wrong,
+            )
+        )
+        del net, opt, w
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, skips, info
+
+
+def render_text(
+    meta: dict[str, Any], info: dict[str, Any], rows: list[DDPRow], skips: list[tuple[str, str]]
+) -> str:
+    lines = [
+        f"# cudampi bench ddp: {info.get('describe', info.get('model'))}; batch {info.get('batch')} "
+        f"per rank; ranks {meta.get('ranks')}; device {meta.get('device')}"
+        + (f" [{meta.get('gpu_name')}]" if meta.get("gpu_name") else ""),
+        f"# MPI: {meta.get('mpi_library', '?')}   torch {meta.get('torch')}",
+        "#",
+        f"# {'path':<14s} {'step (ms)':>10s} {'min':>9s} {'max':>9s} {info.get('unit', 'samples/s'):>14s} "
+        f"{'per rank':>10s} {'vs local':>9s} {'#wrong':>7s}",
+    ]
+    for r in rows:
+        vs = "-" if r.vs_local is None else f"{r.vs_local:.2f}x"
+        wrong = "N/A" if r.wrong is None else str(r.wrong)
+        lines.append(
+            f"  {r.path:<14s} {r.step_ms:10.2f} {r.step_min_ms:9.2f} {r.step_max_ms:9.2f} "
+            f"{r.samples_per_s:14.2f} {r.per_rank:10.2f} {vs:>9s} {wrong:>7s}"
+        )
+    lines.append("#")
+    for path, why in skips:
+        lines.append(f"# {path}: skipped: {why}")
+    wrong_total = sum(r.wrong or 0 for r in rows)
+    lines.append(
+        f"# {'Out of bounds values':<20s} : {wrong_total} {'FAILED' if wrong_total else 'OK'}"
+    )
+    lines.append(
+        f"# Verdict: {'OK' if not wrong_total else 'FAILED'}: {len(rows)} rows, {len(skips)} skipped"
+        + (f"; parameters diverged across ranks on {wrong_total} tensors" if wrong_total else "")
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(session: Session, o: Any, meta: dict[str, Any]) -> int:
+    from cudampi.bench.cli import emit
+
+    rows, skips, info = run_ddp(session, o, meta)
+    wrong = sum(r.wrong or 0 for r in rows)
+    data = {
+        "kind": "cudampi-bench-ddp",
+        "meta": {**meta, **info},
+        "results": [r.to_json() for r in rows],
+        "skipped": [{"path": p, "reason": w} for p, w in skips],
+        "verdict": {"ok": wrong == 0, "wrong": wrong},
+    }
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(
+        buf, fieldnames=[f.name for f in dataclasses.fields(DDPRow)], lineterminator="\n"
+    )
+    writer.writeheader()
+    for r in rows:
+        writer.writerow(r.to_json())
+    emit(
+        session,
+        o,
+        render_text(meta, info, rows, skips),
+        json.dumps(data, indent=2) + "\n",
+        buf.getvalue(),
+    )
+    return 0 if wrong == 0 else 1

@@ -1,0 +1,193 @@
+"""The container route: a multi-stage Dockerfile, its entrypoint and the sshd configuration.
+
+The image is the PyPI route frozen: the build stage installs the hash-locked MPI stack into
+``/opt/venv`` and then torch; the runtime stage copies the venv onto the same slim Python base,
+adds OpenSSH and runs as the non-root user ``mpiuser``. ``MODE`` picks what it does:
+
+- ``train`` (default): run the command (``CMD``) with the CUDA UCX preloaded;
+- ``ssh``: sshd in the foreground on ``SSH_PORT``, public-key login only (multi-node mpirun;
+  the Kubeflow MPI Operator mounts the job's key pair at ``~/.ssh``);
+- ``jupyter``: JupyterLab on port 8888 behind a token (``JUPYTER_TOKEN``, generated if unset).
+
+The health check is ``cudampi doctor --json`` (exit 0 when the stack is usable).
+"""
+
+from __future__ import annotations
+
+import json
+
+from cudampi.env.pip import HEADER, ucx_preload
+from cudampi.env.spec import EnvSpec
+
+VENV = "/opt/venv"
+USER = "mpiuser"
+UID = 1000
+
+
+def site_packages(spec: EnvSpec) -> str:
+    return f"{VENV}/lib/python{spec.python}/site-packages"
+
+
+def image_env(spec: EnvSpec, settings: dict[str, str]) -> dict[str, str]:
+    """Every ENV of the runtime stage, in order."""
+    env = {
+        "PATH": f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "VIRTUAL_ENV": VENV,
+        "MODE": "train",
+        "SSH_PORT": str(spec.ssh_port),
+        # The NVIDIA container runtime injects the driver into images that ask for it.
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+        "CUDAMPI_UCX_PRELOAD": ucx_preload(site_packages(spec)),
+        "UCX_MODULE_DIR": f"{site_packages(spec)}/libucx/lib/ucx",
+    }
+    env.update(settings)
+    return env
+
+
+def dockerfile(spec: EnvSpec, settings: dict[str, str], *, context_dir: str = "docker") -> str:
+    """The Dockerfile; build from the repository root: ``docker build -f docker/Dockerfile .``."""
+    env = image_env(spec, settings)
+    env_lines = " \\\n    ".join(f"{k}={_quote(v)}" for k, v in env.items())
+    cmd = json.dumps(list(spec.command))
+    apt = "openssh-server openssh-client"
+    return f"""# syntax=docker/dockerfile:1
+{HEADER}# Build from the repository root:
+#   docker build -f {context_dir}/Dockerfile -t {spec.image} .
+# Run:  docker run --gpus all {spec.image}                       (MODE=train: the CMD below)
+#       docker run --gpus all -e MODE=ssh -v $HOME/.ssh/id.pub:/home/{USER}/.ssh/authorized_keys:ro {spec.image}
+#       docker run --gpus all -e MODE=jupyter -e JUPYTER_TOKEN=... -p 8888:8888 {spec.image}
+ARG BASE_IMAGE={spec.base_image_resolved}
+
+FROM ${{BASE_IMAGE}} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv {VENV}
+ENV PATH={VENV}/bin:$PATH
+WORKDIR /src
+COPY {context_dir}/requirements.lock {context_dir}/requirements.txt ./
+# 1+2+3. The MPI wheel, mpi4py's binary wheel, numpy and the CUDA UCX: exact files, hash-checked;
+# 4. then torch and the extras (the pins of 1-3 are already satisfied).
+RUN pip install --require-hashes --only-binary :all: --no-deps -r requirements.lock \
+    && pip install -r requirements.txt
+COPY pyproject.toml README.md ./
+COPY src ./src
+RUN pip install --no-deps . \\
+    && python -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
+
+FROM ${{BASE_IMAGE}} AS runtime
+# Debian's security archive drops superseded versions, so exact apt pins break rebuilds; the
+# base image tag fixes the release and the Python stack is pinned by hash above.
+# hadolint ignore=DL3008
+RUN apt-get update \\
+    && apt-get install -y --no-install-recommends {apt} \\
+    && rm -rf /var/lib/apt/lists/* \\
+    && useradd --create-home --uid {UID} --shell /bin/bash {USER} \\
+    && mkdir -p {spec.workdir} /home/{USER}/.ssh /home/{USER}/.sshd \\
+    && chown {USER}:{USER} {spec.workdir} /home/{USER}/.ssh /home/{USER}/.sshd \\
+    && chmod 700 /home/{USER}/.ssh /home/{USER}/.sshd
+COPY {context_dir}/ssh_config /etc/ssh/ssh_config.d/cudampi.conf
+COPY {context_dir}/sshd_config /etc/cudampi/sshd_config
+COPY --chmod=0755 {context_dir}/entrypoint.sh /usr/local/bin/cudampi-entrypoint
+COPY --from=build {VENV} {VENV}
+ENV {env_lines}
+# Numeric, so Kubernetes' runAsNonRoot can verify it.
+USER {UID}:{UID}
+WORKDIR {spec.workdir}
+EXPOSE {spec.ssh_port} 8888
+HEALTHCHECK --interval=5m --timeout=2m --start-period=1m --retries=3 \\
+    CMD ["cudampi", "doctor", "--json"]
+ENTRYPOINT ["/usr/local/bin/cudampi-entrypoint"]
+CMD {cmd}
+"""
+
+
+def _quote(value: str) -> str:
+    if value and all(c.isalnum() or c in "/._:,=-+" for c in value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def entrypoint_sh(spec: EnvSpec) -> str:
+    """The image's entrypoint: MODE=train|ssh|jupyter."""
+    return f"""#!/bin/bash
+{HEADER}# MODE=train (default): run the command with the CUDA UCX preloaded (ranks started
+#   locally inherit it; for other nodes pass it on: mpirun -x LD_PRELOAD -x UCX_MODULE_DIR).
+# MODE=ssh: sshd in the foreground, public-key login only, for multi-node mpirun.
+# MODE=jupyter: JupyterLab on :8888 with a token (JUPYTER_TOKEN; one is generated if unset).
+set -euo pipefail
+
+die() {{ echo "cudampi-entrypoint: $*" >&2; exit 2; }}
+
+case "${{MODE:-train}}" in
+  train)
+    [ "$#" -gt 0 ] || die "MODE=train needs a command (the image's CMD or docker run ... CMD)"
+    if [ -n "${{CUDAMPI_UCX_PRELOAD:-}}" ]; then
+      export LD_PRELOAD="${{CUDAMPI_UCX_PRELOAD}}${{LD_PRELOAD:+:$LD_PRELOAD}}"
+    fi
+    exec "$@"
+    ;;
+  ssh)
+    ssh_dir="${{SSH_AUTH_DIR:-$HOME/.ssh}}"
+    [ -s "$ssh_dir/authorized_keys" ] \\
+      || die "MODE=ssh needs $ssh_dir/authorized_keys (mount a public key there: password login is off)"
+    host_key="${{SSH_HOST_KEY:-$ssh_dir/id_rsa}}"
+    if [ ! -r "$host_key" ]; then
+      host_key="$HOME/.sshd/ssh_host_ed25519_key"
+      [ -r "$host_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$host_key"
+    fi
+    exec /usr/sbin/sshd -D -e -f /etc/cudampi/sshd_config -p "${{SSH_PORT:-{spec.ssh_port}}}" \\
+      -h "$host_key" -o "AuthorizedKeysFile=$ssh_dir/authorized_keys"
+    ;;
+  jupyter)
+    command -v jupyter >/dev/null \\
+      || die "MODE=jupyter needs JupyterLab in the image: build it with the 'jupyter' extra"
+    if [ -z "${{JUPYTER_TOKEN:-}}" ]; then
+      JUPYTER_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(24))')
+      echo "cudampi-entrypoint: JUPYTER_TOKEN was not set; this session's token: $JUPYTER_TOKEN" >&2
+    fi
+    export JUPYTER_TOKEN
+    exec jupyter lab --no-browser --ip=0.0.0.0 --port=8888 --ServerApp.root_dir="$PWD" "$@"
+    ;;
+  *)
+    die "MODE=${{MODE}} is not one of train, ssh, jupyter"
+    ;;
+esac
+"""
+
+
+def sshd_config(spec: EnvSpec) -> str:
+    """sshd for a non-root user: key-only, no PAM, no privilege separation needed."""
+    return f"""{HEADER}# sshd for MODE=ssh, run as {USER}: public keys only.
+Port {spec.ssh_port}
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+PermitRootLogin no
+PermitEmptyPasswords no
+# PAM needs root; key-only login does not need it.
+UsePAM no
+# Kubernetes mounts the key Secret with group/other read bits; StrictModes would refuse it.
+StrictModes no
+PidFile none
+PrintMotd no
+X11Forwarding no
+AllowAgentForwarding no
+AllowTcpForwarding no
+# The daemons mpirun starts over ssh find the venv's prted and python.
+SetEnv PATH={VENV}/bin:/usr/local/bin:/usr/bin:/bin
+"""
+
+
+def ssh_config(spec: EnvSpec) -> str:
+    """Client side, for mpirun's ssh between the job's containers."""
+    return f"""{HEADER}# ssh between the job's containers: the port of MODE=ssh, keys only, no host-key prompts
+# (the hosts are the job's own pods/containers, created fresh each run).
+Host *
+    Port {spec.ssh_port}
+    BatchMode yes
+    PasswordAuthentication no
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    LogLevel ERROR
+    ConnectionAttempts 10
+"""

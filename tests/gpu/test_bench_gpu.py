@@ -1,0 +1,85 @@
+"""`cudampi bench` on the GPU machine: ranks sharing one GPU, device buffers on every path that
+works there, the others skipped with a reason (never crashed), data checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+
+def bench(n, *args, timeout=400):
+    argv = [
+        *mpiexec_argv(n),
+        sys.executable,
+        "-m",
+        "cudampi",
+        "bench",
+        *args,
+        "--device",
+        "cuda",
+        "--quiet",
+        "--json",
+    ]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT
+    )
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    )
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_device_collectives_on_every_path_that_works(n):
+    data = bench(
+        n,
+        "allreduce",
+        "allgather",
+        "broadcast",
+        "-b",
+        "8",
+        "-e",
+        "16M",
+        "-f",
+        "16",
+        "-w",
+        "2",
+        "-n",
+        "5",
+    )
+    assert data["meta"]["device"] == "cuda" and data["meta"]["ranks"] == n
+    assert data["verdict"]["wrong"] == 0
+    ran = {(r["op"], r["path"]) for r in data["results"]}
+    for path in ("staged", "mpi", "copy", "torch-gloo"):
+        assert any(p == path for _, p in ran), f"{path} did not run: {data['skipped']}"
+    skipped = {(s["op"], s["path"]): s["reason"] for s in data["skipped"]}
+    if data["meta"]["shares_gpu"]:
+        assert "one GPU per rank" in skipped[("allreduce", "torch-nccl")]
+        assert data["limit"]["kind"] == "hbm-copy" and data["limit"]["gbps"] > 100
+    assert all(reason for reason in skipped.values())
+
+
+def test_p2p_device_buffers():
+    data = bench(
+        2, "p2p", "-b", "1", "-e", "16M", "-f", "64", "-n", "10", "--buffers", "host,device"
+    )
+    assert data["verdict"]["wrong"] == 0
+    assert any(r["buffers"] == "device" and r["path"] == "cudampi" for r in data["results"]), data[
+        "skipped"
+    ]
+
+
+def test_ddp_on_cuda():
+    data = bench(
+        2, "ddp", "-w", "2", "-n", "3", "--paths", "local,torch-gloo,torch-cudampi,torch-nccl"
+    )
+    rows = {r["path"]: r for r in data["results"]}
+    assert "local" in rows and data["verdict"]["wrong"] == 0
+    assert "torch-cudampi" in rows or any(s["path"] == "torch-cudampi" for s in data["skipped"])

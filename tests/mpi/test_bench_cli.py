@@ -1,0 +1,239 @@
+"""Real `cudampi bench` runs under mpiexec (2 and 4 ranks on the CPU): every collective on the
+host-capable paths with data checked, JSON/CSV/PNG written, a planted wrong result and a missed
+--min-busbw exit 1, the --np self-relaunch, p2p and ddp."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv
+
+pytestmark = pytest.mark.mpi
+
+OPS = ("allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast", "reduce", "sendrecv")
+PATHS = ("host", "gpu-ring", "staged", "native", "torch-gloo", "torch-cudampi", "mpi", "copy")
+
+
+def bench(n, *args, timeout=240, launcher=True):
+    argv = [*mpiexec_argv(n)] if launcher else []
+    argv += [sys.executable, "-m", "cudampi", "bench", *args, "--device", "cpu", "--quiet"]
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"cudampi bench {args} hung\n{exc.stdout}\n{exc.stderr}") from None
+
+
+def ok(proc):
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    )
+    return proc
+
+
+@pytest.mark.parametrize(("n", "factor"), [(2, "4"), (4, "16")])
+def test_every_collective_on_every_host_path_is_correct(n, factor, tmp_path):
+    js, cs, png = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
+    proc = ok(
+        bench(
+            n,
+            "all",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            factor,
+            "-w",
+            "1",
+            "-n",
+            "3",
+            "--paths",
+            ",".join(PATHS),
+            "--json",
+            str(js),
+            "--csv",
+            str(cs),
+            "--plot",
+            str(png),
+        )
+    )
+    data = json.loads(js.read_text())
+    assert data["meta"]["ranks"] == n
+    assert data["verdict"] == {"ok": True, "wrong": 0, "min_busbw": None, "below_min_busbw": []}
+    ran = {(r["op"], r["path"]) for r in data["results"]}
+    for op in OPS:
+        for path in PATHS:
+            if path != "copy":
+                assert (op, path) in ran, f"{op} on {path} did not run: {data['skipped']}"
+    assert ("copy", "copy") in ran
+    assert all(r["wrong"] == 0 for r in data["results"])
+    assert all(
+        r["busbw"] > 0 and r["time_min_us"] <= r["time_us"] <= r["time_max_us"]
+        for r in data["results"]
+    )
+    # the table went to stdout, from rank 0 only
+    assert proc.stdout.count("# Verdict: OK") == 1
+    assert "allreduce float sum on gpu-ring" in proc.stdout
+    assert cs.read_text().startswith("op,path,dtype")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_planted_wrong_result_exits_1():
+    proc = bench(
+        2,
+        "allreduce",
+        "broadcast",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-w",
+        "1",
+        "-n",
+        "2",
+        "--paths",
+        "host,torch-gloo",
+        "--corrupt-rank",
+        "1",
+        "--json",
+    )
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    data = json.loads(proc.stdout)
+    assert data["verdict"]["ok"] is False
+    wrong = {(r["op"], r["path"]): r["wrong"] for r in data["results"]}
+    assert wrong == {
+        ("allreduce", "host"): 1,
+        ("allreduce", "torch-gloo"): 1,
+        ("broadcast", "host"): 1,
+        ("broadcast", "torch-gloo"): 1,
+    }
+
+
+def test_missed_min_busbw_exits_1_and_says_so():
+    proc = bench(
+        2,
+        "allreduce",
+        "-b",
+        "1K",
+        "-e",
+        "4K",
+        "-w",
+        "1",
+        "-n",
+        "2",
+        "--paths",
+        "host",
+        "--min-busbw",
+        "1e9",
+    )
+    assert proc.returncode == 1
+    assert "< --min-busbw 1e+09" in proc.stdout and "Verdict: FAILED" in proc.stdout
+
+
+def test_np_relaunches_itself_on_n_ranks():
+    proc = ok(
+        bench(
+            0,
+            "allreduce",
+            "--np",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "64",
+            "-w",
+            "1",
+            "-n",
+            "2",
+            "--paths",
+            "host,mpi",
+            "--json",
+            launcher=False,
+        )
+    )
+    data = json.loads(proc.stdout)
+    assert data["meta"]["ranks"] == 2 and data["verdict"]["ok"] is True
+
+
+def test_unknown_path_is_a_usage_error():
+    proc = bench(2, "allreduce", "--paths", "nccl")
+    assert proc.returncode == 2 and "not a collectives path" in proc.stderr
+
+
+def test_p2p_host_buffers_osu_style():
+    proc = ok(
+        bench(
+            2,
+            "p2p",
+            "-b",
+            "1",
+            "-e",
+            "64K",
+            "-f",
+            "64",
+            "-w",
+            "2",
+            "-n",
+            "5",
+            "--window",
+            "8",
+            "--paths",
+            "cudampi,mpi,torch-gloo",
+            "--buffers",
+            "host",
+            "--json",
+        )
+    )
+    data = json.loads(proc.stdout)
+    rows = data["results"]
+    assert {r["path"] for r in rows} == {"cudampi", "mpi", "torch-gloo"}
+    assert {r["size"] for r in rows} == {1, 64, 4096}
+    assert all(r["wrong"] == 0 and r["latency_us"] > 0 and r["bw_mbps"] > 0 for r in rows)
+    bad = bench(
+        2,
+        "p2p",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "-n",
+        "2",
+        "--paths",
+        "mpi",
+        "--buffers",
+        "host",
+        "--corrupt-rank",
+        "0",
+    )
+    assert bad.returncode == 1 and "Verdict: FAILED" in bad.stdout
+
+
+def test_ddp_trains_and_ranks_agree():
+    proc = ok(
+        bench(
+            2,
+            "ddp",
+            "--model",
+            "transformer",
+            "-w",
+            "1",
+            "-n",
+            "2",
+            "--batch",
+            "2",
+            "--paths",
+            "local,torch-gloo,torch-cudampi",
+            "--json",
+        ),
+    )
+    data = json.loads(proc.stdout)
+    rows = {r["path"]: r for r in data["results"]}
+    assert set(rows) == {"local", "torch-gloo", "torch-cudampi"}
+    assert rows["torch-gloo"]["wrong"] == 0 and rows["torch-cudampi"]["wrong"] == 0
+    assert rows["torch-gloo"]["vs_local"] > 0 and rows["local"]["samples_per_s"] > 0

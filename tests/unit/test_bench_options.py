@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cudampi.bench import cli, options
+from cudampi.errors import ConfigError
+
+
+def parse(*argv):
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return p, p.parse_args(list(argv))
+
+
+def test_defaults_run_every_collective_on_every_path():
+    _, a = parse()
+    o = options.from_args(a)
+    assert o.mode == "collectives"
+    assert o.ops[0] == "allreduce" and "sendrecv" in o.ops
+    assert "torch-gloo" in o.paths and "copy" in o.paths
+    assert o.sizes[0] == 8 and o.sizes[-1] == 64 << 20
+    assert (o.warmup, o.iters, o.check) == (5, 20, True)
+
+
+def test_nccl_tests_flags():
+    _, a = parse(
+        "allreduce",
+        "-b",
+        "8",
+        "-e",
+        "1G",
+        "-f",
+        "2",
+        "-w",
+        "2",
+        "-n",
+        "7",
+        "-d",
+        "float,bf16",
+        "-o",
+        "sum,max",
+        "--no-check",
+    )
+    o = options.from_args(a)
+    assert o.ops == ("allreduce",)
+    assert o.sizes[-1] == 1 << 30 and len(o.sizes) == 28
+    assert o.dtypes == ("float32", "bfloat16")
+    assert o.redops == ("sum", "max")
+    assert (o.warmup, o.iters, o.check) == (2, 7, False)
+
+
+def test_p2p_and_ddp_modes_have_their_own_defaults():
+    o = options.from_args(parse("p2p")[1])
+    assert o.mode == "p2p" and o.sizes[0] == 1 and o.sizes[-1] == 4 << 20 and o.iters == 100
+    assert o.paths == ("cudampi", "mpi", "torch-nccl", "torch-gloo", "torch-cudampi")
+    o = options.from_args(parse("ddp", "--paths", "local,torch-gloo")[1])
+    assert o.mode == "ddp" and o.paths == ("local", "torch-gloo") and o.sizes == ()
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (("allreduc",), "unknown benchmark 'allreduc'"),
+        (("p2p", "allreduce"), "runs on its own"),
+        (("--paths", "nccl"), "'nccl' is not a collectives path"),
+        (("-o", "mean"), "--op 'mean'"),
+        (("-e", "8", "-b", "64"), "below -b"),
+        (("-n", "0"), "-n 0"),
+        (("--json", "--csv"), "both go to stdout"),
+        (("ddp", "--paths", "mpi"), "not a ddp path"),
+    ],
+)
+def test_bad_flags_are_usage_errors(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        options.from_args(parse(*argv)[1])
+
+
+def test_relaunch_argv_rebuilds_the_flags_without_np():
+    p, a = parse(
+        "allreduce",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "--paths",
+        "host,mpi",
+        "--no-check",
+        "--np",
+        "2",
+        "--json",
+        "out.json",
+    )
+    argv = options.to_argv(a, p)
+    assert argv[0] == "allreduce" and "--np" not in argv
+    again = options.from_args(parse(*argv)[1])
+    first = options.from_args(a)
+    assert again.sizes == first.sizes and again.paths == first.paths and again.check is False
+    assert again.json == "out.json"
+
+
+def test_relaunch_goes_through_a_launcher(tmp_path):
+    argv, _env = cli.relaunch_argv(3, ["allreduce"], executable="/x/bin/python")
+    assert "-n" in argv and "3" in argv
+    assert argv[-3:] == ["cudampi", "bench", "allreduce"] or argv[-2:] == ["bench", "allreduce"]
+
+
+def test_launched_size_reads_the_launcher_environment():
+    assert cli.launched_size({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1"}) == 4
+    assert cli.launched_size({}) is None

