@@ -27,11 +27,13 @@ class DistInfo:
     local_rank: int
     device: str
     backend: str
+    async_ops: bool = False
 
 
 @dataclass(frozen=True)
 class TrainResult:
     backend: str
+    async_ops: bool
     device: str
     world_size: int
     steps: int
@@ -45,19 +47,27 @@ class TrainResult:
     """Sum of all parameters after training: equal on every rank, equal across backends."""
 
 
-def init_distributed(backend: str = "cudampi", device: str = "auto") -> DistInfo:
-    """Join the job: rank/size from the launcher, the rank's GPU, the process group, a check."""
+def init_distributed(
+    backend: str = "cudampi", device: str = "auto", *, async_ops: bool = False
+) -> DistInfo:
+    """Join the job: rank/size from the launcher, the rank's GPU, the process group, a check.
+
+    ``async_ops`` (cudampi only): collectives on a per-group thread, overlapping backward.
+    """
     import torch
     import torch.distributed as dist
 
     import cudampi
 
     info = cudampi.init()  # rank, local rank, MASTER_ADDR/PORT where missing, the rank's GPU
+    options = None
     if backend == "cudampi":
         import cudampi.torch  # (registers the backend)
+
+        options = cudampi.torch.Options(async_ops=async_ops)
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     dev = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, pg_options=options)
     t = torch.ones(1, device=dev)
     dist.all_reduce(t)
     if int(t.item()) != dist.get_world_size():
@@ -65,7 +75,9 @@ def init_distributed(backend: str = "cudampi", device: str = "auto") -> DistInfo
             f"all_reduce of ones gave {t.item()} on rank {dist.get_rank()}, expected "
             f"{dist.get_world_size()}: the process group is broken"
         )
-    return DistInfo(dist.get_rank(), dist.get_world_size(), info.local_rank, str(dev), backend)
+    return DistInfo(
+        dist.get_rank(), dist.get_world_size(), info.local_rank, str(dev), backend, async_ops
+    )
 
 
 def build_model(width: int, depth: int) -> object:
@@ -116,6 +128,7 @@ def train(
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     return TrainResult(
         backend=di.backend,
+        async_ops=di.async_ops,
         device=di.device,
         world_size=di.world_size,
         steps=steps,
@@ -138,12 +151,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--depth", type=int, default=3)
+    p.add_argument(
+        "--async-ops",
+        action="store_true",
+        help="cudampi: run collectives on a per-group thread (overlap with backward)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = p.parse_args(argv)
 
     import torch.distributed as dist
 
-    di = init_distributed(args.backend, args.device)
+    di = init_distributed(args.backend, args.device, async_ops=args.async_ops)
     result = train(
         di,
         steps=args.steps,

@@ -31,14 +31,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi, pytest.mark.torch]
 GPU_VARIANTS = "default,small-buckets-views,fp16-hook,builtin-fp16-hook,no-sync-accumulate"
 
 
-def rank_gpu(comm, path, variants):
+def rank_gpu(comm, path, variants, mode):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.cuda.set_device(comm.rank % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
-    gloo = init()
+    gloo = init(async_ops=mode == "async")
     pg = dist.distributed_c10d._get_default_group()
     chosen = pg.communicator.path_for("allreduce", torch.ones(1 << 20, device=dev))
     assert chosen == path, f"CUDAMPI_PATH={path} but the Communicator picks {chosen}"
@@ -100,17 +100,23 @@ def _cuda_aware() -> bool:
     return os.environ.get("CUDAMPI_CUDA_AWARE") == "yes" or os.environ.get("OMPI_MCA_pml") == "ucx"  # noqa: SIM112
 
 
-@pytest.mark.parametrize("path", ["gpu-ring", "staged"])
-def test_ddp_fsdp_on_cuda_tensors(path):
+@pytest.mark.parametrize(
+    ("path", "mode"), [("gpu-ring", "sync"), ("staged", "sync"), ("gpu-ring", "async")]
+)
+def test_ddp_fsdp_on_cuda_tensors(path, mode):
+    """mode async: Options(async_ops=True), bucket all-reduces overlap backward."""
     if path == "gpu-ring" and not _cuda_aware():
         pytest.skip(
             "gpu-ring needs CUDA-aware point-to-point: preload the libucx-cu13 wheel, set "
             "OMPI_MCA_pml=ucx and CUDAMPI_CUDA_AWARE=yes (see the module docstring)"
         )
+    variants = GPU_VARIANTS
+    if mode == "async":  # built-in C++ hooks need the typed futures of the default mode
+        variants = ",".join(v for v in GPU_VARIANTS.split(",") if v != "builtin-fp16-hook")
     proc = run_mpi(
-        2, __file__, "rank_gpu", path, GPU_VARIANTS, timeout=600, env={"CUDAMPI_PATH": path}
+        2, __file__, "rank_gpu", path, variants, mode, timeout=600, env={"CUDAMPI_PATH": path}
     )
-    assert f"via {path}" in proc.stdout
+    assert f"via {path} ({mode})" in proc.stdout
 
 
 def test_ddp_example_on_cuda():

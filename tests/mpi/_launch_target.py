@@ -26,7 +26,7 @@ def main() -> int:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         assert local.rank == info.local_rank == int(os.environ["LOCAL_RANK"])
         assert local.size == info.local_world_size == int(os.environ["LOCAL_WORLD_SIZE"])
-        assert os.environ["CUDAMPI_LAUNCHER"] in ("openmpi", "mpich")
+        assert os.environ["CUDAMPI_LAUNCHER"] in ("openmpi", "mpich", "slurm")
         ports = comm.allgather((os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]))
         assert len(set(ports)) == 1, ports
         assert args[1:] == ["--flag", "a b"], args  # script arguments pass through unchanged

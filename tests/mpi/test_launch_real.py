@@ -218,3 +218,23 @@ def test_timeout_stops_the_job(tmp_path):
     assert "stopped after --timeout 3 s" in p.stderr
     pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
     assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+
+
+def rank_init_under_plain_mpiexec(comm, n):
+    """cudampi.init() in a rank started by mpiexec itself (no cudampi launch, no bootstrap)."""
+    import cudampi
+
+    assert "RANK" not in os.environ and "LOCAL_RANK" not in os.environ
+    info = cudampi.init()
+    assert (info.rank, info.world_size, info.launcher) == (comm.rank, int(n), "openmpi")
+    assert os.environ["RANK"] == str(comm.rank) and os.environ["WORLD_SIZE"] == n
+    ports = comm.allgather((info.master_addr, info.master_port, os.environ["MASTER_PORT"]))
+    assert len(set(ports)) == 1 and ports[0][0] == "127.0.0.1", ports
+    assert cudampi.init() is info  # idempotent
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_init_under_plain_mpiexec(n):
+    from tests.mpirun import run_mpi
+
+    run_mpi(n, __file__, "rank_init_under_plain_mpiexec", str(n))

@@ -111,7 +111,7 @@ def _try_gloo(fn):
     return True
 
 
-def _init():
+def _init(mode="sync"):
     import warnings
 
     # torch 2.13 renames all_gather_into_tensor/reduce_scatter_tensor: the old names still work.
@@ -119,12 +119,15 @@ def _init():
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch.distributed as dist
 
-    import cudampi.torch  # noqa: F401  (registers the backend)
+    import cudampi.torch  # registers the backend
 
     # Plain init under mpiexec: no MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE in the environment.
     for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         assert var not in os.environ, var
-    dist.init_process_group("cudampi")
+    if mode == "async":
+        dist.init_process_group("cudampi", pg_options=cudampi.torch.Options(async_ops=True))
+    else:
+        dist.init_process_group("cudampi")
     return dist.new_group(backend="gloo")
 
 
@@ -495,11 +498,11 @@ def check_errors(dist, rank, n):
     assert x.tolist() == [float(n)] * 2
 
 
-def rank_collectives(comm, expected_size):
+def rank_collectives(comm, expected_size, mode="sync"):
     import torch.distributed as dist
 
     n = int(expected_size)
-    gloo = _init()
+    gloo = _init(mode)
     rank = dist.get_rank()
     assert (rank, dist.get_world_size()) == (comm.rank, comm.size) and comm.size == n
     assert dist.get_backend() == "cudampi"
@@ -518,7 +521,8 @@ def rank_collectives(comm, expected_size):
         print(f"torch backend checks: {ck.total} passed, {ck.vs_gloo} against gloo", flush=True)
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_every_collective_matches_gloo(n):
-    proc = run_mpi(n, __file__, "rank_collectives", str(n), timeout=300)
+@pytest.mark.parametrize(("n", "mode"), [(2, "sync"), (4, "sync"), (2, "async")])
+def test_every_collective_matches_gloo(n, mode):
+    """mode async: Options(async_ops=True), collectives on the group's own thread."""
+    proc = run_mpi(n, __file__, "rank_collectives", str(n), mode, timeout=300)
     assert "against gloo" in proc.stdout

@@ -31,7 +31,7 @@ VARIANTS = {
 }
 
 
-def init(device_type="cpu"):
+def init(async_ops=False):
     """init_process_group('cudampi') from MPI, plus a gloo group of the same processes."""
     import warnings
 
@@ -40,9 +40,9 @@ def init(device_type="cpu"):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch.distributed as dist
 
-    import cudampi.torch  # noqa: F401
+    import cudampi.torch
 
-    dist.init_process_group("cudampi")
+    dist.init_process_group("cudampi", pg_options=cudampi.torch.Options(async_ops=async_ops))
     return dist.new_group(backend="gloo")
 
 
@@ -195,12 +195,12 @@ def assert_synced(params, what):
     assert torch.equal(lo, hi), f"{what}: replicas differ across ranks"
 
 
-def rank_ddp_fsdp(comm, variants):
+def rank_ddp_fsdp(comm, variants, mode="sync"):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    gloo = init()
+    gloo = init(async_ops=mode == "async")
     cpu = torch.device("cpu")
     for variant in variants.split(","):
         ours = train_ddp(None, cpu, variant)
@@ -219,12 +219,19 @@ def rank_ddp_fsdp(comm, variants):
     assert_same(ours, theirs, "FSDP2 fully_shard step: cudampi vs gloo")
     dist.destroy_process_group()
     if comm.rank == 0:
-        print(f"DDP variants {variants} and FSDP2 match gloo", flush=True)
+        print(f"DDP variants {variants} and FSDP2 match gloo ({mode})", flush=True)
 
 
 def test_ddp_and_fsdp_match_gloo_2_ranks():
     proc = run_mpi(2, __file__, "rank_ddp_fsdp", ",".join(VARIANTS), timeout=300)
     assert "match gloo" in proc.stdout
+
+
+def test_ddp_and_fsdp_match_gloo_with_async_ops():
+    """Options(async_ops=True): bucket all-reduces overlap backward; same parameters as gloo."""
+    variants = ",".join(v for v in VARIANTS if v != "builtin-fp16-hook")  # needs typed futures
+    proc = run_mpi(2, __file__, "rank_ddp_fsdp", variants, "async", timeout=300)
+    assert "match gloo (async)" in proc.stdout
 
 
 def test_ddp_and_fsdp_match_gloo_4_ranks():

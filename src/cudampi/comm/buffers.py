@@ -120,8 +120,24 @@ def adapt(x: Any, what: str = "x") -> Buf:
     )
 
 
+_NP_NAMES: dict[Any, str] = {}
+
+
+def np_ptr(a: Any) -> int:
+    """The data address of a NumPy array (mpi4py's buffer view is the cheapest way to read it)."""
+    from mpi4py import MPI
+
+    try:
+        return int(MPI.memory(a).address)
+    except (TypeError, ValueError, BufferError):  # not exposable as a buffer: ask NumPy
+        return int(a.__array_interface__["data"][0])
+
+
 def _from_numpy(a: Any, obj: Any) -> Buf:
-    name = a.dtype.name
+    dt = a.dtype
+    name = _NP_NAMES.get(dt)
+    if name is None:
+        name = _NP_NAMES[dt] = dt.name  # dtype.name is slow to compute; dtypes are few
     return Buf(
         obj=obj,
         arr=a,
@@ -129,7 +145,7 @@ def _from_numpy(a: Any, obj: Any) -> Buf:
         device=None,
         dtype=name,
         shape=tuple(int(d) for d in a.shape),
-        itemsize=int(a.dtype.itemsize),
+        itemsize=int(dt.itemsize),
         contiguous=bool(a.flags.c_contiguous),
     )
 
@@ -223,7 +239,7 @@ def same_memory(a: Buf, b: Buf) -> bool:
 
 def data_ptr(lib: str, a: Any) -> int:
     if lib == "numpy":
-        return int(a.__array_interface__["data"][0])
+        return np_ptr(a)
     if lib == "torch":
         return int(a.data_ptr())
     return int(a.data.ptr)

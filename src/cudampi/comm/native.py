@@ -16,52 +16,51 @@ from cudampi.comm.transport import mem, typed_mem
 NO_MPI_TYPE = ("float16", "bfloat16")
 
 
+_TYPES: dict[str, Any] = {}
+_OPS: dict[tuple[str, bool], Any] = {}
+
+
 def mpi_type(dtype: str) -> Any:
     """The MPI datatype for ``dtype``, or None where MPI has none cudampi trusts."""
     if dtype in NO_MPI_TYPE:
         return None
-    from mpi4py import MPI
+    if not _TYPES:
+        from mpi4py import MPI
 
-    return {
-        "bool": MPI.C_BOOL,
-        "int8": MPI.INT8_T,
-        "int16": MPI.INT16_T,
-        "int32": MPI.INT32_T,
-        "int64": MPI.INT64_T,
-        "uint8": MPI.UINT8_T,
-        "uint16": MPI.UINT16_T,
-        "uint32": MPI.UINT32_T,
-        "uint64": MPI.UINT64_T,
-        "float32": MPI.FLOAT,
-        "float64": MPI.DOUBLE,
-        "complex64": MPI.C_FLOAT_COMPLEX,
-        "complex128": MPI.C_DOUBLE_COMPLEX,
-    }[dtype]
+        _TYPES.update(
+            {
+                "bool": MPI.C_BOOL,
+                "int8": MPI.INT8_T,
+                "int16": MPI.INT16_T,
+                "int32": MPI.INT32_T,
+                "int64": MPI.INT64_T,
+                "uint8": MPI.UINT8_T,
+                "uint16": MPI.UINT16_T,
+                "uint32": MPI.UINT32_T,
+                "uint64": MPI.UINT64_T,
+                "float32": MPI.FLOAT,
+                "float64": MPI.DOUBLE,
+                "complex64": MPI.C_FLOAT_COMPLEX,
+                "complex128": MPI.C_DOUBLE_COMPLEX,
+            }
+        )
+    return _TYPES[dtype]
 
 
 def mpi_op(op: str, dtype: str) -> Any:
-    from mpi4py import MPI
+    """The MPI op for ``op`` on ``dtype`` (bool: logical ops; avg: SUM, divided afterwards)."""
+    if not _OPS:
+        from mpi4py import MPI
 
-    if dtype == "bool":
-        return {
-            "sum": MPI.LOR,
-            "max": MPI.LOR,
-            "bor": MPI.LOR,
-            "prod": MPI.LAND,
-            "min": MPI.LAND,
-            "band": MPI.LAND,
-            "bxor": MPI.LXOR,
-        }[op]
-    return {
-        "sum": MPI.SUM,
-        "avg": MPI.SUM,
-        "prod": MPI.PROD,
-        "min": MPI.MIN,
-        "max": MPI.MAX,
-        "band": MPI.BAND,
-        "bor": MPI.BOR,
-        "bxor": MPI.BXOR,
-    }[op]
+        for name, lop in (("sum", MPI.LOR), ("max", MPI.LOR), ("bor", MPI.LOR),
+                          ("prod", MPI.LAND), ("min", MPI.LAND), ("band", MPI.LAND),
+                          ("bxor", MPI.LXOR)):
+            _OPS[(name, True)] = lop
+        for name, aop in (("sum", MPI.SUM), ("avg", MPI.SUM), ("prod", MPI.PROD),
+                          ("min", MPI.MIN), ("max", MPI.MAX), ("band", MPI.BAND),
+                          ("bor", MPI.BOR), ("bxor", MPI.BXOR)):
+            _OPS[(name, False)] = aop
+    return _OPS[(op, dtype == "bool")]
 
 
 def can_reduce(dtype: str) -> bool:

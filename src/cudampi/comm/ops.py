@@ -140,7 +140,9 @@ class NumpyOps(ArrayOps):
         return numpy.empty(n, dtype=like.dtype)
 
     def ptr(self, a: Any) -> int:
-        return int(a.__array_interface__["data"][0])
+        from cudampi.comm.buffers import np_ptr
+
+        return np_ptr(a)
 
     def nbytes(self, a: Any) -> int:
         return int(a.nbytes)

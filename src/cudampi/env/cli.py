@@ -1,11 +1,11 @@
 """``cudampi env``: write the files that rebuild the stack, list and check the settings.
 
-    cudampi env write [--spec env.toml] [--out DIR] [--cuda 13.0 --torch 2.11.0 --mpi openmpi ...]
-    cudampi env write --check --out docker      # exit 1 if any file is out of date
-    cudampi env lock --spec docker/env.toml --out docker   # hash lock via pip's resolver
-    cudampi env show [--json]                   # the resolved description
-    cudampi env settings [--json]               # the documented Open MPI / UCX / NCCL settings
-    cudampi env check [--json] [--single-node]  # check this shell's environment
+cudampi env write [--spec env.toml] [--out DIR] [--cuda 13.0 --torch 2.11.0 --mpi openmpi ...]
+cudampi env write --check --out docker      # exit 1 if any file is out of date
+cudampi env lock --spec docker/env.toml --out docker   # hash lock via pip's resolver
+cudampi env show [--json]                   # the resolved description
+cudampi env settings [--json]               # the documented Open MPI / UCX / NCCL settings
+cudampi env check [--json] [--single-node]  # check this shell's environment
 """
 
 from __future__ import annotations
@@ -40,24 +40,40 @@ SPEC_FLAGS = {
 
 
 def _add_spec_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec", metavar="FILE", help="description file (.toml, .yaml); flags override it")
+    p.add_argument(
+        "--spec", metavar="FILE", help="description file (.toml, .yaml); flags override it"
+    )
     for flag, (key, typ, help_text) in SPEC_FLAGS.items():
         p.add_argument(flag, dest=f"spec_{key}", type=typ, default=None, help=help_text)
-    p.add_argument("--command", dest="spec_command", nargs="+", default=None,
-                   help="the training command (argv) that MODE=train, srun and mpirun run")
+    p.add_argument(
+        "--command",
+        dest="spec_command",
+        nargs="+",
+        default=None,
+        help="the training command (argv) that MODE=train, srun and mpirun run",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="env_action", metavar="ACTION")
-    w = sub.add_parser("write", help="write environment.yml, requirements, Dockerfile, sbatch, MPIJob")
+    w = sub.add_parser(
+        "write", help="write environment.yml, requirements, Dockerfile, sbatch, MPIJob"
+    )
     _add_spec_flags(w)
     w.add_argument("--out", default="cudampi-env", help="output folder (default: ./cudampi-env)")
-    w.add_argument("--only", default=None,
-                   help="comma-separated targets: spec, conda, pip, docker, slurm, k8s")
-    w.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if a file differs from what would be written")
-    w.add_argument("--lock", action="store_true",
-                   help="also (re)resolve requirements.lock with pip (needs the package index)")
+    w.add_argument(
+        "--only", default=None, help="comma-separated targets: spec, conda, pip, docker, slurm, k8s"
+    )
+    w.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a file differs from what would be written",
+    )
+    w.add_argument(
+        "--lock",
+        action="store_true",
+        help="also (re)resolve requirements.lock with pip (needs the package index)",
+    )
     w.add_argument("--json", action="store_true", help="report as JSON")
     lk = sub.add_parser("lock", help="resolve requirements.lock (exact files + sha256) with pip")
     _add_spec_flags(lk)
@@ -78,19 +94,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _spec(args: argparse.Namespace) -> Any:
     from cudampi.env.spec import load_spec
 
-    overrides = {k[len("spec_"):]: v for k, v in vars(args).items() if k.startswith("spec_")}
+    overrides = {k[len("spec_") :]: v for k, v in vars(args).items() if k.startswith("spec_")}
     return load_spec(args.spec, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
     action = getattr(args, "env_action", None)
     if action is None:
-        print("cudampi env: choose an action: write, lock, show, settings, check "
-              "(cudampi env --help)", file=sys.stderr)
+        print(
+            "cudampi env: choose an action: write, lock, show, settings, check "
+            "(cudampi env --help)",
+            file=sys.stderr,
+        )
         return 2
     try:
-        return int({"write": _write, "lock": _lock, "show": _show, "settings": _settings,
-                    "check": _check}[action](args))
+        return int(
+            {"write": _write, "lock": _lock, "show": _show, "settings": _settings, "check": _check}[
+                action
+            ](args)
+        )
     except EnvGenError as exc:
         from cudampi.env.spec import SpecError
 
@@ -99,12 +121,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace) -> int:
-    from cudampi.env.files import LOCK, TARGETS, generate, lock_status, write_files
+    from cudampi.env.files import (
+        LOCK,
+        TARGETS,
+        generate,
+        lock_status,
+        validate_generated,
+        write_files,
+    )
     from cudampi.env.pip import resolve_lock
 
     spec = _spec(args)
     targets = tuple(t.strip() for t in args.only.split(",")) if args.only else TARGETS
     files = generate(spec, targets)
+    validated = validate_generated(files)
     out = Path(args.out)
     lock_path = out / LOCK
     needs_lock = any(t in targets for t in ("pip", "docker"))
@@ -117,8 +147,18 @@ def _write(args: argparse.Namespace) -> int:
     changed = [r.name for r in results if r.changed]
     lock_bad = needs_lock and not status.startswith("ok")
     if args.json:
-        print(json.dumps({"out": str(out), "spec": spec.as_dict(), "lock": status,
-                          "files": [dataclasses.asdict(r) for r in results]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "spec": spec.as_dict(),
+                    "lock": status,
+                    "validated": validated,
+                    "files": [dataclasses.asdict(r) for r in results],
+                },
+                indent=2,
+            )
+        )
     else:
         verb = "differs" if args.check else "written"
         for r in results:
@@ -127,7 +167,10 @@ def _write(args: argparse.Namespace) -> int:
         if needs_lock:
             print(f"{lock_path}: {status}")
             if lock_bad:
-                print(f"  fix: cudampi env lock --spec {out / 'env.toml'} --out {out}", file=sys.stderr)
+                print(
+                    f"  fix: cudampi env lock --spec {out / 'env.toml'} --out {out}",
+                    file=sys.stderr,
+                )
     if args.check:
         return 1 if changed or lock_bad else 0
     return 0
@@ -151,7 +194,10 @@ def _show(args: argparse.Namespace) -> int:
     from cudampi.env.spec import spec_to_toml
 
     spec = _spec(args)
-    print(json.dumps(spec.as_dict(), indent=2) if args.json else spec_to_toml(spec), end="\n" if args.json else "")
+    print(
+        json.dumps(spec.as_dict(), indent=2) if args.json else spec_to_toml(spec),
+        end="\n" if args.json else "",
+    )
     return 0
 
 
@@ -183,6 +229,9 @@ def _check(args: argparse.Namespace) -> int:
     else:
         for f in findings:
             print(f"[{f.status}] {f.name}={f.value}: {f.detail}\n    fix: {f.fix}")
-        print(f"{len(findings)} problem(s) in this environment's MPI/UCX/NCCL settings"
-              if findings else "no known-wrong MPI/UCX/NCCL settings in this environment")
+        print(
+            f"{len(findings)} problem(s) in this environment's MPI/UCX/NCCL settings"
+            if findings
+            else "no known-wrong MPI/UCX/NCCL settings in this environment"
+        )
     return 1 if any(f.status == "fail" for f in findings) else 0

@@ -16,8 +16,13 @@ Facts it relies on (conda-forge feedstocks, read in their recipes):
 
 from __future__ import annotations
 
+import json
+from importlib import resources
+from typing import Any
+
 from cudampi.env.pip import HEADER, extra_requirements
 from cudampi.env.spec import EnvSpec
+from cudampi.errors import EnvGenError
 
 CONDA_PINS = {"openmpi": "5.0.10", "mpich": "5.0.1", "ucx": "1.20.0", "mpi4py": "4.1.1"}
 
@@ -33,8 +38,10 @@ def environment_yml(spec: EnvSpec, env: dict[str, str]) -> str:
     tag = "cuda" + cuda.replace(".", "")
     note = ""
     if cuda != spec.cuda:
-        note = (f"# CUDA {spec.cuda} asked; conda-forge builds CUDA 12 packages against 12.9, "
-                "which runs on any driver >= 12.9's minimum (CUDA minor-version compatibility).\n")
+        note = (
+            f"# CUDA {spec.cuda} asked; conda-forge builds CUDA 12 packages against 12.9, "
+            "which runs on any driver >= 12.9's minimum (CUDA minor-version compatibility).\n"
+        )
     mpi_lines: list[str]
     if spec.mpi == "openmpi":
         mpi_lines = [
@@ -50,9 +57,7 @@ def environment_yml(spec: EnvSpec, env: dict[str, str]) -> str:
     pip_lines = [f"    - {r}" for r in extra_requirements(spec)]
     pip_lines.append(f"    - {spec.source}  # cudampi itself")
     return (
-        HEADER
-        + note
-        + f"# conda env create -f environment.yml && conda activate {spec.name}\n"
+        HEADER + note + f"# conda env create -f environment.yml && conda activate {spec.name}\n"
         f"name: {spec.name}\n"
         "channels:\n"
         "  - conda-forge\n"
@@ -60,13 +65,38 @@ def environment_yml(spec: EnvSpec, env: dict[str, str]) -> str:
         "dependencies:\n"
         f"  - python={spec.python}\n"
         f"  - cuda-version={cuda}  # every CUDA package below builds for this CUDA\n"
-        + "\n".join(mpi_lines) + "\n"
+        + "\n".join(mpi_lines)
+        + "\n"
         f"  - mpi4py={CONDA_PINS['mpi4py']}  # the build for the MPI above (conda's mpi metapackage)\n"
         f"  - pytorch={spec.torch}={tag}*  # the CUDA build, not cpu_*\n"
         "  - numpy\n"
         "  - pip\n"
         "  - pip:\n"
-        + "\n".join(pip_lines) + "\n"
-        "variables:\n"
-        + variables + "\n"
+        + "\n".join(pip_lines)
+        + "\n"
+        + ("variables:\n" + variables + "\n" if env else "")
     )
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema of a conda environment file (``schemas/conda-environment.schema.json``)."""
+    path = resources.files("cudampi.env").joinpath("schemas/conda-environment.schema.json")
+    return dict(json.loads(path.read_text()))
+
+
+def validate_environment(doc: Any) -> None:
+    """Raise :class:`EnvGenError` naming the first entry that conda would not read as meant."""
+    try:
+        import jsonschema
+    except ModuleNotFoundError:
+        raise EnvGenError(
+            "validating environment.yml needs jsonschema: pip install jsonschema"
+        ) from None
+    errors = sorted(
+        jsonschema.Draft7Validator(load_schema()).iter_errors(doc),
+        key=lambda e: list(e.absolute_path),
+    )
+    if errors:
+        e = errors[0]
+        where = ".".join(str(p) for p in e.absolute_path) or "(top)"
+        raise EnvGenError(f"environment.yml does not match conda's format at {where}: {e.message}")

@@ -66,6 +66,32 @@ def lock_status(spec: EnvSpec, text: str | None) -> str:
     return "ok"
 
 
+def validate_generated(texts: Mapping[str, str]) -> list[str]:
+    """Parse the YAML files of ``texts`` and check them against their schemas.
+
+    Returns the names checked; needs PyYAML and jsonschema (the ``env``/``dev`` extras), and
+    checks nothing (returns []) without them.
+    """
+    try:
+        import jsonschema  # noqa: F401
+        import yaml
+    except ModuleNotFoundError:
+        return []
+    checked = []
+    for name, validate in (
+        ("mpijob.yaml", k8s.validate_mpijob),
+        ("environment.yml", conda.validate_environment),
+    ):
+        if name in texts:
+            try:
+                doc = yaml.safe_load(texts[name])
+            except yaml.YAMLError as exc:
+                raise EnvGenError(f"{name} is not valid YAML: {exc}") from None
+            validate(doc)
+            checked.append(name)
+    return checked
+
+
 @dataclass(frozen=True)
 class WrittenFile:
     """One file of a write (or of a check, with ``changed`` meaning 'differs')."""
@@ -78,7 +104,9 @@ class WrittenFile:
 EXECUTABLE = ("install.sh", "entrypoint.sh", "job.sbatch")
 
 
-def write_files(files: Mapping[str, str], out_dir: str | Path, *, check: bool = False) -> list[WrittenFile]:
+def write_files(
+    files: Mapping[str, str], out_dir: str | Path, *, check: bool = False
+) -> list[WrittenFile]:
     """Write ``files`` into ``out_dir``; with ``check`` only compare (nothing is written)."""
     out = Path(out_dir)
     results = []

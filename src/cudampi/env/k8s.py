@@ -38,31 +38,57 @@ MPI_IMPLEMENTATION = {"openmpi": "OpenMPI", "mpich": "MPICH"}
 def launcher_args(spec: EnvSpec, settings: dict[str, str]) -> list[str]:
     """mpirun's argv on the launcher: ranks, placement, and what the remote ranks need."""
     if spec.mpi == "openmpi":
-        forward = ["-x", "LD_PRELOAD=" + image_env(spec, settings)["CUDAMPI_UCX_PRELOAD"],
-                   "-x", "UCX_MODULE_DIR", "-x", "PATH"]
+        forward = [
+            "-x",
+            "LD_PRELOAD=" + image_env(spec, settings)["CUDAMPI_UCX_PRELOAD"],
+            "-x",
+            "UCX_MODULE_DIR",
+            "-x",
+            "PATH",
+        ]
         forward += [a for k in settings if not k.startswith("OMPI_MCA_") for a in ("-x", k)]
-        return ["mpirun", "-n", str(spec.ranks), *mpirun_flags(spec.ranks_per_node_resolved),
-                *forward, *spec.command]
+        return [
+            "mpirun",
+            "-n",
+            str(spec.ranks),
+            *mpirun_flags(spec.ranks_per_node_resolved),
+            *forward,
+            *spec.command,
+        ]
     env_flags = ["-genvlist", ",".join(settings)] if settings else []
-    return ["mpiexec", "-n", str(spec.ranks), *mpirun_flags(spec.ranks_per_node_resolved, "mpich"),
-            *env_flags, *spec.command]
+    return [
+        "mpiexec",
+        "-n",
+        str(spec.ranks),
+        *mpirun_flags(spec.ranks_per_node_resolved, "mpich"),
+        *env_flags,
+        *spec.command,
+    ]
 
 
 def mpijob(spec: EnvSpec, settings: dict[str, str]) -> dict[str, Any]:
     """The MPIJob as plain data (render with :func:`to_yaml`)."""
     home = f"/home/{USER}"
-    security = {"runAsUser": UID, "runAsGroup": UID, "runAsNonRoot": True,
-                "allowPrivilegeEscalation": False}
+    security = {
+        "runAsUser": UID,
+        "runAsGroup": UID,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+    }
     dshm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 
-    def container(name: str, mode: str, args: list[str] | None, limits: dict[str, Any]) -> dict[str, Any]:
+    def container(
+        name: str, mode: str, args: list[str] | None, limits: dict[str, Any]
+    ) -> dict[str, Any]:
         c: dict[str, Any] = {
             "name": name,
             "image": spec.image,
             "imagePullPolicy": "IfNotPresent",
             "command": [ENTRYPOINT],
-            "env": [{"name": "MODE", "value": mode},
-                    {"name": "SSH_PORT", "value": str(spec.ssh_port)}],
+            "env": [
+                {"name": "MODE", "value": mode},
+                {"name": "SSH_PORT", "value": str(spec.ssh_port)},
+            ],
             "resources": {"limits": limits, "requests": limits},
             "securityContext": security,
             # NCCL and UCX use /dev/shm between the ranks of a pod; the default is 64 MiB.
@@ -74,38 +100,57 @@ def mpijob(spec: EnvSpec, settings: dict[str, str]) -> dict[str, Any]:
             c["ports"] = [{"name": "ssh", "containerPort": spec.ssh_port, "protocol": "TCP"}]
         return c
 
-    worker_limits = {"nvidia.com/gpu": spec.gpus_per_node,
-                     "cpu": spec.cpus_per_task * spec.ranks_per_node_resolved}
+    worker_limits = {
+        "nvidia.com/gpu": spec.gpus_per_node,
+        "cpu": spec.cpus_per_task * spec.ranks_per_node_resolved,
+    }
     return {
         "apiVersion": API_VERSION,
         "kind": "MPIJob",
-        "metadata": {"name": spec.name, "labels": {"app.kubernetes.io/name": spec.name,
-                                                   "app.kubernetes.io/managed-by": "cudampi"}},
+        "metadata": {
+            "name": spec.name,
+            "labels": {
+                "app.kubernetes.io/name": spec.name,
+                "app.kubernetes.io/managed-by": "cudampi",
+            },
+        },
         "spec": {
             "slotsPerWorker": spec.ranks_per_node_resolved,
             "mpiImplementation": MPI_IMPLEMENTATION[spec.mpi],
             "sshAuthMountPath": f"{home}/.ssh",
             "launcherCreationPolicy": "WaitForWorkersReady",
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0,
-                          "ttlSecondsAfterFinished": 3600},
+            "runPolicy": {
+                "cleanPodPolicy": "Running",
+                "backoffLimit": 0,
+                "ttlSecondsAfterFinished": 3600,
+            },
             "mpiReplicaSpecs": {
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "Never",
-                    "template": {"spec": {
-                        "containers": [container("launcher", "train",
-                                                 launcher_args(spec, settings),
-                                                 {"cpu": 1, "memory": "2Gi"})],
-                        "volumes": [dshm],
-                    }},
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                container(
+                                    "launcher",
+                                    "train",
+                                    launcher_args(spec, settings),
+                                    {"cpu": 1, "memory": "2Gi"},
+                                )
+                            ],
+                            "volumes": [dshm],
+                        }
+                    },
                 },
                 "Worker": {
                     "replicas": spec.nodes,
                     "restartPolicy": "Never",
-                    "template": {"spec": {
-                        "containers": [container("worker", "ssh", None, worker_limits)],
-                        "volumes": [dshm],
-                    }},
+                    "template": {
+                        "spec": {
+                            "containers": [container("worker", "ssh", None, worker_limits)],
+                            "volumes": [dshm],
+                        }
+                    },
                 },
             },
         },
@@ -147,8 +192,13 @@ def _scalar(value: Any) -> str:
     if value is None:
         return "null"
     text = str(value)
-    if (text and set(text) <= _PLAIN_OK and text.lower() not in _YAML_WORDS
-            and not text[0].isdigit() and not text.startswith(("-", ".", "/"))):
+    if (
+        text
+        and set(text) <= _PLAIN_OK
+        and text.lower() not in _YAML_WORDS
+        and not text[0].isdigit()
+        and not text.startswith(("-", ".", "/"))
+    ):
         return text
     return json.dumps(text)
 
@@ -163,7 +213,9 @@ def to_yaml(data: Any, indent: int = 0) -> str:
                 lines.append(f"{pad}{_scalar(key)}:")
                 lines.append(to_yaml(value, indent + 2).rstrip("\n"))
             else:
-                empty = "{}" if isinstance(value, dict) else "[]" if isinstance(value, list) else None
+                empty = (
+                    "{}" if isinstance(value, dict) else "[]" if isinstance(value, list) else None
+                )
                 lines.append(f"{pad}{_scalar(key)}: {empty or _scalar(value)}")
     elif isinstance(data, list):
         for item in data:
@@ -183,6 +235,9 @@ def to_yaml(data: Any, indent: int = 0) -> str:
 
 def mpijob_yaml(spec: EnvSpec, settings: dict[str, str]) -> str:
     doc = mpijob(spec, settings)
-    return (HEADER + f"# kubectl apply -f mpijob.yaml   (needs the Kubeflow MPI Operator, {API_VERSION};\n"
-            "# it creates the SSH key Secret <name>-ssh and mounts it at sshAuthMountPath)\n"
-            + to_yaml(doc))
+    return (
+        HEADER
+        + f"# kubectl apply -f mpijob.yaml   (needs the Kubeflow MPI Operator, {API_VERSION};\n"
+        "# it creates the SSH key Secret <name>-ssh and mounts it at sshAuthMountPath)\n"
+        + to_yaml(doc)
+    )

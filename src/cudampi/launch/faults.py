@@ -259,6 +259,11 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
                 else:
                     name = what.replace(" (core dumped)", "")
                     add_rank(RankFailure(r, host, signal=_SIG_BY_TEXT.get(name), lines=(what,)))
+    if flavour == "slurm" and re.search(r"CANCELLED AT|_step_signal: Terminating", text):
+        # --kill-on-bad-exit: srun terminated the others because one failed; not their fault.
+        first = [k for k, f in ranks.items() if f.signal != 15]
+        if first:
+            ranks = {k: f for k, f in ranks.items() if f.signal != 15}
     for host, detail in ssh_detail.items():
         if host not in hosts:
             add_host(HostFailure(host, "lost" if host in lost else "unreachable", detail))
@@ -327,9 +332,12 @@ def build_result(
         # Ranks stopped by the job's own end (Ctrl-C sent to them) are not its faults.
         failures = real
     code = exit_status(launcher_rc)
-    if stopped_for_fault and real:
-        first = next((f for f in real if f.exit_code), None)
-        code = first.exit_code if first is not None and first.exit_code else 1
+    first = next((f for f in real if f.exit_code or f.signal), None) if real else None
+    if first is not None and code != 0:
+        # The failing rank's own status (launchers differ: srun says 143, Hydra 9 for kill -9).
+        code = 128 + first.signal if first.signal else int(first.exit_code or 1)
+    elif stopped_for_fault and real:
+        code = 1
     if code == 0 and (failures or events.hosts or events.problems):
         code = 1
     if interrupted:

@@ -498,6 +498,10 @@ def make_plan(
     cuda_aware = req.cuda_aware
     if cuda_aware not in ("auto", "yes", "no"):
         raise ConfigError(f"--cuda-aware must be auto, yes or no, got {cuda_aware!r}")
+    if cuda_aware == "auto" and machine.gpus == 0 and remote and machine.ucx is not None:
+        notes.append(
+            "not CUDA-aware: no GPU on this machine; pass --cuda-aware yes if the hosts have GPUs"
+        )
     if cuda_aware == "yes" or (cuda_aware == "auto" and machine.gpus > 0):
         if mpi_flavour != "openmpi":
             if cuda_aware == "yes":

@@ -7,13 +7,16 @@ The world group runs on ``MPI.COMM_WORLD`` (or the communicator in :class:`Optio
 are ``MPI_Comm_create_group`` over the world, made only by their members, as torch calls the
 creator only on members.
 
-Every collective runs to completion on the calling thread, in call order, and returns a Work
-whose future is already complete, so ``async_op=True``, ``get_future().then(...)``, DDP gradient
-buckets and comm hooks all work unchanged. ``isend``/``irecv`` are truly non-blocking.
+By default every collective runs to completion on the calling thread, in call order, and
+returns a Work whose future is already complete, so ``async_op=True``, ``get_future().then(...)``,
+DDP gradient buckets and comm hooks all work unchanged. With ``Options(async_ops=True)`` they
+run in call order on one thread per group instead, overlapping the caller's work.
+``isend``/``irecv`` are truly non-blocking either way.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
 import sys
 import threading
@@ -29,7 +32,7 @@ from cudampi.config import Config
 from cudampi.errors import CommError, ConfigError
 from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
 from cudampi.torch.rendezvous import singleton_message
-from cudampi.torch.work import completed_work, handle_work
+from cudampi.torch.work import AsyncRunner, completed_work, handle_work
 
 BACKEND_NAME = "cudampi"
 
@@ -43,13 +46,17 @@ class Options:
     :class:`cudampi.comm.Communicator` of the group (``path`` in auto, gpu-ring, staged, native,
     host; default: ``CUDAMPI_PATH`` or auto). ``abort_on_exception``: an uncaught exception on
     any rank aborts the whole MPI job, so the other ranks fail at once instead of hanging in
-    their next collective.
+    their next collective. ``async_ops``: see the field.
     """
 
     comm: Any = None
     path: str | None = None
     config: Config | None = None
     abort_on_exception: bool = True
+    async_ops: bool = False
+    """Run collectives on a per-group thread so they overlap the caller's work (DDP buckets
+    with backward). Needs MPI_THREAD_MULTIPLE. DDP's built-in C++ comm hooks
+    (``_register_builtin_comm_hook``) need the default (False): their futures must be typed."""
 
 
 @dataclass
@@ -172,8 +179,32 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
             )
     from cudampi.comm import Communicator
 
+    runner = None
+    if options.async_ops:
+        from mpi4py import MPI
+
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise ConfigError(
+                f"Options(async_ops=True) needs MPI_THREAD_MULTIPLE, but MPI was initialized at "
+                f"thread level {MPI.Query_thread()!r}. Fix: leave mpi4py.rc.thread_level at its "
+                "default ('multiple'), or use async_ops=False."
+            )
+        runner = AsyncRunner(f"cudampi-torch-{group_id or 'world'}")
     comm = Communicator(mpi_comm, path=options.path, config=options.config)
-    return CudampiProcessGroup(comm, mpi_comm, rank, size, ranks, group_id)
+    return CudampiProcessGroup(comm, mpi_comm, rank, size, ranks, group_id, runner=runner)
+
+
+def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a collective body now (a completed Work) or on the group's AsyncRunner."""
+
+    @functools.wraps(method)
+    def run(self: CudampiProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        self._check_open()
+        if self._runner is None:
+            return completed_work(method(self, *args, **kwargs))
+        return self._runner.submit(lambda: method(self, *args, **kwargs), args)
+
+    return run
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -217,8 +248,11 @@ class CudampiProcessGroup(_ProcessGroup):
         size: int,
         global_ranks: Sequence[int] = (),
         group_id: str = "",
+        *,
+        runner: AsyncRunner | None = None,
     ) -> None:
         super().__init__(rank, size)
+        self._runner = runner
         self._comm = comm
         self._mpi_comm = mpi_comm
         self._rank = rank
@@ -227,7 +261,7 @@ class CudampiProcessGroup(_ProcessGroup):
         self._cudampi_group_name = group_id
         self._cudampi_group_desc = ""
         self._closed = False
-        self._finalizer = weakref.finalize(self, _close, comm, mpi_comm)
+        self._finalizer = weakref.finalize(self, _close, comm, mpi_comm, runner)
 
     # --- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -291,8 +325,8 @@ class CudampiProcessGroup(_ProcessGroup):
             )
 
     # --- collectives ------------------------------------------------------------------------
+    @_collective
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        self._check_open()
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for t in tensors:
             check_dtype(spec, t.dtype)
@@ -300,10 +334,10 @@ class CudampiProcessGroup(_ProcessGroup):
             _premul(buf, spec.premul, in_place=True)
             self._comm.allreduce(buf, spec.op, out=buf)
             _write_back(t, buf)
-        return completed_work(tensors)
+        return tensors
 
+    @_collective
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        self._check_open()
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         # One flat buffer per (device, dtype): fewer, larger messages.
         buckets: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
@@ -319,19 +353,19 @@ class CudampiProcessGroup(_ProcessGroup):
                 n = t.numel()
                 t.copy_(flat[offset : offset + n].view(t.shape))
                 offset += n
-        return completed_work(tensors)
+        return tensors
 
+    @_collective
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        self._check_open()
         root = int(opts.rootRank) if opts is not None else 0
         for t in tensors:
             buf = _contiguous(t)
             self._comm.broadcast(buf, root=root)
             _write_back(t, buf)
-        return completed_work(tensors)
+        return tensors
 
+    @_collective
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        self._check_open()
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         root = int(opts.rootRank) if opts is not None else 0
         for t in tensors:
@@ -344,18 +378,18 @@ class CudampiProcessGroup(_ProcessGroup):
                 _write_back(t, out)
             else:
                 self._comm.reduce(src, spec.op, root=root)
-        return completed_work(tensors)
+        return tensors
 
+    @_collective
     def allgather(
         self,
         output_tensors: list[list[torch.Tensor]],
         input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> Any:
-        self._check_open()
         for outs, inp in zip(output_tensors, input_tensors):
             self._allgather_list(outs, inp)
-        return completed_work(output_tensors)
+        return output_tensors
 
     def _allgather_list(self, outs: list[torch.Tensor], inp: torch.Tensor) -> None:
         if len(outs) != self._size:
@@ -384,10 +418,10 @@ class CudampiProcessGroup(_ProcessGroup):
     ) -> Any:
         return self.allgather(output_lists, input_list, opts)
 
+    @_collective
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        self._check_open()
         self._allgather_into(output, input)
-        return completed_work([output])
+        return [output]
 
     _allgather_base = all_gather_single
 
@@ -402,23 +436,23 @@ class CudampiProcessGroup(_ProcessGroup):
         self._comm.allgather(src, out=out.view(self._size, *src.shape))
         _write_back(output, out)
 
+    @_collective
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        self._check_open()
         for out, inp in zip(outputs, inputs):
             self._allgather_into(out, inp)
-        return completed_work(outputs)
+        return outputs
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    @_collective
     def reduce_scatter(
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[list[torch.Tensor]],
         opts: Any = None,
     ) -> Any:
-        self._check_open()
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for out, ins in zip(output_tensors, input_tensors):
             check_dtype(spec, out.dtype)
@@ -437,15 +471,15 @@ class CudampiProcessGroup(_ProcessGroup):
             else:
                 res = self._comm.reduce_scatter(flat, spec.op, counts=counts)
                 out.copy_(res.view(out.shape))
-        return completed_work(output_tensors)
+        return output_tensors
 
+    @_collective
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> Any:
-        self._check_open()
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         self._reduce_scatter_into(output, input, spec)
-        return completed_work([output])
+        return [output]
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -461,17 +495,18 @@ class CudampiProcessGroup(_ProcessGroup):
         self._comm.reduce_scatter(src.view(self._size, -1), spec.op, out=out.view(1, -1))
         _write_back(output, out)
 
+    @_collective
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        self._check_open()
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for out, inp in zip(outputs, inputs):
             self._reduce_scatter_into(out, inp, spec)
-        return completed_work(outputs)
+        return outputs
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    @_collective
     def all_to_all_single(
         self,
         output: torch.Tensor,
@@ -480,7 +515,6 @@ class CudampiProcessGroup(_ProcessGroup):
         input_split_sizes: Sequence[int],
         opts: Any = None,
     ) -> Any:
-        self._check_open()
         send = element_counts(input_split_sizes, list(input.shape), self._size, "input")
         recv = element_counts(output_split_sizes, list(output.shape), self._size, "output")
         src = _contiguous(input)
@@ -490,17 +524,17 @@ class CudampiProcessGroup(_ProcessGroup):
         else:
             self._comm.alltoall(src.view(-1), out=out.view(-1), send_counts=send, recv_counts=recv)
         _write_back(output, out)
-        return completed_work([output])
+        return [output]
 
     alltoall_base = all_to_all_single
 
+    @_collective
     def alltoall(
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> Any:
-        self._check_open()
         if len(output_tensors) != self._size or len(input_tensors) != self._size:
             raise CommError(
                 f"all_to_all: {len(input_tensors)} inputs and {len(output_tensors)} outputs for a "
@@ -515,15 +549,15 @@ class CudampiProcessGroup(_ProcessGroup):
         for o, c in zip(output_tensors, recv):
             o.copy_(flat_out[offset : offset + c].view(o.shape))
             offset += c
-        return completed_work(output_tensors)
+        return output_tensors
 
+    @_collective
     def gather(
         self,
         output_tensors: list[list[torch.Tensor]],
         input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> Any:
-        self._check_open()
         root = int(opts.rootRank) if opts is not None else 0
         src = _contiguous(input_tensors[0])
         gathered = self._comm.gather(src, root=root)
@@ -536,15 +570,15 @@ class CudampiProcessGroup(_ProcessGroup):
                 )
             for o, g in zip(outs, gathered):
                 o.copy_(g.view(o.shape))
-        return completed_work(output_tensors)
+        return output_tensors
 
+    @_collective
     def scatter(
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[list[torch.Tensor]],
         opts: Any = None,
     ) -> Any:
-        self._check_open()
         root = int(opts.rootRank) if opts is not None else 0
         out = _contiguous(output_tensors[0])
         if self._rank == root:
@@ -559,12 +593,12 @@ class CudampiProcessGroup(_ProcessGroup):
         else:
             self._comm.scatter(None, root=root, out=out)
         _write_back(output_tensors[0], out)
-        return completed_work(output_tensors)
+        return output_tensors
 
+    @_collective
     def barrier(self, opts: Any = None) -> Any:
-        self._check_open()
         self._comm.barrier()
-        return completed_work([])
+        return []
 
     # --- point to point ---------------------------------------------------------------------
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> Any:
@@ -610,7 +644,9 @@ class CudampiProcessGroup(_ProcessGroup):
         return completed_work([])
 
 
-def _close(comm: Any, mpi_comm: Any) -> None:
+def _close(comm: Any, mpi_comm: Any, runner: AsyncRunner | None = None) -> None:
+    if runner is not None:
+        runner.close()  # queued collectives finish before their communicator goes
     try:
         comm.close()
     finally:

@@ -146,3 +146,130 @@ def _handle_work_class() -> type:
             return self._future
 
     return HandleWork
+
+
+class AsyncRunner:
+    """One thread that runs a group's collectives in call order (``Options(async_ops=True)``).
+
+    ``submit`` returns at once with a Work; the collective runs on this thread while the caller
+    goes on (DDP computes the next gradient buckets meanwhile). CUDA work runs on a side stream
+    that first waits for an event recorded on the caller's stream at submit time, so the
+    Communicator waits for exactly what the caller had queued, not for later kernels.
+    Requires MPI_THREAD_MULTIPLE: point-to-point calls stay on the caller's thread.
+    """
+
+    def __init__(self, name: str) -> None:
+        import queue
+        import threading
+
+        self._queue: queue.Queue[tuple[Callable[[], Any], Any, Any] | None] = queue.Queue()
+        self._streams: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Any], tensors: Any) -> Any:
+        """Queue ``fn`` (returns the Work's result); the Work completes when it has run."""
+        import torch
+
+        devices = _devices(tensors)
+        ready = None
+        if devices:
+            # What the caller queued so far is what this op reads: an event now, not the
+            # caller's stream later (by then backward has queued the next buckets' kernels).
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(devices[0]))
+        work = _async_work_class()(devices)
+        self._queue.put((fn, (devices[0], ready) if devices else None, work))
+        return work
+
+    def _side_stream(self, device: Any) -> Any:
+        import torch
+
+        key = str(device)
+        if key not in self._streams:
+            self._streams[key] = torch.cuda.Stream(device)
+        return self._streams[key]
+
+    def _loop(self) -> None:
+        import torch
+
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, cuda, work = item
+            try:
+                if cuda is None:
+                    work._complete(fn())
+                else:
+                    device, ready = cuda
+                    side = self._side_stream(device)
+                    side.wait_event(ready)
+                    with torch.cuda.device(device), torch.cuda.stream(side):
+                        work._complete(fn())
+            except BaseException as exc:
+                work._fail(exc)
+
+    def close(self) -> None:
+        """Run what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout=600)
+
+
+@cache
+def _async_work_class() -> type:
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    work_base: Any = dist._Work
+
+    class AsyncWork(work_base):
+        """Completed by :class:`AsyncRunner`; ``wait()`` re-raises the op's own exception type."""
+
+        def __init__(self, devices: list[Any]) -> None:
+            super().__init__()
+            self._fut: Any = (
+                torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+            )
+            self._event = threading.Event()
+            self._error: BaseException | None = None
+            self._result: Any = None
+
+        def _complete(self, result: Any) -> None:
+            self._result = result
+            self._fut.set_result(result)
+            self._event.set()
+
+        def _fail(self, exc: BaseException) -> None:
+            self._error = exc
+            self._fut.set_exception(exc)
+            self._event.set()
+
+        def wait(self, timeout: Any = None) -> bool:
+            self._event.wait()
+            if self._error is not None:
+                raise self._error
+            return True
+
+        def is_completed(self) -> bool:
+            return self._event.is_set()
+
+        def is_success(self) -> bool:
+            return self._event.is_set() and self._error is None
+
+        def exception(self) -> Any:
+            return self._error
+
+        def result(self) -> Any:
+            self.wait()
+            return self._result
+
+        def synchronize(self) -> None:
+            self.wait()
+
+        def get_future(self) -> Any:
+            return self._fut
+
+    return AsyncWork

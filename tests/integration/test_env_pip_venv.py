@@ -1,0 +1,81 @@
+"""The pip route installed for real: a fresh venv, the generated CPU requirements and this
+repository, then that venv's own `cudampi doctor --json` must pass and report the wheel's MPI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudampi.env import files, pip
+from cudampi.env.spec import DEFAULT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _run(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+    assert proc.returncode == 0, (
+        f"{argv!r} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return proc
+
+
+@pytest.mark.timeout(420)
+def test_fresh_venv_pip_route_passes_doctor(tmp_path):
+    out = tmp_path / "env"
+    files.write_files(files.generate(DEFAULT, ("pip",)), out)
+    venv = tmp_path / "venv"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VIRTUAL_ENV", "PYTHON", "CUDAMPI_"))
+    }
+    env.update(
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        HOME=str(tmp_path),
+        CUDAMPI_CACHE_DIR=str(tmp_path / "cache"),
+        PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+    )
+    _run([sys.executable, "-m", "venv", str(venv)], env, 120)
+    py = str(venv / "bin" / "python")
+    # Steps 1+2 of the documented order (the CPU flavour: no torch, no CUDA UCX) ...
+    _run([py, "-m", "pip", "install", "-q", "-r", str(out / "requirements-cpu.txt")], env, 300)
+    # ... then cudampi itself, from this checkout, without touching the pins above.
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], env, 300)
+    freeze = _run([py, "-m", "pip", "freeze"], env, 60).stdout
+    assert (
+        pip.parse_lock(freeze).items()
+        >= pip.parse_lock(out.joinpath("requirements-cpu.txt").read_text()).items()
+    )
+    doctor = subprocess.run(
+        [str(venv / "bin" / "cudampi"), "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert doctor.returncode == 0, doctor.stdout[-4000:] + doctor.stderr[-2000:]
+    report = json.loads(doctor.stdout)
+    assert report["exit_code"] == 0 and report["summary"]["fail"] == 0
+    checks = {c["name"]: c for c in report["checks"]}
+    lib = checks["MPI library"]
+    assert lib["status"] == "ok"
+    assert f"Open MPI {DEFAULT.mpi_pin}" in lib["detail"] and str(venv) in lib["detail"], lib
+
+
+@pytest.mark.timeout(300)
+def test_docker_lock_is_what_pip_resolves_today():
+    """docker/requirements.lock names the files (and sha256) pip's resolver picks for the image."""
+    fresh = pip.resolve_lock(DEFAULT)
+    committed = (ROOT / "docker" / files.LOCK).read_text()
+    assert fresh == committed, (
+        "docker/requirements.lock is stale: cudampi env lock --spec docker/env.toml --out docker"
+    )
