@@ -179,6 +179,8 @@ EXTERNAL_ENV = frozenset(
         "CUDAMPI_BIND_CPU",
         "CUDAMPI_DEVICE",
         "CUDAMPI_REPORT_DIR",
+        # Read by tests/mpirun.py (which mpiexec the test suite uses); inherited by test ranks.
+        "CUDAMPI_TEST_MPIEXEC",
     }
 )
 """CUDAMPI_* variables that are not settings but messages from the launcher to its ranks."""

@@ -641,6 +641,8 @@ class CudampiProcessGroup(_ProcessGroup):
         self._check_open()
 
     def _end_coalescing(self, device: Any) -> Any:
+        if self._runner is not None:  # done once everything queued before it is
+            return self._runner.submit(list, [])
         return completed_work([])
 
 

