@@ -29,11 +29,13 @@ doctor)
   ;;
 tests)
   sec gpu tests, system Open MPI
-  T 280 $SYS -m pytest -q -x -p no:cacheprovider -m gpu tests/gpu/test_comm_gpu.py tests/gpu/test_doctor_gpu.py \
+  T 280 $SYS -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_comm_gpu.py tests/gpu/test_doctor_gpu.py \
      -o addopts= 2>&1 | tee $OUT/tests-system.log | tail -40
+  ;&
+tests-wheels)
   sec gpu tests, wheels + libucx-cu13
-  PATH=/tmp/v/bin:$PATH env "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W \
-     T 400 $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu -o addopts= 2>&1 | tee $OUT/tests-wheels.log | tail -60
+  ( export PATH=/tmp/v/bin:$PATH "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W
+    T 400 $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu -o addopts= ) 2>&1 | tee $OUT/tests-wheels.log | tail -80
   ;;
 esac; done
 tar czf $OUT/docs.tgz -C $OUT docs && rm -rf $D

@@ -101,6 +101,15 @@ class Config:
             parse_size, "messages at or below this use latency-optimal algorithms (recursive doubling)"
         ),
     )
+    algorithm: str = field(
+        default="auto",
+        metadata=_meta(
+            _choice("auto", "ring", "direct"),
+            "large-message reduce-scatter/allgather of cudampi's own collectives: ring (any "
+            "topology) or direct (all pairs at once, best on one node's NVLink/NVSwitch); auto: "
+            "direct for device arrays when every rank is on one node, else ring",
+        ),
+    )
     cache_dir: str = field(
         default=str(Path("~/.cache/cudampi").expanduser()),
         metadata=_meta(str, "where probe results (capabilities) are cached"),
@@ -139,6 +148,7 @@ class Config:
                 for k in env
                 if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in known
                 and k not in EXTERNAL_ENV
+                and not k.startswith(TEST_ENV_PREFIX)
             )
             if unknown_env:
                 raise ConfigError(
@@ -179,11 +189,12 @@ EXTERNAL_ENV = frozenset(
         "CUDAMPI_BIND_CPU",
         "CUDAMPI_DEVICE",
         "CUDAMPI_REPORT_DIR",
-        # Read by tests/mpirun.py (which mpiexec the test suite uses); inherited by test ranks.
-        "CUDAMPI_TEST_MPIEXEC",
     }
 )
 """CUDAMPI_* variables that are not settings but messages from the launcher to its ranks."""
+
+TEST_ENV_PREFIX = "CUDAMPI_TEST_"
+"""The test suite's own variables (which mpiexec or interpreter to use); ranks inherit them."""
 
 
 def _parse_field(f: dataclasses.Field[Any], raw: str, where: str) -> Any:

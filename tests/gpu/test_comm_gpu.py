@@ -76,6 +76,10 @@ def rank_gpu_matrix(comm, lib):
                    some=("float32", "float16", "int64", "bool"))
         run_async(c, lib, paths, f)
         _p2p(c, lib, paths, f)
+    # auto picks direct (all-pairs) exchanges on one node; the ring must work on devices too
+    with Communicator(comm, config=cfg.replace(algorithm="ring")) as c:
+        run_matrix(c, [lib], _paths(c), f, sizes=(7, 100003), dtypes=("float32", "bfloat16",
+                   "int64"), some=("float16",))
     with Communicator(comm) as c:  # default chunking: large pipelined transfers
         run_matrix(c, [lib], _paths(c), f, sizes=(3 << 20,), dtypes=("float32", "float16"),
                    some=("float32",))
@@ -201,17 +205,51 @@ def rank_gpu_perf(comm, lib):
     with Communicator(comm) as c:
         x = to_lib(gen(comm.rank, 16, "float32"), lib, "float32")
         times = {}
+        big = empty_lib((n,), lib, "float32")
+
+        def timed(comm_, path):
+            for i in range(7):
+                if i == 2:
+                    comm_.barrier()
+                    t0 = time.perf_counter()
+                comm_.allreduce(big, out=big, path=path)
+            return (time.perf_counter() - t0) / 5
+
         for path in _paths(c):
-            big = empty_lib((n,), lib, "float32")
+            times[path] = timed(c, path)
+        if "gpu-ring" in times:
+            with Communicator(comm, config=c.config.replace(algorithm="ring")) as ring:
+                times["gpu-ring (ring)"] = timed(ring, "gpu-ring")
+        # p2p: one 256 MB message each way vs a device-to-device copy on this GPU
+        y = empty_lib((n,), lib, "float32")
+        p2p = {}
+        for path in [p for p in _paths(c) if p != "native"]:
             for i in range(7):
                 if i == 2:
                     c.barrier()
                     t0 = time.perf_counter()
-                c.allreduce(big, out=big, path=path)
-            times[path] = (time.perf_counter() - t0) / 5
+                c.sendrecv(big, (comm.rank + 1) % comm.size, y, (comm.rank - 1) % comm.size,
+                           path=path)
+            p2p[path] = (time.perf_counter() - t0) / 5
+        t0 = time.perf_counter()
+        for _ in range(5):
+            if lib == "torch-cuda":
+                y.copy_(big)
+                import torch
+
+                torch.cuda.synchronize()
+            else:
+                y[...] = big
+                import cupy
+
+                cupy.cuda.runtime.deviceSynchronize()
+        copy_t = (time.perf_counter() - t0) / 5
         if comm.rank == 0:
             for p, t in times.items():
                 print(f"allreduce 256MB {lib} {p}: {t * 1e3:.2f} ms, algbw {n * 4 / t / 1e9:.1f} GB/s")
+            for p, t in p2p.items():
+                print(f"sendrecv 256MB {lib} {p}: {t * 1e3:.2f} ms, {n * 4 / t / 1e9:.1f} GB/s")
+            print(f"device copy 256MB {lib}: {copy_t * 1e3:.2f} ms, {n * 4 / copy_t / 1e9:.1f} GB/s")
         if "gpu-ring" in times:
             assert times["gpu-ring"] * 2 < times["staged"], times
         del x

@@ -85,7 +85,7 @@ def test_system_open_mpi_segfaults_are_caught_and_reported(tmp_path):
         "crash: MPI_Send segfaults in btl vader"
     ), p2p
     red = _c(doc, "device allreduce")
-    assert red["status"] == "fail" and "segfaults in coll" in red["detail"], red
+    assert red["status"] == "warn" and "segfaults in coll" in red["detail"], red
     staged = _c(doc, "host-staged allreduce")
     assert staged["status"] == "ok", staged
     assert _c(doc, "CUDA build")["status"] == "warn"
@@ -104,11 +104,11 @@ def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(tmp_path):
         )
     proc, doc = _doctor(python, "--preload-ucx", "--size", "64M", cache=tmp_path)
     assert "Open MPI 5." in _c(doc, "MPI library")["detail"]
-    assert proc.returncode == 1  # device allreduce fails
+    assert proc.returncode == 0  # device allreduce only warns: cudampi has gpu-ring
     p2p = _c(doc, "device p2p")
     assert p2p["status"] == "ok", p2p
     red = _c(doc, "device allreduce")
-    assert red["status"] == "fail" and "coll" in red["detail"], red
+    assert red["status"] == "warn" and "coll" in red["detail"], red
     assert _c(doc, "host-staged allreduce")["status"] == "ok"
     assert _c(doc, "silent host staging")["status"] == "ok"  # cuda_ipc: far above a host copy
     ucx = _c(doc, "UCX transports")

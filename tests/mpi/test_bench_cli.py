@@ -80,6 +80,9 @@ def test_every_collective_on_every_host_path_is_correct(n, factor, tmp_path):
     # the table went to stdout, from rank 0 only
     assert proc.stdout.count("# Verdict: OK") == 1
     assert "allreduce float sum on gpu-ring" in proc.stdout
+    # each cudampi path says what the Communicator runs for it, and why
+    assert "#   runs: mpi engine; host memory: MPI's own collective" in proc.stdout
+    assert {c["path"] for c in data["choices"]} == {"host", "gpu-ring", "staged", "native"}
     assert cs.read_text().startswith("op,path,dtype")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
@@ -214,7 +217,7 @@ def test_p2p_host_buffers_osu_style():
     assert bad.returncode == 1 and "Verdict: FAILED" in bad.stdout
 
 
-def test_ddp_trains_and_ranks_agree():
+def test_ddp_trains_and_ranks_agree(tmp_path):
     proc = ok(
         bench(
             2,
@@ -230,6 +233,8 @@ def test_ddp_trains_and_ranks_agree():
             "--paths",
             "local,torch-gloo,torch-cudampi",
             "--json",
+            "--plot",
+            str(tmp_path / "ddp.png"),
         ),
     )
     data = json.loads(proc.stdout)
@@ -237,3 +242,21 @@ def test_ddp_trains_and_ranks_agree():
     assert set(rows) == {"local", "torch-gloo", "torch-cudampi"}
     assert rows["torch-gloo"]["wrong"] == 0 and rows["torch-cudampi"]["wrong"] == 0
     assert rows["torch-gloo"]["vs_local"] > 0 and rows["local"]["samples_per_s"] > 0
+    assert (tmp_path / "ddp.png").read_bytes()[:4] == b"\x89PNG"
+    bad = bench(
+        2,
+        "ddp",
+        "--model",
+        "transformer",
+        "-w",
+        "1",
+        "-n",
+        "1",
+        "--batch",
+        "2",
+        "--paths",
+        "torch-gloo",
+        "--corrupt-rank",
+        "1",
+    )
+    assert bad.returncode == 1 and "parameters diverged across ranks on 1 tensors" in bad.stdout

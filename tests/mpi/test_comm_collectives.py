@@ -356,6 +356,15 @@ def rank_matrix(comm, libs_csv):
     with Communicator(comm, config=Config.load({}, env={})) as c:
         run_matrix(c, libs[:1], ("gpu-ring", "staged"), f, sizes=(1, 7, 1000),
                    dtypes=("float32", "bfloat16", "int64"), some=("float16",))
+    # direct (all-pairs) reduce-scatter / allgather instead of rings, on every large message
+    direct = Config.load({"algorithm": "direct", "chunk_bytes": "64", "small_bytes": "256"},
+                         env={})
+    with Communicator(comm, config=direct) as c:
+        run_matrix(c, libs[:1], ("gpu-ring", "staged"), f, sizes=(7, 1000, 1001),
+                   dtypes=("float32", "float16", "int64", "bool"), some=("float32", "float16"))
+        run_matrix(c, ["torch"], ("gpu-ring",), f, sizes=(1000,), dtypes=("bfloat16",),
+                   some=("bfloat16",))
+    with Communicator(comm, config=Config.load({}, env={})) as c:
         # sub-communicators: even and odd ranks
         sub = c.split(comm.rank % 2, key=-comm.rank)
         assert sub is not None

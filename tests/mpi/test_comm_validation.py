@@ -93,6 +93,17 @@ def rank_mismatch(comm, debug):
     _expect(c, partial(c.allreduce, np.ones(3, dtype=np.float32), "band"), CommError,
             "not defined for float32")
     c.close()
+    # ranks configured with different large-message algorithms would exchange different messages
+    algo = Config.load({"algorithm": "direct" if r == last else "ring", "small_bytes": "64"},
+                       env={})
+    with Communicator(comm, config=algo) as c2:
+        try:
+            c2.allreduce(np.ones(1000), path="gpu-ring")
+        except MismatchError as exc:
+            assert "algorithm" in str(exc) and "CUDAMPI_ALGORITHM" in str(exc), exc
+        else:
+            raise AssertionError("no MismatchError for different algorithms")
+        c2.barrier()
     if r == 0:
         print(f"mismatch checks passed on {comm.size} ranks")
 

@@ -1,8 +1,9 @@
 """Starting the cudampi backend: every init method, wrong ranks, torchrun singletons, fail-fast.
 
 - under mpiexec: ``init_method="cudampi://"``, the plain default (env:// with no variables),
-  env:// with torchrun-style variables, ``pg_options=Options(path=...)``, and RANK values that
-  contradict MPI (a clear ConfigError on every rank, no hang);
+  env:// with torchrun-style variables, ``pg_options=Options(path=...)``, a cudampi subgroup
+  under a gloo default group, and RANK values that contradict MPI (a clear ConfigError on every
+  rank, no hang);
 - a process started without an MPI launcher (as torchrun starts them) asking for 2 ranks: the
   singleton error that names the fix;
 - a rank that raises makes every rank exit at once with a message naming the rank.
@@ -43,6 +44,7 @@ def rank_init_methods(comm):
     from cudampi.errors import ConfigError
 
     n = comm.size
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     for var in _TORCH_VARS:
         os.environ.pop(var, None)
 
@@ -79,7 +81,16 @@ def rank_init_methods(comm):
     assert sub.communicator.path_for("allreduce", torch.ones(4)) == "host"  # inherited
     dist.destroy_process_group()
 
-    # 4. RANK contradicting MPI (ranks reversed): every rank raises, none waits.
+    # 4. Another default backend (gloo, through the cudampi:// rendezvous) plus a cudampi group.
+    dist.init_process_group("gloo", init_method=cudampi.torch.INIT_METHOD)
+    sub = dist.new_group(backend="cudampi")
+    assert isinstance(sub, cudampi.torch.CudampiProcessGroup), type(sub)
+    x = torch.full((2,), float(comm.rank))
+    dist.all_reduce(x, group=sub)
+    assert x.tolist() == [float(sum(range(n)))] * 2
+    dist.destroy_process_group()
+
+    # 5. RANK contradicting MPI (ranks reversed): every rank raises, none waits.
     os.environ["RANK"] = str(n - 1 - comm.rank)
     with pytest.raises(ConfigError, match="MPI says"):
         dist.init_process_group("cudampi")

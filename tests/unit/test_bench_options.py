@@ -51,6 +51,11 @@ def test_nccl_tests_flags():
     assert (o.warmup, o.iters, o.check) == (2, 7, False)
 
 
+def test_step_bytes_alone_add():
+    o = options.from_args(parse("allreduce", "-b", "1K", "-e", "4K", "-i", "1K")[1])
+    assert o.sizes == (1024, 2048, 3072, 4096)
+
+
 def test_p2p_and_ddp_modes_have_their_own_defaults():
     o = options.from_args(parse("p2p")[1])
     assert o.mode == "p2p" and o.sizes[0] == 1 and o.sizes[-1] == 4 << 20 and o.iters == 100

@@ -199,9 +199,11 @@ def run_ddp(
         per_rank = batch / avg
         wrong: int | None = None
         if o.check and path != "local":
+            if o.corrupt_rank == s.rank:
+                # test-only: this rank's first parameter really diverges before the check
+                with torch.no_grad():
+                    next(w.model.parameters()).view(-1)[0] += 1.0
             sums = _param_sums(w.model)
-            if o.corrupt_rank == s.rank and sums:
-                sums[0] += 1.0  # test-only: as if this rank's first parameter had diverged
             every = s.comm.allgather(sums)
             ref = every[0]
             wrong = sum(
@@ -285,6 +287,15 @@ def main(session: Session, o: Any, meta: dict[str, Any]) -> int:
     writer.writeheader()
     for r in rows:
         writer.writerow(r.to_json())
+    if o.plot and session.rank == 0 and rows:
+        from cudampi.bench.plot import plot_bars
+
+        plot_bars(
+            {r.path: r.samples_per_s for r in rows},
+            o.plot,
+            title=f"ddp {info.get('model')}: {meta.get('ranks')} ranks, {meta.get('device')}",
+            ylabel=f"{info.get('unit', 'samples/s')} (all ranks)",
+        )
     emit(
         session,
         o,

@@ -112,8 +112,9 @@ def from_args(args: argparse.Namespace) -> Options:
     maxb = parse_bytes(args.maxbytes or dmax, "-e/--maxbytes")
     if args.maxbytes is None and minb > maxb:
         maxb = minb  # `-b 1G` alone: one size
-    factor = float(args.stepfactor)
     step = parse_bytes(args.stepbytes, "-i/--stepbytes") if args.stepbytes else 0
+    # -i alone adds; -f (default 2) multiplies, and wins when both are given
+    factor = float(args.stepfactor) if args.stepfactor is not None else (1.0 if step else 2.0)
     sizes = tuple(size_sweep(minb, maxb, factor, step)) if mode != "ddp" else ()
     dtypes = tuple(dict.fromkeys(parse_dtype(d) for d in _split(args.dtype)))
     redops = tuple(dict.fromkeys(_split(args.op)))
@@ -185,7 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("sizes and iterations (as nccl-tests)")
     g.add_argument("-b", "--minbytes", default=None, help="smallest size (default 8; p2p 1)")
     g.add_argument("-e", "--maxbytes", default=None, help="largest size (default 64M; p2p 4M)")
-    g.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier (2)")
+    g.add_argument("-f", "--stepfactor", type=float, default=None, help="size multiplier (2)")
     g.add_argument("-i", "--stepbytes", default=None, help="size increment, instead of -f")
     g.add_argument("-w", "--warmup", type=int, default=None, help="warmup calls per size (5)")
     g.add_argument("-n", "--iters", type=int, default=None, help="timed calls per size (20)")

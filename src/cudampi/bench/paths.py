@@ -125,7 +125,7 @@ class CudampiPath(PathAdapter):
 
         try:
             probe = self.lib.empty((1,), dtype)
-            self.choice = self.comm.path_for(op if op != "sendrecv" else "sendrecv", probe)
+            self.choice = self.comm.path_for(op, probe)
         except CudampiError as exc:
             return str(exc)
         return None
@@ -248,7 +248,8 @@ class MpiPath(PathAdapter):
             "bor": MPI.BOR,
             "bxor": MPI.BXOR,
         }
-        self._host: dict[tuple[int, tuple[int, ...], str], tuple[Any, Any]] = {}
+        self._host: dict[str, tuple[tuple[tuple[int, ...], str], Any, Any]] = {}
+        """role (send, recv, buf) -> ((shape, dtype), NumPy view, pinned holder)."""
 
     def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
         reason = super().check(op, dtype, redop, session)
@@ -260,85 +261,85 @@ class MpiPath(PathAdapter):
             return "MPI has no average reduction"
         return None
 
-    # host views of the arrays; device arrays get a cached pinned twin
-    def _host_of(self, x: Any) -> tuple[Any, Any]:
-        """(numpy view to hand MPI, the device array or None when x is on the host)."""
+    def _twin(self, x: Any, role: str) -> Any:
+        """The NumPy array MPI is handed for ``x``: ``x`` itself (or its NumPy view) on the
+        host; for a device array, a pinned host buffer of its shape, one per role, reused
+        across calls and replaced (freeing the old one) when the size changes."""
         lib = self.lib
         if lib.device == "cpu":
-            return (x.numpy() if lib.name == "torch" else x), None
-        key = self._key(x)
-        if key not in self._host:
-            if len(self._host) > 8:  # a new size: drop the twins of the old buffers
-                self._host.clear()
+            return x.numpy() if lib.name == "torch" else x
+        want = (tuple(x.shape), str(x.dtype))
+        held = self._host.get(role)
+        if held is None or held[0] != want:
+            self._host.pop(role, None)
             if lib.name == "torch":
                 import torch
 
                 pinned = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-                self._host[key] = (pinned.numpy(), pinned)
+                self._host[role] = (want, pinned.numpy(), pinned)
             else:
                 import cupy
                 import numpy as np
 
                 mem = cupy.cuda.alloc_pinned_memory(max(x.nbytes, 1))
                 arr = np.frombuffer(mem, x.dtype, x.size).reshape(x.shape)
-                self._host[key] = (arr, mem)
-        return self._host[key][0], x
+                self._host[role] = (want, arr, mem)
+        return self._host[role][1]
 
-    @staticmethod
-    def _key(x: Any) -> tuple[int, tuple[int, ...], str]:
-        return id(x), tuple(x.shape), str(x.dtype)
-
-    def _down(self, x: Any) -> Any:
-        h, dev = self._host_of(x)
-        if dev is not None:
+    def _down(self, x: Any, role: str = "send") -> Any:
+        """The host twin of ``x`` holding ``x``'s data (device -> host copy)."""
+        h = self._twin(x, role)
+        if self.lib.device != "cpu":
             if self.lib.name == "torch":
-                self._host[self._key(x)][1].copy_(dev)
+                self._host[role][2].copy_(x)
             else:
-                dev.get(out=h)
+                x.get(out=h)
         return h
 
-    def _up(self, h: Any, x: Any) -> None:
+    def _up(self, h: Any, x: Any, role: str = "recv") -> None:
+        """Copy the host twin ``h`` back into the device array ``x`` (no-op on the host)."""
         if self.lib.device == "cpu":
             return
         if self.lib.name == "torch":
-            x.copy_(self._host[self._key(x)][1])
+            x.copy_(self._host[role][2])
         else:
             x.set(h)
 
     def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        hr = self._host_of(recv)[0]
+        hr = self._twin(recv, "recv")
         self.comm.Allreduce(self._down(send), hr, op=self.ops[op])
         self._up(hr, recv)
 
     def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        hr = self._host_of(recv)[0]
+        hr = self._twin(recv, "recv")
         self.comm.Reduce(self._down(send), hr, op=self.ops[op], root=root)
         if self.comm.rank == root:
             self._up(hr, recv)
 
     def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        hr = self._host_of(recv)[0]
+        hr = self._twin(recv, "recv")
         self.comm.Reduce_scatter_block(self._down(send), hr, op=self.ops[op])
         self._up(hr, recv)
 
     def allgather(self, send: Any, recv: Any) -> None:
-        hr = self._host_of(recv)[0]
+        hr = self._twin(recv, "recv")
         self.comm.Allgather(self._down(send), hr)
         self._up(hr, recv)
 
     def alltoall(self, send: Any, recv: Any) -> None:
-        hr = self._host_of(recv)[0]
+        hr = self._twin(recv, "recv")
         self.comm.Alltoall(self._down(send), hr)
         self._up(hr, recv)
 
     def broadcast(self, buf: Any, root: int) -> None:
-        h = self._down(buf) if self.comm.rank == root else self._host_of(buf)[0]
+        root_rank = self.comm.rank == root
+        h = self._down(buf, "buf") if root_rank else self._twin(buf, "buf")
         self.comm.Bcast(h, root=root)
-        if self.comm.rank != root:
-            self._up(h, buf)
+        if not root_rank:
+            self._up(h, buf, "buf")
 
     def sendrecv(self, send: Any, recv: Any, dest: int, source: int) -> None:
-        hr = self._host_of(recv)[0]
+        hr = self._twin(recv, "recv")
         self.comm.Sendrecv(self._down(send), dest, recvbuf=hr, source=source)
         self._up(hr, recv)
 

@@ -115,3 +115,21 @@ def plot_series(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_bars(values: dict[str, float], out: str | Path, *, title: str, ylabel: str) -> Path:
+    """One bar per path (ddp throughput)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    names = list(values)
+    ax.bar(names, [values[n] for n in names], color="tab:blue")
+    for i, n in enumerate(names):
+        ax.text(i, values[n], f"{values[n]:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(out)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -167,6 +167,9 @@ def render_text(result: BenchResult) -> str:
                 if (s.op, s.path, s.dtype, s.redop) == (op, path, dtype, redop)
             ]
             lines.append(f"# {_title(op, dtype, redop)} on {path}: {DESCRIPTION.get(path, '')}")
+            for c in result.extra.get("choices", ()):
+                if (c["op"], c["path"], c["dtype"], c["redop"]) == (op, path, dtype, redop):
+                    lines.append(f"#   runs: {c['engine']} engine; {c['reason']}")
             if rows:
                 lines += _header_lines()
                 lines += [row_line(r) for r in rows]

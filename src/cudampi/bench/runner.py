@@ -73,6 +73,7 @@ class Runner:
         self.adapters: dict[tuple[str, str], PathAdapter | str] = {}
         self.rows: list[Row] = []
         self.skips: list[SkipNote] = []
+        self.choices: list[dict[str, Any]] = []
         self._log = log or (lambda text: print(text, file=sys.stderr, flush=True))
         self._last = time.monotonic()
         if "torch-cudampi" in spec.paths:
@@ -145,6 +146,7 @@ class Runner:
             rows=tuple(self.rows),
             skips=tuple(self.skips),
             limit=limit,
+            extra={"choices": self.choices},
         )
 
     def skip(self, op: str, path: str, dtype: str, redop: str | None, reason: str) -> None:
@@ -164,6 +166,18 @@ class Runner:
         if reason:
             self.skip(op, path, dtype, redop, reason)
             return
+        choice = getattr(adapter, "choice", None)
+        if choice is not None:  # what the Communicator said this path runs, and why
+            self.choices.append(
+                {
+                    "op": op,
+                    "path": path,
+                    "dtype": dtype,
+                    "redop": redop,
+                    "engine": getattr(choice, "engine", ""),
+                    "reason": getattr(choice, "reason", str(choice)),
+                }
+            )
         root = spec.root if unit.rooted else -1
         for nbytes in spec.sizes:
             layout = collective_layout(op, nbytes, ITEMSIZE[dtype], s.size)

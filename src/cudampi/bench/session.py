@@ -67,12 +67,16 @@ class Session:
         return int(self.comm.allreduce(int(value), op=MPI.SUM))
 
     def first_error(self, error: str | None) -> str | None:
-        """Every rank learns the first rank's error (or None when no rank had one)."""
+        """Every rank learns the error (None when no rank had one): the text alone when every
+        rank saw the same one, else the first failing rank's, tagged with its rank."""
         errors = self.comm.allgather(error)
-        for r, e in enumerate(errors):
-            if e is not None:
-                return f"rank {r}: {e}"
-        return None
+        bad = [(r, e) for r, e in enumerate(errors) if e is not None]
+        if not bad:
+            return None
+        if len(bad) == self.size and len({e for _, e in bad}) == 1:
+            return bad[0][1]
+        rank, text = bad[0]
+        return f"rank {rank}: {text}"
 
     # -- torch.distributed -------------------------------------------------------------------
     def torch_group(self, backend: str) -> Any:

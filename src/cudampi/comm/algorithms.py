@@ -2,9 +2,11 @@
 
 Every function works on flat arrays through an :class:`~cudampi.comm.ops.ArrayOps` (so the same
 code reduces on the host or on a GPU) and a :class:`~cudampi.comm.transport.DirectTransport`.
-Large messages use bandwidth-optimal rings (reduce-scatter + allgather), small ones
-latency-optimal recursive doubling / binomial trees; any rank count works (non-powers of two fold
-the extra ranks into partners). Transfers are chunked: while chunk k is reduced, chunks k+1 and
+Large messages use bandwidth-optimal reduce-scatter + allgather, either as rings (2(n-1) steps
+to neighbours: right for any topology) or direct (every rank exchanges with every other at once:
+2 steps, best where all ranks share one node's NVLink/NVSwitch); small ones use latency-optimal
+recursive doubling / binomial trees. Any rank count works (non-powers of two fold the extra
+ranks into partners). Transfers are chunked: while chunk k is reduced, chunks k+1 and
 k+2 are already being received into rotating scratch slots. All ranks must call the same
 function with the same sizes (the communicator checks that first).
 """
@@ -35,6 +37,8 @@ class Ctx:
     itemsize: int
     chunk_bytes: int
     small_bytes: int
+    direct: bool = False
+    """Large reduce-scatter/allgather exchange with all ranks at once instead of a ring."""
 
 
 def even_counts(count: int, parts: int) -> list[int]:
@@ -152,10 +156,65 @@ def ring_allgather(ctx: Ctx, data: Any, counts: list[int]) -> None:
         exchange(ctx, data, bounds[(r - s) % n], right, data, bounds[(r - s - 1) % n], left)
 
 
+def direct_reduce_scatter(ctx: Ctx, data: Any, counts: list[int], op: str, dtype: str) -> None:
+    """Like :func:`ring_reduce_scatter`, but block i goes straight to rank i from every rank
+    (one message per peer, all in flight at once); blocks are reduced in a fixed peer order as
+    they arrive, so results do not depend on timing."""
+    n, r = ctx.size, ctx.rank
+    if n == 1:
+        return
+    tx, ops = ctx.tx, ctx.ops
+    offs = offsets(counts)
+    c = counts[r]
+    mine = data[offs[r] : offs[r] + c]
+    peers = [(r + i) % n for i in range(1, n)]
+    scratch = ops.empty(max(1, c * (n - 1)), data)
+    ops.fence()
+    rreqs = [tx.irecv(scratch[i * c : (i + 1) * c], p) for i, p in enumerate(peers)]
+    sreqs = [tx.isend(data[offs[p] : offs[p] + counts[p]], p) for p in reversed(peers)]
+    for i in range(n - 1):
+        tx.wait(rreqs[i])
+        ops.reduce(mine, scratch[i * c : (i + 1) * c], op, dtype)
+    tx.waitall(sreqs)
+    ops.fence()
+
+
+def direct_allgather(ctx: Ctx, data: Any, counts: list[int]) -> None:
+    """Like :func:`ring_allgather`, with every block sent straight to every rank."""
+    n, r = ctx.size, ctx.rank
+    if n == 1:
+        return
+    tx = ctx.tx
+    offs = offsets(counts)
+    peers = [(r + i) % n for i in range(1, n)]
+    ctx.ops.fence()
+    reqs = [tx.irecv(data[offs[p] : offs[p] + counts[p]], p) for p in peers]
+    own = data[offs[r] : offs[r] + counts[r]]
+    reqs += [tx.isend(own, p) for p in reversed(peers)]
+    tx.waitall(reqs)
+
+
+def reduce_scatter_blocks(ctx: Ctx, data: Any, counts: list[int], op: str, dtype: str) -> None:
+    """In place: block ``rank`` of ``data`` ends up reduced over all ranks (ring or direct)."""
+    if ctx.direct:
+        direct_reduce_scatter(ctx, data, counts, op, dtype)
+    else:
+        ring_reduce_scatter(ctx, data, counts, op, dtype)
+
+
+def allgather_blocks(ctx: Ctx, data: Any, counts: list[int]) -> None:
+    """In place: every rank's block ``rank`` reaches every rank (ring or direct)."""
+    if ctx.direct:
+        direct_allgather(ctx, data, counts)
+    else:
+        ring_allgather(ctx, data, counts)
+
+
 def ring_allreduce(ctx: Ctx, data: Any, op: str, dtype: str) -> None:
+    """Reduce-scatter + allgather (ring or direct, see :class:`Ctx`)."""
     counts = even_counts(int(data.shape[0]), ctx.size)
-    ring_reduce_scatter(ctx, data, counts, op, dtype)
-    ring_allgather(ctx, data, counts)
+    reduce_scatter_blocks(ctx, data, counts, op, dtype)
+    allgather_blocks(ctx, data, counts)
 
 
 # ---------------------------------------------------------------------------- recursive doubling
@@ -224,7 +283,7 @@ def reduce(ctx: Ctx, work: Any, op: str, dtype: str, root: int) -> None:
     ops = ctx.ops
     if count * ctx.itemsize > ctx.small_bytes and count >= n:
         counts = even_counts(count, n)
-        ring_reduce_scatter(ctx, work, counts, op, dtype)
+        reduce_scatter_blocks(ctx, work, counts, op, dtype)
         offs = offsets(counts)
         tx = ctx.tx
         if r == root:
@@ -328,7 +387,7 @@ def allgatherv(ctx: Ctx, send: Any, out: Any, counts: list[int]) -> None:
     offs = offsets(counts)
     r = ctx.rank
     ctx.ops.copy(out[offs[r] : offs[r] + counts[r]], send)
-    ring_allgather(ctx, out, counts)
+    allgather_blocks(ctx, out, counts)
     ctx.ops.fence()
 
 
@@ -337,7 +396,7 @@ def reduce_scatterv(
 ) -> None:
     """``work`` (a scratch copy of the input, clobbered) is reduced over ranks; block ``rank``
     (``counts[rank]`` elements) lands in ``out``."""
-    ring_reduce_scatter(ctx, work, counts, op, dtype)
+    reduce_scatter_blocks(ctx, work, counts, op, dtype)
     offs = offsets(counts)
     r = ctx.rank
     ctx.ops.copy(out, work[offs[r] : offs[r] + counts[r]])

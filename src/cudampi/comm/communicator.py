@@ -72,6 +72,9 @@ class Communicator:
         key = capmod.stack_key(MPI.Get_library_version(), os.environ)
         self.capabilities: capmod.Capabilities | None = capmod.load(self.config.cache_dir, key)
         self._support = device_support(self.config, self.capabilities)
+        shared = self._coll.Split_type(MPI.COMM_TYPE_SHARED)
+        self._one_node = shared.Get_size() == self.size
+        shared.Free()
         self._threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self._worker: Worker | None = None
         self._ops: dict[tuple[str, int | None], ArrayOps] = {}
@@ -209,6 +212,16 @@ class Communicator:
             self._stagers[key] = stager_for(b.lib, b.device)
         return self._stagers[key]
 
+    def _direct(self, on_device: bool) -> bool:
+        """Direct (all-pairs) instead of ring reduce-scatter/allgather for large messages."""
+        if self.config.algorithm != "auto":
+            return self.config.algorithm == "direct"
+        return on_device and self._one_node
+
+    def _algo(self, b: Buf, choice: PathChoice) -> int:
+        """What the ranks must agree on about the algorithm (part of the call's signature)."""
+        return 1 + int(self._direct(b.on_device and choice.engine == "alg"))
+
     def _ctx(self, ops: ArrayOps, itemsize: int) -> alg.Ctx:
         return alg.Ctx(
             self.rank,
@@ -218,6 +231,7 @@ class Communicator:
             itemsize,
             self.config.chunk_bytes,
             self.config.small_bytes,
+            self._direct(ops.device is not None),
         )
 
     def _collective(self, build: Callable[[], _Plan], what: str, async_op: bool) -> Any:
@@ -287,6 +301,7 @@ class Communicator:
             ops = self._ops_for(xb)
             inplace = same_memory(xb, ob)
             sig = Signature("allreduce", op, xb.dtype, count=xb.count, engine=choice.label,
+                            algo=self._algo(xb, choice),
                             shape=xb.shape)
 
             def run() -> Any:
@@ -345,7 +360,7 @@ class Communicator:
             inplace = same_memory(xb, ob)
             is_root = self.rank == root
             sig = Signature("reduce", op, xb.dtype, root=root, count=xb.count,
-                            engine=choice.label, shape=xb.shape)
+                            engine=choice.label, algo=self._algo(xb, choice), shape=xb.shape)
 
             def run() -> Any:
                 xf, of = flat(xb), flat(ob)
@@ -484,7 +499,8 @@ class Communicator:
             sig = Signature(call, "", xb.dtype, root=-1 if root is None else root,
                             count=-1 if counts is not None else xb.count,
                             counts=tuple(cs) if counts is not None else (),
-                            engine=choice.label, shape=xb.shape if counts is None else None)
+                            engine=choice.label, algo=self._algo(xb, choice),
+                            shape=xb.shape if counts is None else None)
 
             def run() -> Any:
                 xf = flat(xb)
@@ -624,7 +640,7 @@ class Communicator:
             choice = self._choose("reduce_scatter", xb, path)
             ops = self._ops_for(xb)
             sig = Signature("reduce_scatter", op, xb.dtype, count=xb.count, counts=tuple(cs),
-                            engine=choice.label, shape=xb.shape)
+                            engine=choice.label, algo=self._algo(xb, choice), shape=xb.shape)
 
             def run() -> Any:
                 xf, of = flat(xb), flat(ob)

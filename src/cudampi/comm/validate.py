@@ -44,6 +44,8 @@ class Signature:
     count: int = -1
     counts: tuple[int, ...] = ()
     engine: str = "none"
+    algo: int = 0
+    """0: not compared; 1: ring; 2: direct (see cudampi.comm.algorithms)."""
     shape: tuple[int, ...] | None = field(default=None, compare=False)
 
     def codes(self) -> list[int]:
@@ -55,6 +57,7 @@ class Signature:
             self.count,
             zlib.crc32(repr(self.counts).encode()) if self.counts else 0,
             ENGINES.index(self.engine) if self.engine in ENGINES else 0,
+            self.algo,
         ]
 
     def shown(self) -> dict[str, Any]:
@@ -65,6 +68,7 @@ class Signature:
             "count": self.count,
             "counts": list(self.counts),
             "path": self.engine,
+            "algorithm": ("", "ring", "direct")[self.algo],
         }
         if self.shape is not None:
             d["shape"] = self.shape
@@ -135,7 +139,7 @@ def _raise_for(
             f"{sig.call}: rank {i} on {host} rejected its arguments{others}, so no rank ran the "
             f"call: {msg}"
         )
-    names = ["op", "dtype", "root", "count", "counts", "path"]
+    names = ["op", "dtype", "root", "count", "counts", "path", "algorithm"]
     if debug:
         names.append("shape")
     shown = [e[0].shown() for e in entries]
@@ -161,6 +165,8 @@ def _raise_for(
                 " (ranks picked different paths: pass the same path= on every rank, or the same "
                 "kind of array)"
                 if name == "path"
+                else " (set the same CUDAMPI_ALGORITHM on every rank)"
+                if name == "algorithm"
                 else ""
             )
             raise MismatchError(

@@ -629,31 +629,25 @@ def check_gpu_mapping(info: LauncherInfo, env: Mapping[str, str], physical: int)
 def check_settings(
     env: Mapping[str, str], gpus_present: bool, ompi: OmpiInfo | None = None
 ) -> Check:
-    """OMPI_MCA_* / UCX_* / NCCL_* settings that take CUDA away; uses cudampi.env.settings'
-    checker when that module is present, plus this module's own rules for what it misses."""
-    findings: list[tuple[str, str, str, str, str]] = []  # var, value, status, why, fix
-    try:
-        from cudampi.env import settings as env_settings
-    except ImportError:
-        env_settings = None  # type: ignore[assignment]
-    if env_settings is not None and hasattr(env_settings, "check_settings"):
-        major = None
-        if ompi is not None and ompi.version:
-            try:
-                major = int(ompi.version.split(".")[0])
-            except ValueError:
-                major = None
+    """OMPI_MCA_* / UCX_* / NCCL_* settings that take CUDA away: cudampi.env.settings' checker
+    (the documented deployment settings), plus this module's own rules for what it misses."""
+    from cudampi.env.settings import check_settings as env_check_settings
+
+    major = None
+    if ompi is not None and ompi.version:
         try:
-            theirs = env_settings.check_settings(
-                env,
-                gpus=gpus_present,
-                ompi_major=major,
-                btl_components=ompi.btl if ompi is not None else None,
-            )
-        except TypeError:
-            theirs = env_settings.check_settings(env)
-        for f in theirs:
-            findings.append((f.name, f.value, f.status, f.detail, f.fix))
+            major = int(ompi.version.split(".")[0])
+        except ValueError:
+            major = None
+    theirs = env_check_settings(
+        env,
+        gpus=gpus_present,
+        ompi_major=major,
+        btl_components=ompi.btl if ompi is not None else None,
+        built_with_cuda=ompi.built_with_cuda if ompi is not None else None,
+    )
+    # var, value, status, why, fix
+    findings = [(f.name, f.value, f.status, f.detail, f.fix) for f in theirs]
     named = {f[0] for f in findings}
     for issue in check_cuda_settings(env, gpus_present):
         if issue.var not in named:

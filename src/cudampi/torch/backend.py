@@ -103,7 +103,28 @@ def _open_world(options: Options, rank: int, size: int) -> _World:
     return world
 
 
+def _open_subgroup_world(options: Options) -> None:
+    """``new_group(backend="cudampi")`` under another default backend (e.g. nccl or gloo).
+
+    Only the new group's members get here, so nothing collective over the world may run: MPI's
+    world ranks are checked against torch's on this rank alone.
+    """
+    from mpi4py import MPI
+
+    mpi_comm = options.comm if options.comm is not None else MPI.COMM_WORLD
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if (mpi_comm.rank, mpi_comm.size) != (rank, size):
+        raise ConfigError(
+            f"new_group(backend='cudampi'): torch's default group makes this process rank "
+            f"{rank} of {size}, MPI rank {mpi_comm.rank} of {mpi_comm.size} (host "
+            f"{socket.gethostname()}). Fix: start the job with an MPI launcher so both agree, "
+            "or pass pg_options=cudampi.torch.Options(comm=...) with a matching communicator."
+        )
+    _WORLD[:] = [_World(mpi_comm=mpi_comm, options=options)]
+
+
 _HOOK_LOCK = threading.Lock()
+_HOOK_INSTALLED: list[bool] = []
 
 
 def _install_abort_on_exception() -> None:
@@ -114,8 +135,11 @@ def _install_abort_on_exception() -> None:
     after the backend is made) buffers what the previous hook writes.
     """
     with _HOOK_LOCK:
-        if getattr(sys.excepthook, "_cudampi_abort", False):
+        # Once per process: torch wraps sys.excepthook after each init and calls the previous
+        # hook, so the first one installed keeps running.
+        if _HOOK_INSTALLED:
             return
+        _HOOK_INSTALLED.append(True)
         previous = sys.excepthook
 
         def abort_hook(exc_type: Any, exc: Any, tb: Any) -> None:
@@ -124,6 +148,9 @@ def _install_abort_on_exception() -> None:
             from mpi4py import MPI
 
             world = MPI.COMM_WORLD
+            if exc_type is KeyboardInterrupt or world.size == 1:
+                previous(exc_type, exc, tb)  # nobody waits on us (or every rank got ^C)
+                return
             err = sys.__stderr__ or sys.stderr
             text = "".join(traceback.format_exception(exc_type, exc, tb))
             err.write(
@@ -132,12 +159,8 @@ def _install_abort_on_exception() -> None:
                 "now instead of hanging in their next collective.\n"
             )
             err.flush()
-            if exc_type is KeyboardInterrupt or world.size == 1:
-                previous(exc_type, exc, tb)
-                return
             world.Abort(1)
 
-        abort_hook._cudampi_abort = True  # type: ignore[attr-defined]
         sys.excepthook = abort_hook
 
 
@@ -160,10 +183,7 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
         mpi_comm = world.mpi_comm.Dup()
     else:
         if not _WORLD:
-            raise CommError(
-                "cudampi: new_group was called before init_process_group('cudampi'). Fix: "
-                "initialize the default group first."
-            )
+            _open_subgroup_world(options)
         parent = _WORLD[0].mpi_comm
         mpi_group = parent.Get_group()
         sub_group = mpi_group.Incl(ranks)
@@ -257,6 +277,7 @@ class CudampiProcessGroup(_ProcessGroup):
         self._mpi_comm = mpi_comm
         self._rank = rank
         self._size = size
+        self._is_world = not global_ranks
         self._global_ranks = list(global_ranks) or list(range(size))
         self._cudampi_group_name = group_id
         self._cudampi_group_desc = ""
@@ -312,6 +333,8 @@ class CudampiProcessGroup(_ProcessGroup):
     def shutdown(self) -> None:
         """Free this group's communicators (``destroy_process_group`` calls it)."""
         self._closed = True
+        if self._is_world:
+            _WORLD.clear()  # a later init_process_group / new_group starts from scratch
         self._finalizer()
 
     def abort(self) -> None:
