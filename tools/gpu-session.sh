@@ -37,5 +37,22 @@ tests-wheels)
   ( export PATH=/tmp/v/bin:$PATH "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W
     T 400 $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu -o addopts= ) 2>&1 | tee $OUT/tests-wheels.log | tail -80
   ;;
+bench)
+  # cudampi launch applies the wheels' CUDA-aware recipe (libucx preload, pml ucx) itself.
+  B=$OUT/bench; mkdir -p $B
+  export PATH=/tmp/v/bin:$PATH
+  L="T 300 $W -m cudampi launch"
+  sec bench allreduce 2 ranks
+  $L -n 2 -m cudampi bench allreduce -b 16 -e 1G -f 4 -w 2 -n 10 --time-limit 1.5 --json $B/ar2.json --plot $B/ar2.png > $B/ar2.txt; tail -60 $B/ar2.txt
+  sec bench allreduce 4 ranks
+  $L -n 4 -m cudampi bench allreduce -b 16 -e 256M -f 4 -w 2 -n 10 --time-limit 1.5 --json $B/ar4.json --plot $B/ar4.png > $B/ar4.txt; tail -40 $B/ar4.txt
+  sec bench all 2 ranks
+  $L -n 2 -m cudampi bench all -b 8 -e 64M -f 8 -w 2 -n 5 --time-limit 1 --json $B/all2.json > $B/all2.txt; tail -30 $B/all2.txt
+  sec bench p2p
+  $L -n 2 -m cudampi bench p2p -b 1 -e 256M -f 16 -n 50 --time-limit 1 --json $B/p2p2.json --plot $B/p2p2.png > $B/p2p2.txt; tail -40 $B/p2p2.txt
+  sec bench ddp
+  $L -n 2 -m cudampi bench ddp -w 3 -n 10 --json $B/ddp2.json > $B/ddp2.txt; tail -30 $B/ddp2.txt
+  tar czf $OUT/bench.tgz -C $OUT bench && rm -rf $B
+  ;;
 esac; done
 tar czf $OUT/docs.tgz -C $OUT docs && rm -rf $D

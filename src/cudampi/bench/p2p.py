@@ -178,6 +178,9 @@ class _Torch(_P2P):
                 raise Skip(
                     f"NCCL needs one GPU per rank: {session.local_size} ranks share {session.gpus}"
                 )
+        if backend == "gloo" and lib.device == "cuda":
+            # Seen on the H200 (torch 2.11): gloo writev()s the device pointer -> EFAULT, abort.
+            raise Skip("gloo's send/recv take CPU tensors only (CUDA tensors abort with EFAULT)")
         import torch.distributed as dist
 
         self.dist = dist

@@ -200,6 +200,10 @@ class TorchPath(PathAdapter):
             return reason
         if op == "sendrecv" and session.size < 2:
             return "torch.distributed cannot send to its own rank"
+        if op == "sendrecv" and self.backend == "gloo" and self.lib.device == "cuda":
+            # Seen on the H200 (torch 2.11): gloo's tcp pair writev()s the device pointer,
+            # fails with EFAULT ("Bad address") and aborts the process.
+            return "gloo's send/recv take CPU tensors only (CUDA tensors abort with EFAULT)"
         return None
 
     def allreduce(self, send: Any, recv: Any, op: str) -> None:

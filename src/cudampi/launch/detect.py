@@ -7,7 +7,6 @@ mpiexec beside ``sys.executable`` (the PyPI wheel's) comes before PATH.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -20,7 +19,6 @@ from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch.plan import Launcher, UcxRecipe
 
 CHOICES = ("auto", "mpirun", "mpiexec", "srun")
-UCX_LIBS = ("libucs.so.0", "libucm.so.0", "libuct.so.0", "libucp.so.0")
 """Preload order of the libucx wheel's libraries (the order device-wheels.sh prints)."""
 
 
@@ -183,15 +181,22 @@ def find_launcher(
 
 
 def find_ucx_recipe() -> UcxRecipe | None:
-    """The libucx wheel's libraries, when the package is importable (libucx-cu12/cu13)."""
-    spec = importlib.util.find_spec("libucx")
-    if spec is None or not spec.submodule_search_locations:
+    """The libucx wheel's libraries, when the package is importable (libucx-cu12/cu13).
+
+    Built from the doctor's own :func:`cudampi.probe.ucx.preload_env`, so ranks started here see
+    exactly the environment the doctor probed and find its cached capabilities.
+    """
+    from cudampi.probe.ucx import PRELOAD_LIBS, libucx_package_dir, preload_env
+
+    root = libucx_package_dir()
+    if root is None:
         return None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    libs = [root / "lib" / n for n in UCX_LIBS]
-    if not all(p.exists() for p in libs) or not (root / "lib" / "ucx").is_dir():
+    env = preload_env(root)
+    if not all((root / "lib" / n).exists() for n in PRELOAD_LIBS):
         return None
-    return UcxRecipe(tuple(str(p) for p in libs), str(root / "lib" / "ucx"))
+    if not Path(env["UCX_MODULE_DIR"]).is_dir():
+        return None
+    return UcxRecipe(tuple(env["LD_PRELOAD"].split(":")), env["UCX_MODULE_DIR"])
 
 
 def query_gpus() -> list[tuple[int, str]]:
