@@ -92,7 +92,8 @@ def rank_gpu(comm, path, variants, mode):
     dist.destroy_process_group()
     if rank == 0:
         print(
-            f"torch backend on CUDA via {path}: collectives, DDP [{variants}], FSDP ok", flush=True
+            f"torch backend on CUDA via {path} ({mode}): collectives, DDP [{variants}], FSDP ok",
+            flush=True,
         )
 
 
