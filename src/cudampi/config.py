@@ -98,7 +98,8 @@ class Config:
     small_bytes: int = field(
         default=256 << 10,
         metadata=_meta(
-            parse_size, "messages at or below this use latency-optimal algorithms (recursive doubling)"
+            parse_size,
+            "messages at or below this use latency-optimal algorithms (recursive doubling)",
         ),
     )
     algorithm: str = field(
@@ -146,7 +147,8 @@ class Config:
             unknown_env = sorted(
                 k
                 for k in env
-                if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in known
+                if k.startswith(ENV_PREFIX)
+                and k[len(ENV_PREFIX) :].lower() not in known
                 and k not in EXTERNAL_ENV
                 and not k.startswith(TEST_ENV_PREFIX)
             )
@@ -167,7 +169,9 @@ class Config:
                 )
             if value is None:
                 continue
-            values[name] = _parse_field(known[name], value, name) if isinstance(value, str) else value
+            values[name] = (
+                _parse_field(known[name], value, name) if isinstance(value, str) else value
+            )
         return cls(**values)
 
     def replace(self, **changes: Any) -> Config:

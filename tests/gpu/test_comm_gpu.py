@@ -25,8 +25,20 @@ from tests.mpirun import run_mpi
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
-GPU_DTYPES = ("bool", "int8", "int32", "int64", "uint8", "uint32", "uint64", "float16",
-              "bfloat16", "float32", "float64", "complex64")
+GPU_DTYPES = (
+    "bool",
+    "int8",
+    "int32",
+    "int64",
+    "uint8",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+)
 GPU_SIZES = (0, 1, 7, 1000, 100003)
 
 
@@ -72,17 +84,38 @@ def rank_gpu_matrix(comm, lib):
         auto = c.path_for("allreduce", to_lib(gen(0, 4, "float32"), lib, "float32"))
         if comm.rank == 0:
             print(f"paths {paths}; auto: {auto} ({auto.reason})")
-        run_matrix(c, [lib], [*paths, "auto"], f, sizes=GPU_SIZES, dtypes=GPU_DTYPES,
-                   some=("float32", "float16", "int64", "bool"))
+        run_matrix(
+            c,
+            [lib],
+            [*paths, "auto"],
+            f,
+            sizes=GPU_SIZES,
+            dtypes=GPU_DTYPES,
+            some=("float32", "float16", "int64", "bool"),
+        )
         run_async(c, lib, paths, f)
         _p2p(c, lib, paths, f)
     # auto picks direct (all-pairs) exchanges on one node; the ring must work on devices too
     with Communicator(comm, config=cfg.replace(algorithm="ring")) as c:
-        run_matrix(c, [lib], _paths(c), f, sizes=(7, 100003), dtypes=("float32", "bfloat16",
-                   "int64"), some=("float16",))
+        run_matrix(
+            c,
+            [lib],
+            _paths(c),
+            f,
+            sizes=(7, 100003),
+            dtypes=("float32", "bfloat16", "int64"),
+            some=("float16",),
+        )
     with Communicator(comm) as c:  # default chunking: large pipelined transfers
-        run_matrix(c, [lib], _paths(c), f, sizes=(3 << 20,), dtypes=("float32", "float16"),
-                   some=("float32",))
+        run_matrix(
+            c,
+            [lib],
+            _paths(c),
+            f,
+            sizes=(3 << 20,),
+            dtypes=("float32", "float16"),
+            some=("float32",),
+        )
     f.finish()
     if comm.rank == 0:
         print(f"checked {f.checked} results")
@@ -182,8 +215,9 @@ def rank_gpu_errors(comm, lib):
                     assert "cuda:" in str(exc), exc
                 else:
                     raise AssertionError("no DeviceError for an array on another GPU")
-        assert float(to_np_sum(c.allreduce(x))) == float(sum(gen(r, 8, "float32").sum()
-                                                             for r in range(comm.size)))
+        assert float(to_np_sum(c.allreduce(x))) == float(
+            sum(gen(r, 8, "float32").sum() for r in range(comm.size))
+        )
     if comm.rank == 0:
         print("errors ok")
 
@@ -228,8 +262,9 @@ def rank_gpu_perf(comm, lib):
                 if i == 2:
                     c.barrier()
                     t0 = time.perf_counter()
-                c.sendrecv(big, (comm.rank + 1) % comm.size, y, (comm.rank - 1) % comm.size,
-                           path=path)
+                c.sendrecv(
+                    big, (comm.rank + 1) % comm.size, y, (comm.rank - 1) % comm.size, path=path
+                )
             p2p[path] = (time.perf_counter() - t0) / 5
         t0 = time.perf_counter()
         for _ in range(5):
@@ -246,10 +281,14 @@ def rank_gpu_perf(comm, lib):
         copy_t = (time.perf_counter() - t0) / 5
         if comm.rank == 0:
             for p, t in times.items():
-                print(f"allreduce 256MB {lib} {p}: {t * 1e3:.2f} ms, algbw {n * 4 / t / 1e9:.1f} GB/s")
+                print(
+                    f"allreduce 256MB {lib} {p}: {t * 1e3:.2f} ms, algbw {n * 4 / t / 1e9:.1f} GB/s"
+                )
             for p, t in p2p.items():
                 print(f"sendrecv 256MB {lib} {p}: {t * 1e3:.2f} ms, {n * 4 / t / 1e9:.1f} GB/s")
-            print(f"device copy 256MB {lib}: {copy_t * 1e3:.2f} ms, {n * 4 / copy_t / 1e9:.1f} GB/s")
+            print(
+                f"device copy 256MB {lib}: {copy_t * 1e3:.2f} ms, {n * 4 / copy_t / 1e9:.1f} GB/s"
+            )
         if "gpu-ring" in times:
             assert times["gpu-ring"] * 2 < times["staged"], times
         del x

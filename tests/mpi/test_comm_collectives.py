@@ -16,8 +16,21 @@ pytestmark = pytest.mark.mpi
 HOST_PATHS = ("host", "native", "gpu-ring", "staged")
 SIZES = (0, 1, 7, 1000)
 ALL_DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
 )
 SOME_DTYPES = ("float32", "float16", "bfloat16", "int32", "uint8", "bool", "complex64")
 
@@ -104,16 +117,37 @@ def reference(size: int, n: int, dtype: str, op: str):
     ref_dt = np.float64 if dtype == "bfloat16" else np.dtype(dtype)
     stack = np.stack([gen(r, n, dtype, op).astype(ref_dt) for r in range(size)])
     if dtype == "bool":
-        f = {"sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or,
-             "prod": np.logical_and, "min": np.logical_and, "band": np.logical_and,
-             "bxor": np.logical_xor}[op]
+        f = {
+            "sum": np.logical_or,
+            "max": np.logical_or,
+            "bor": np.logical_or,
+            "prod": np.logical_and,
+            "min": np.logical_and,
+            "band": np.logical_and,
+            "bxor": np.logical_xor,
+        }[op]
         return f.reduce(stack, axis=0)
     if op == "avg":
-        s = np.add.reduce(stack.astype(np.complex128 if dtype.startswith("complex") else
-                                       np.float64 if dtype[0] not in "iu" else np.int64), axis=0)
+        s = np.add.reduce(
+            stack.astype(
+                np.complex128
+                if dtype.startswith("complex")
+                else np.float64
+                if dtype[0] not in "iu"
+                else np.int64
+            ),
+            axis=0,
+        )
         return s // size if dtype[0] in "iu" else s / size
-    f = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
-         "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+    f = {
+        "sum": np.add,
+        "prod": np.multiply,
+        "min": np.minimum,
+        "max": np.maximum,
+        "band": np.bitwise_and,
+        "bor": np.bitwise_or,
+        "bxor": np.bitwise_xor,
+    }[op]
     return f.reduce(stack, axis=0)
 
 
@@ -132,8 +166,9 @@ def same(got, want, dtype: str, op: str = "sum") -> bool:
         return False
     if op == "avg" and dtype[0] not in "iu":
         tol = {"float16": 2e-3, "bfloat16": 1e-2}.get(dtype, 1e-6)
-        return bool(np.allclose(g.astype(np.complex128), w.astype(np.complex128), rtol=tol,
-                                atol=tol))
+        return bool(
+            np.allclose(g.astype(np.complex128), w.astype(np.complex128), rtol=tol, atol=tol)
+        )
     if dtype == "bfloat16":
         return bool(np.array_equal(g.astype(np.float64), w.astype(np.float64)))
     return bool(np.array_equal(g, w.astype(g.dtype)))
@@ -256,10 +291,14 @@ def _others(c, lib, path, dtype, n, f: Failures) -> None:
     parts = [gen(1000 * rank + j, sc[j], dtype) for j in range(size)]
     xv = to_lib(np.concatenate(parts), lib, dtype)
     want = np.concatenate([gen(1000 * j + rank, rcv[j], dtype) for j in range(size)])
-    f.check(same(c.alltoall(xv, send_counts=sc, recv_counts=rcv, path=path), want, dtype),
-            f"alltoallv {where}")
-    f.check(same(c.alltoall(xv, send_counts=sc, path=path), want, dtype),
-            f"alltoallv exchanged counts {where}")
+    f.check(
+        same(c.alltoall(xv, send_counts=sc, recv_counts=rcv, path=path), want, dtype),
+        f"alltoallv {where}",
+    )
+    f.check(
+        same(c.alltoall(xv, send_counts=sc, path=path), want, dtype),
+        f"alltoallv exchanged counts {where}",
+    )
 
 
 def run_async(c, lib, paths, f: Failures) -> None:
@@ -274,23 +313,34 @@ def run_async(c, lib, paths, f: Failures) -> None:
                 b = to_lib(gen(rank, 5, "int32"), lib, "int32")
                 c.broadcast(b, root=0, path=path)
                 f.check(same(b, gen(0, 5, "int32"), "int32"), f"async-interleaved bcast {path}")
-        hb = c.broadcast(to_lib(gen(rank, 9, "int64"), lib, "int64"), root=size - 1, path=path,
-                         async_op=True)
-        hg = c.allgather(to_lib(gen(rank, 3, "float16"), lib, "float16"), path=path,
-                         async_op=True)
+        hb = c.broadcast(
+            to_lib(gen(rank, 9, "int64"), lib, "int64"), root=size - 1, path=path, async_op=True
+        )
+        hg = c.allgather(to_lib(gen(rank, 3, "float16"), lib, "float16"), path=path, async_op=True)
         hbar = c.barrier(async_op=True)
         for h, n, k in reversed(hs):
             import numpy as np
 
-            want = np.add.reduce(np.stack([gen(r + k, n, "float32").astype(np.float32)
-                                           for r in range(size)]), axis=0)
+            want = np.add.reduce(
+                np.stack([gen(r + k, n, "float32").astype(np.float32) for r in range(size)]), axis=0
+            )
             got = h.wait(timeout=120)
-            f.check(h.done and h.test() and same(got, want, "float32"), f"async allreduce {path} n={n}")
+            f.check(
+                h.done and h.test() and same(got, want, "float32"), f"async allreduce {path} n={n}"
+            )
         import numpy as np
 
-        f.check(same(hb.wait(timeout=120), gen(size - 1, 9, "int64"), "int64"), f"async bcast {path}")
-        f.check(same(hg.wait(timeout=120), np.stack([gen(r, 3, "float16") for r in range(size)]),
-                     "float16"), f"async allgather {path}")
+        f.check(
+            same(hb.wait(timeout=120), gen(size - 1, 9, "int64"), "int64"), f"async bcast {path}"
+        )
+        f.check(
+            same(
+                hg.wait(timeout=120),
+                np.stack([gen(r, 3, "float16") for r in range(size)]),
+                "float16",
+            ),
+            f"async allgather {path}",
+        )
         f.check(hbar.wait(timeout=120) is None, f"async barrier {path}")
 
 
@@ -301,8 +351,12 @@ def run_p2p(c, lib, f: Failures) -> None:
         return
     right, left = (rank + 1) % size, (rank - 1) % size
     for n in (0, 1, 1000):
-        for spath, rpath in (("host", "host"), ("staged", "staged"), ("staged", "host"),
-                             ("host", "staged")):
+        for spath, rpath in (
+            ("host", "host"),
+            ("staged", "staged"),
+            ("staged", "host"),
+            ("host", "staged"),
+        ):
             where = f"p2p {lib} n={n} send {spath} recv {rpath}"
             x = to_lib(gen(rank, n, "float64"), lib, "float64")
             y = empty_lib((n,), lib, "float64")
@@ -317,8 +371,10 @@ def run_p2p(c, lib, f: Failures) -> None:
             hr = c.irecv(y2, left, tag=4, path=rpath)
             hs = c.isend(x, right, tag=4, path=spath)
             hs.wait(timeout=60)
-            f.check(hr.wait(timeout=60) is y2 and same(y2, gen(left, n, "float64"), "float64"),
-                    "i" + where)
+            f.check(
+                hr.wait(timeout=60) is y2 and same(y2, gen(left, n, "float64"), "float64"),
+                "i" + where,
+            )
             y3 = empty_lib((n,), lib, "float64")
             c.sendrecv(x, right, y3, left, tag=5, path=spath)
             f.check(same(y3, gen(left, n, "float64"), "float64"), "sendrecv " + where)
@@ -354,16 +410,30 @@ def rank_matrix(comm, libs_csv):
             run_p2p(c, lib, f)
     # default chunking: recursive doubling / binomial trees for everything small
     with Communicator(comm, config=Config.load({}, env={})) as c:
-        run_matrix(c, libs[:1], ("gpu-ring", "staged"), f, sizes=(1, 7, 1000),
-                   dtypes=("float32", "bfloat16", "int64"), some=("float16",))
+        run_matrix(
+            c,
+            libs[:1],
+            ("gpu-ring", "staged"),
+            f,
+            sizes=(1, 7, 1000),
+            dtypes=("float32", "bfloat16", "int64"),
+            some=("float16",),
+        )
     # direct (all-pairs) reduce-scatter / allgather instead of rings, on every large message
-    direct = Config.load({"algorithm": "direct", "chunk_bytes": "64", "small_bytes": "256"},
-                         env={})
+    direct = Config.load({"algorithm": "direct", "chunk_bytes": "64", "small_bytes": "256"}, env={})
     with Communicator(comm, config=direct) as c:
-        run_matrix(c, libs[:1], ("gpu-ring", "staged"), f, sizes=(7, 1000, 1001),
-                   dtypes=("float32", "float16", "int64", "bool"), some=("float32", "float16"))
-        run_matrix(c, ["torch"], ("gpu-ring",), f, sizes=(1000,), dtypes=("bfloat16",),
-                   some=("bfloat16",))
+        run_matrix(
+            c,
+            libs[:1],
+            ("gpu-ring", "staged"),
+            f,
+            sizes=(7, 1000, 1001),
+            dtypes=("float32", "float16", "int64", "bool"),
+            some=("float32", "float16"),
+        )
+        run_matrix(
+            c, ["torch"], ("gpu-ring",), f, sizes=(1000,), dtypes=("bfloat16",), some=("bfloat16",)
+        )
     with Communicator(comm, config=Config.load({}, env={})) as c:
         # sub-communicators: even and odd ranks
         sub = c.split(comm.rank % 2, key=-comm.rank)
@@ -371,10 +441,17 @@ def rank_matrix(comm, libs_csv):
         import numpy as np
 
         got = sub.allreduce(np.array([comm.rank], dtype=np.int64))
-        f.check(int(got[0]) == sum(r for r in range(comm.size) if r % 2 == comm.rank % 2),
-                "split allreduce")
-        f.check(sub.rank == sorted((r for r in range(comm.size) if r % 2 == comm.rank % 2),
-                                   reverse=True).index(comm.rank), "split key order")
+        f.check(
+            int(got[0]) == sum(r for r in range(comm.size) if r % 2 == comm.rank % 2),
+            "split allreduce",
+        )
+        f.check(
+            sub.rank
+            == sorted((r for r in range(comm.size) if r % 2 == comm.rank % 2), reverse=True).index(
+                comm.rank
+            ),
+            "split key order",
+        )
         sub.close()
     f.finish()
     if comm.rank == 0:

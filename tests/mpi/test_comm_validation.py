@@ -41,11 +41,18 @@ def rank_mismatch(comm, debug):
     c = Communicator(comm, config=cfg)
     for path in ("host", "gpu-ring", "staged"):
         n = 10 + (r == last)
-        _expect(c, partial(c.allreduce, np.ones(n), path=path), MismatchError, "count",
-                f"rank {last}")
+        _expect(
+            c, partial(c.allreduce, np.ones(n), path=path), MismatchError, "count", f"rank {last}"
+        )
         dt = np.float64 if r != last else np.float32
-        _expect(c, partial(c.allreduce, np.ones(8, dtype=dt), path=path), MismatchError,
-                "dtype", "float32", "float64")
+        _expect(
+            c,
+            partial(c.allreduce, np.ones(8, dtype=dt), path=path),
+            MismatchError,
+            "dtype",
+            "float32",
+            "float64",
+        )
         op = "max" if r == last else "sum"
         _expect(c, partial(c.allreduce, np.ones(8), op, path=path), MismatchError, "op")
         root = 0 if r != last else last
@@ -54,23 +61,43 @@ def rank_mismatch(comm, debug):
         # a non-contiguous array on one rank: that rank says why, the others name it
         a = np.ones((8, 4))[:, ::2] if r == last else np.ones((8, 2))
         _expect(c, partial(c.allreduce, a, path=path), CommError, "contiguous")
-        _expect(c, partial(c.allreduce, np.ones(3), "mean" if r == last else "sum", path=path),
-                CommError, "mean")
+        _expect(
+            c,
+            partial(c.allreduce, np.ones(3), "mean" if r == last else "sum", path=path),
+            CommError,
+            "mean",
+        )
         rc = [2] * comm.size if r != last else [1] * (comm.size - 1) + [comm.size + 1]
-        _expect(c, partial(c.reduce_scatter, np.ones(2 * comm.size), counts=rc, path=path),
-                MismatchError, "counts")
+        _expect(
+            c,
+            partial(c.reduce_scatter, np.ones(2 * comm.size), counts=rc, path=path),
+            MismatchError,
+            "counts",
+        )
         # alltoall whose recv_counts do not match what the senders send
         sc = [1] * comm.size
         rcv = [1] * comm.size if r != last else [2] + [1] * (comm.size - 1)
-        _expect(c, partial(c.alltoall, np.ones(comm.size), send_counts=sc, recv_counts=rcv,
-                                      path=path), MismatchError, "recv_counts")
+        _expect(
+            c,
+            partial(c.alltoall, np.ones(comm.size), send_counts=sc, recv_counts=rcv, path=path),
+            MismatchError,
+            "recv_counts",
+        )
         # different collectives at the same point
         if r == last:
-            _expect(c, partial(c.broadcast, np.ones(4), path=path), MismatchError,
-                    "different collectives")
+            _expect(
+                c,
+                partial(c.broadcast, np.ones(4), path=path),
+                MismatchError,
+                "different collectives",
+            )
         else:
-            _expect(c, partial(c.allreduce, np.ones(4), path=path), MismatchError,
-                    "different collectives")
+            _expect(
+                c,
+                partial(c.allreduce, np.ones(4), path=path),
+                MismatchError,
+                "different collectives",
+            )
         # the path differs between ranks
         p2 = "gpu-ring" if r == last else "host"
         _expect(c, partial(c.allreduce, np.ones(4), path=p2), MismatchError, "path")
@@ -86,16 +113,22 @@ def rank_mismatch(comm, debug):
             assert c.allreduce(np.ones(shape), path=path).sum() == 6 * comm.size
     # the out array must fit
     _expect(c, partial(c.allreduce, np.ones(4), out=np.ones(5)), CommError, "out")
-    _expect(c, partial(c.allreduce, np.ones(4), out=np.ones(4, dtype=np.float32)), CommError,
-            "dtype")
+    _expect(
+        c, partial(c.allreduce, np.ones(4), out=np.ones(4, dtype=np.float32)), CommError, "dtype"
+    )
     _expect(c, partial(c.broadcast, np.ones(4), root=comm.size), CommError, "root")
     _expect(c, partial(c.allreduce, "not an array"), CommError, "not an array")
-    _expect(c, partial(c.allreduce, np.ones(3, dtype=np.float32), "band"), CommError,
-            "not defined for float32")
+    _expect(
+        c,
+        partial(c.allreduce, np.ones(3, dtype=np.float32), "band"),
+        CommError,
+        "not defined for float32",
+    )
     c.close()
     # ranks configured with different large-message algorithms would exchange different messages
-    algo = Config.load({"algorithm": "direct" if r == last else "ring", "small_bytes": "64"},
-                       env={})
+    algo = Config.load(
+        {"algorithm": "direct" if r == last else "ring", "small_bytes": "64"}, env={}
+    )
     with Communicator(comm, config=algo) as c2:
         try:
             c2.allreduce(np.ones(1000), path="gpu-ring")
@@ -146,10 +179,15 @@ def rank_env_and_probe_cache(comm, cache_dir):
     # a probe result for this very stack makes device p2p trusted
     if comm.rank == 0:
         key = capmod.stack_key(MPI.Get_library_version(), os.environ)
-        capmod.save(cache_dir, capmod.Capabilities(
-            key=key, mpi_library=MPI.Get_library_version(),
-            device_p2p=capmod.ProbeOutcome("ok", "test entry"),
-            device_allreduce=capmod.ProbeOutcome("crash", "test entry")))
+        capmod.save(
+            cache_dir,
+            capmod.Capabilities(
+                key=key,
+                mpi_library=MPI.Get_library_version(),
+                device_p2p=capmod.ProbeOutcome("ok", "test entry"),
+                device_allreduce=capmod.ProbeOutcome("crash", "test entry"),
+            ),
+        )
     comm.Barrier()
     cfg = Config.load({"cache_dir": cache_dir}, env={})
     with Communicator(comm, config=cfg) as c:
@@ -160,7 +198,16 @@ def rank_env_and_probe_cache(comm, cache_dir):
 
 
 def test_env_settings_and_probe_cache_drive_the_path(tmp_path):
-    proc = run_mpi(2, __file__, "rank_env_and_probe_cache", str(tmp_path / "cache"),
-                   env={"CUDAMPI_PATH": "staged", "CUDAMPI_DEBUG": "1",
-                        "CUDAMPI_CACHE_DIR": str(tmp_path / "empty")}, timeout=120)
+    proc = run_mpi(
+        2,
+        __file__,
+        "rank_env_and_probe_cache",
+        str(tmp_path / "cache"),
+        env={
+            "CUDAMPI_PATH": "staged",
+            "CUDAMPI_DEBUG": "1",
+            "CUDAMPI_CACHE_DIR": str(tmp_path / "empty"),
+        },
+        timeout=120,
+    )
     assert "env and cache ok" in proc.stdout

@@ -31,7 +31,9 @@ def test_chunks_tile_the_range_and_are_capped_in_number():
         assert all(a < b for a, b in parts)
         assert len(parts) <= 8
     # the same length gives the same chunking wherever the range starts (sender == receiver)
-    assert [b - a for a, b in chunks(_ctx(64), 0, 999)] == [b - a for a, b in chunks(_ctx(64), 5, 1004)]
+    assert [b - a for a, b in chunks(_ctx(64), 0, 999)] == [
+        b - a for a, b in chunks(_ctx(64), 5, 1004)
+    ]
     assert len(chunks(_ctx(64), 0, 16)) == 1  # 16 float32 = one 64-byte chunk
 
 

@@ -15,7 +15,13 @@ torch = pytest.importorskip("torch")
 def test_numpy_and_torch_arrays():
     b = adapt(np.zeros((3, 4), dtype=np.float16))
     assert (b.lib, b.device, b.dtype, b.shape, b.itemsize, b.nbytes) == (
-        "numpy", None, "float16", (3, 4), 2, 24)
+        "numpy",
+        None,
+        "float16",
+        (3, 4),
+        2,
+        24,
+    )
     assert b.contiguous and not adapt(np.zeros((3, 4))[:, ::2]).contiguous
     t = adapt(torch.zeros(5, dtype=torch.bfloat16))
     assert (t.lib, t.dtype, t.itemsize, t.device) == ("torch", "bfloat16", 2, None)
@@ -73,7 +79,9 @@ def test_mismatch_messages_name_the_odd_rank_and_values():
     good = Signature("allreduce", "sum", "float32", count=8, engine="host")
     bad = Signature("allreduce", "sum", "float64", count=8, engine="host")
     entries = [(good, None, "h"), (good, None, "h"), (bad, None, "h")]
-    with pytest.raises(MismatchError, match=r"dtype.*ranks 0, 1: 'float32'; rank 2: 'float64'.*rank 2 differs"):
+    with pytest.raises(
+        MismatchError, match=r"dtype.*ranks 0, 1: 'float32'; rank 2: 'float64'.*rank 2 differs"
+    ):
         _raise_for(0, good, None, entries, False)
     # a local error on one rank: that rank re-raises its own, others name it
     err = CommError("x: not contiguous")

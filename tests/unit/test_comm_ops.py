@@ -13,8 +13,22 @@ from cudampi.errors import CommError
 
 torch = pytest.importorskip("torch")
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64", "complex64", "complex128"]
+DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
 def _pair(dtype: str):
@@ -29,23 +43,40 @@ def _pair(dtype: str):
         return a, b
     if dtype.startswith("int"):
         info = np.iinfo(dtype)
-        return (rng.integers(info.min, info.max, 64, dtype=dtype),
-                rng.integers(info.min, info.max, 64, dtype=dtype))
+        return (
+            rng.integers(info.min, info.max, 64, dtype=dtype),
+            rng.integers(info.min, info.max, 64, dtype=dtype),
+        )
     if dtype.startswith("complex"):
-        return ((rng.integers(-4, 4, 64) + 1j * rng.integers(-4, 4, 64)).astype(dtype),
-                (rng.integers(-4, 4, 64) + 1j * rng.integers(-4, 4, 64)).astype(dtype))
+        return (
+            (rng.integers(-4, 4, 64) + 1j * rng.integers(-4, 4, 64)).astype(dtype),
+            (rng.integers(-4, 4, 64) + 1j * rng.integers(-4, 4, 64)).astype(dtype),
+        )
     return rng.integers(-8, 8, 64).astype(dtype), rng.integers(-8, 8, 64).astype(dtype)
 
 
 def _want(a, b, op, dtype):
     if dtype == "bool":
-        f = {"sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or,
-             "prod": np.logical_and, "min": np.logical_and, "band": np.logical_and,
-             "bxor": np.logical_xor}[op]
+        f = {
+            "sum": np.logical_or,
+            "max": np.logical_or,
+            "bor": np.logical_or,
+            "prod": np.logical_and,
+            "min": np.logical_and,
+            "band": np.logical_and,
+            "bxor": np.logical_xor,
+        }[op]
         return f(a, b)
-    f = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
-         "max": np.maximum, "band": np.bitwise_and, "bor": np.bitwise_or,
-         "bxor": np.bitwise_xor}[op]
+    f = {
+        "sum": np.add,
+        "avg": np.add,
+        "prod": np.multiply,
+        "min": np.minimum,
+        "max": np.maximum,
+        "band": np.bitwise_and,
+        "bor": np.bitwise_or,
+        "bxor": np.bitwise_xor,
+    }[op]
     with np.errstate(over="ignore"):
         return f(a, b)
 
@@ -92,8 +123,12 @@ def test_bfloat16_reduces_with_torch_kernels():
     b = torch.tensor([2.0, 5.0, -3.0, 6.0], dtype=torch.bfloat16)
     for use_numpy in (True, False):  # bfloat16 always takes torch kernels
         ops = TorchOps(None, use_numpy=use_numpy)
-        for op, want in (("sum", [3, 3, 0, 31]), ("max", [2, 5, 3, 25]), ("min", [1, -2, -3, 6]),
-                         ("prod", [2, -10, -9, 150])):
+        for op, want in (
+            ("sum", [3, 3, 0, 31]),
+            ("max", [2, 5, 3, 25]),
+            ("min", [1, -2, -3, 6]),
+            ("prod", [2, -10, -9, 150]),
+        ):
             d = a.clone()
             ops.reduce(d, b, op, "bfloat16")
             assert d.float().tolist() == [float(w) for w in want], (op, d)

@@ -36,8 +36,15 @@ def cfg(**kw):
 def pick(call, requested, on_device, caps, dtype="float32", nbytes=1 << 20, **conf):
     from cudampi.comm.native import can_reduce
 
-    return choose(call, requested, on_device, dtype, nbytes, device_support(cfg(**conf), caps),
-                  mpi_reduces=can_reduce(dtype))
+    return choose(
+        call,
+        requested,
+        on_device,
+        dtype,
+        nbytes,
+        device_support(cfg(**conf), caps),
+        mpi_reduces=can_reduce(dtype),
+    )
 
 
 def test_host_arrays_take_mpi_and_fall_back_to_our_reduction_for_half_types():
@@ -97,8 +104,15 @@ def test_config_overrides_the_probe():
 def test_native_device_half_types_fall_back_safely():
     c = pick("allreduce", "native", True, NATIVE_OK, dtype="float16")
     assert c == "staged" and c.inner == "alg"
-    c = pick("allreduce", "native", True, None, dtype="bfloat16", cuda_aware="yes",
-             native_collectives="yes")
+    c = pick(
+        "allreduce",
+        "native",
+        True,
+        None,
+        dtype="bfloat16",
+        cuda_aware="yes",
+        native_collectives="yes",
+    )
     assert c == "native" and c.engine == "alg"
     # auto on a native-only stack: half-type reductions are staged, not given to MPI
     assert pick("allreduce", "auto", True, NATIVE_OK, dtype="bfloat16") == "staged"

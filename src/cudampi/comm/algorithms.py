@@ -107,7 +107,13 @@ def exchange_reduce(
 
 
 def exchange(
-    ctx: Ctx, sdata: Any, send: tuple[int, int], dest: int, rdata: Any, recv: tuple[int, int], src: int
+    ctx: Ctx,
+    sdata: Any,
+    send: tuple[int, int],
+    dest: int,
+    rdata: Any,
+    recv: tuple[int, int],
+    src: int,
 ) -> None:
     """Send ``sdata[send]`` to ``dest`` and receive ``rdata[recv]`` from ``src``, chunked."""
     tx = ctx.tx
@@ -138,7 +144,15 @@ def ring_reduce_scatter(ctx: Ctx, data: Any, counts: list[int], op: str, dtype: 
     for s in range(n - 1):
         ctx.ops.fence()  # the block we send was reduced in the previous step
         exchange_reduce(
-            ctx, data, bounds[(r - s - 1) % n], right, bounds[(r - s - 2) % n], left, op, dtype, slots
+            ctx,
+            data,
+            bounds[(r - s - 1) % n],
+            right,
+            bounds[(r - s - 2) % n],
+            left,
+            op,
+            dtype,
+            slots,
         )
     ctx.ops.fence()
 
@@ -287,9 +301,7 @@ def reduce(ctx: Ctx, work: Any, op: str, dtype: str, root: int) -> None:
         offs = offsets(counts)
         tx = ctx.tx
         if r == root:
-            reqs = [
-                tx.irecv(work[offs[b] : offs[b] + counts[b]], b) for b in range(n) if b != root
-            ]
+            reqs = [tx.irecv(work[offs[b] : offs[b] + counts[b]], b) for b in range(n) if b != root]
             tx.waitall(reqs)
         else:
             tx.waitall([tx.isend(work[offs[r] : offs[r] + counts[r]], root)])
@@ -391,9 +403,7 @@ def allgatherv(ctx: Ctx, send: Any, out: Any, counts: list[int]) -> None:
     ctx.ops.fence()
 
 
-def reduce_scatterv(
-    ctx: Ctx, work: Any, out: Any, counts: list[int], op: str, dtype: str
-) -> None:
+def reduce_scatterv(ctx: Ctx, work: Any, out: Any, counts: list[int], op: str, dtype: str) -> None:
     """``work`` (a scratch copy of the input, clobbered) is reduced over ranks; block ``rank``
     (``counts[rank]`` elements) lands in ``out``."""
     reduce_scatter_blocks(ctx, work, counts, op, dtype)
@@ -403,9 +413,7 @@ def reduce_scatterv(
     ctx.ops.fence()
 
 
-def alltoallv(
-    ctx: Ctx, send: Any, scounts: list[int], out: Any, rcounts: list[int]
-) -> None:
+def alltoallv(ctx: Ctx, send: Any, scounts: list[int], out: Any, rcounts: list[int]) -> None:
     """Block j of ``send`` (``scounts[j]`` elements) goes to rank j; block i of ``out``
     (``rcounts[i]`` elements) comes from rank i. All transfers are posted at once."""
     tx, r, n = ctx.tx, ctx.rank, ctx.size

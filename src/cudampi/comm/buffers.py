@@ -190,7 +190,9 @@ def _from_cuda_foreign(x: Any, what: str) -> Buf:
     try:
         import cupy
 
-        return _from_cupy(cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x), x)
+        return _from_cupy(
+            cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x), x
+        )
     except ImportError:
         pass
     try:
@@ -234,7 +236,9 @@ def empty_like_shape(b: Buf, shape: tuple[int, ...]) -> Any:
 
 def same_memory(a: Buf, b: Buf) -> bool:
     """True when ``a`` and ``b`` start at the same address (in-place calls)."""
-    return a.lib == b.lib and a.device == b.device and data_ptr(a.lib, a.arr) == data_ptr(b.lib, b.arr)
+    return (
+        a.lib == b.lib and a.device == b.device and data_ptr(a.lib, a.arr) == data_ptr(b.lib, b.arr)
+    )
 
 
 def data_ptr(lib: str, a: Any) -> int:

@@ -274,9 +274,7 @@ class Communicator:
             return fn()
         return self._worker.submit(fn, what).wait()
 
-    def _staged_inner(
-        self, inner: str, hops: ArrayOps, itemsize: int
-    ) -> tuple[bool, alg.Ctx]:
+    def _staged_inner(self, inner: str, hops: ArrayOps, itemsize: int) -> tuple[bool, alg.Ctx]:
         return inner == "mpi", self._ctx(hops, itemsize)
 
     # ------------------------------------------------------------------ collectives
@@ -300,9 +298,15 @@ class Communicator:
             choice = self._choose("allreduce", xb, path)
             ops = self._ops_for(xb)
             inplace = same_memory(xb, ob)
-            sig = Signature("allreduce", op, xb.dtype, count=xb.count, engine=choice.label,
-                            algo=self._algo(xb, choice),
-                            shape=xb.shape)
+            sig = Signature(
+                "allreduce",
+                op,
+                xb.dtype,
+                count=xb.count,
+                engine=choice.label,
+                algo=self._algo(xb, choice),
+                shape=xb.shape,
+            )
 
             def run() -> Any:
                 xf, of = flat(xb), flat(ob)
@@ -359,15 +363,24 @@ class Communicator:
             ops = self._ops_for(xb)
             inplace = same_memory(xb, ob)
             is_root = self.rank == root
-            sig = Signature("reduce", op, xb.dtype, root=root, count=xb.count,
-                            engine=choice.label, algo=self._algo(xb, choice), shape=xb.shape)
+            sig = Signature(
+                "reduce",
+                op,
+                xb.dtype,
+                root=root,
+                count=xb.count,
+                engine=choice.label,
+                algo=self._algo(xb, choice),
+                shape=xb.shape,
+            )
 
             def run() -> Any:
                 xf, of = flat(xb), flat(ob)
                 dtype, itemsize = xb.dtype, xb.itemsize
                 if choice.engine == "mpi":
-                    native.reduce(self._coll, ops, of if (inplace and is_root) else xf, of, op,
-                                  dtype, root)
+                    native.reduce(
+                        self._coll, ops, of if (inplace and is_root) else xf, of, op, dtype, root
+                    )
                 elif choice.engine == "alg":
                     if is_root:
                         work = of
@@ -388,8 +401,16 @@ class Communicator:
                         else:
                             alg.reduce(hctx, h, op, dtype, root)
 
-                    staged.piecewise(st, xf, of if is_root else None, xf, xb.count, itemsize,
-                                     self.config.chunk_bytes, piece)
+                    staged.piecewise(
+                        st,
+                        xf,
+                        of if is_root else None,
+                        xf,
+                        xb.count,
+                        itemsize,
+                        self.config.chunk_bytes,
+                        piece,
+                    )
                 if op == "avg" and is_root:
                     ops.divide(of, self.size, dtype)
                 return _result(out, ob)
@@ -408,8 +429,15 @@ class Communicator:
             _check_root(root, self.size)
             choice = self._choose("broadcast", xb, path)
             ops = self._ops_for(xb)
-            sig = Signature("broadcast", "", xb.dtype, root=root, count=xb.count,
-                            engine=choice.label, shape=xb.shape)
+            sig = Signature(
+                "broadcast",
+                "",
+                xb.dtype,
+                root=root,
+                count=xb.count,
+                engine=choice.label,
+                shape=xb.shape,
+            )
 
             def run() -> Any:
                 xf = flat(xb)
@@ -429,8 +457,16 @@ class Communicator:
                         else:
                             alg.broadcast(hctx, h, root)
 
-                    staged.piecewise(st, xf if is_root else None, None if is_root else xf, xf,
-                                     xb.count, xb.itemsize, self.config.chunk_bytes, piece)
+                    staged.piecewise(
+                        st,
+                        xf if is_root else None,
+                        None if is_root else xf,
+                        xf,
+                        xb.count,
+                        xb.itemsize,
+                        self.config.chunk_bytes,
+                        piece,
+                    )
                 return x if xb.obj is xb.arr else xb.arr
 
             return _Plan(sig, run, ops)
@@ -496,11 +532,17 @@ class Communicator:
             ob = self._out(xb, out, shape) if receives else None
             choice = self._choose(call, xb, path)
             ops = self._ops_for(xb)
-            sig = Signature(call, "", xb.dtype, root=-1 if root is None else root,
-                            count=-1 if counts is not None else xb.count,
-                            counts=tuple(cs) if counts is not None else (),
-                            engine=choice.label, algo=self._algo(xb, choice),
-                            shape=xb.shape if counts is None else None)
+            sig = Signature(
+                call,
+                "",
+                xb.dtype,
+                root=-1 if root is None else root,
+                count=-1 if counts is not None else xb.count,
+                counts=tuple(cs) if counts is not None else (),
+                engine=choice.label,
+                algo=self._algo(xb, choice),
+                shape=xb.shape if counts is None else None,
+            )
 
             def run() -> Any:
                 xf = flat(xb)
@@ -523,8 +565,14 @@ class Communicator:
         return self._collective(build, call, async_op)
 
     def _gather_engine(
-        self, engine: str, ops: ArrayOps, xf: Any, of: Any, cs: list[int], root: int | None,
-        isz: int
+        self,
+        engine: str,
+        ops: ArrayOps,
+        xf: Any,
+        of: Any,
+        cs: list[int],
+        root: int | None,
+        isz: int,
     ) -> None:
         if engine == "mpi":
             if root is None:
@@ -570,8 +618,9 @@ class Communicator:
             k = ob.count
             choice = self._choose("scatter", tb, path)
             ops = self._ops_for(tb)
-            sig = Signature("scatter", "", tb.dtype, root=root, count=k, engine=choice.label,
-                            shape=block)
+            sig = Signature(
+                "scatter", "", tb.dtype, root=root, count=k, engine=choice.label, shape=block
+            )
             cs = [k] * self.size
 
             def run() -> Any:
@@ -639,8 +688,16 @@ class Communicator:
                 raise CommError("reduce_scatter: out must not be x (the output is a block of x)")
             choice = self._choose("reduce_scatter", xb, path)
             ops = self._ops_for(xb)
-            sig = Signature("reduce_scatter", op, xb.dtype, count=xb.count, counts=tuple(cs),
-                            engine=choice.label, algo=self._algo(xb, choice), shape=xb.shape)
+            sig = Signature(
+                "reduce_scatter",
+                op,
+                xb.dtype,
+                count=xb.count,
+                counts=tuple(cs),
+                engine=choice.label,
+                algo=self._algo(xb, choice),
+                shape=xb.shape,
+            )
 
             def run() -> Any:
                 xf, of = flat(xb), flat(ob)
@@ -663,8 +720,17 @@ class Communicator:
         return self._collective(build, "reduce_scatter", async_op)
 
     def _rs_engine(
-        self, engine: str, ops: ArrayOps, xf: Any, of: Any, cs: list[int], op: str, dtype: str,
-        isz: int, *, scratch: bool
+        self,
+        engine: str,
+        ops: ArrayOps,
+        xf: Any,
+        of: Any,
+        cs: list[int],
+        op: str,
+        dtype: str,
+        isz: int,
+        *,
+        scratch: bool,
     ) -> None:
         if engine == "mpi":
             native.reduce_scatterv(self._coll, ops, xf, of, cs, op, dtype)
@@ -712,16 +778,25 @@ class Communicator:
                     raise CommError(
                         f"alltoall: send_counts sum to {sum(sc)} but x has {xb.count} elements"
                     )
-                rc = None if recv_counts is None else _check_counts(recv_counts, self.size,
-                                                                    "recv_counts")
+                rc = (
+                    None
+                    if recv_counts is None
+                    else _check_counts(recv_counts, self.size, "recv_counts")
+                )
                 ob = None if rc is None else self._out(xb, out, (sum(rc),))
             if ob is not None and same_memory(xb, ob) and xb.count and self.size > 1:
                 raise CommError("alltoall: out must not be x")
             choice = self._choose("alltoall", xb, path)
             ops = self._ops_for(xb)
-            sig = Signature("alltoall", "", xb.dtype, count=-1 if varying else xb.count,
-                            counts=(1,) if varying else (), engine=choice.label,
-                            shape=None if varying else xb.shape)
+            sig = Signature(
+                "alltoall",
+                "",
+                xb.dtype,
+                count=-1 if varying else xb.count,
+                counts=(1,) if varying else (),
+                engine=choice.label,
+                shape=None if varying else xb.shape,
+            )
 
             def run() -> Any:
                 nonlocal rc, ob
@@ -769,8 +844,9 @@ class Communicator:
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return once every rank has called barrier (in order with queued collectives)."""
-        return self._collective(lambda: _Plan(Signature("barrier"), lambda: None), "barrier",
-                                async_op)
+        return self._collective(
+            lambda: _Plan(Signature("barrier"), lambda: None), "barrier", async_op
+        )
 
     # ------------------------------------------------------------------ point-to-point
 
@@ -899,9 +975,7 @@ def _check_counts(counts: Any, size: int, what: str) -> list[int]:
     except (TypeError, ValueError):
         raise CommError(f"{what}={counts!r} is not a list of integers") from None
     if len(cs) != size or any(c < 0 for c in cs):
-        raise CommError(
-            f"{what}={cs!r}: need {size} non-negative counts, one per rank"
-        )
+        raise CommError(f"{what}={cs!r}: need {size} non-negative counts, one per rank")
     return cs
 
 

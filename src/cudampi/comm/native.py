@@ -52,13 +52,26 @@ def mpi_op(op: str, dtype: str) -> Any:
     if not _OPS:
         from mpi4py import MPI
 
-        for name, lop in (("sum", MPI.LOR), ("max", MPI.LOR), ("bor", MPI.LOR),
-                          ("prod", MPI.LAND), ("min", MPI.LAND), ("band", MPI.LAND),
-                          ("bxor", MPI.LXOR)):
+        for name, lop in (
+            ("sum", MPI.LOR),
+            ("max", MPI.LOR),
+            ("bor", MPI.LOR),
+            ("prod", MPI.LAND),
+            ("min", MPI.LAND),
+            ("band", MPI.LAND),
+            ("bxor", MPI.LXOR),
+        ):
             _OPS[(name, True)] = lop
-        for name, aop in (("sum", MPI.SUM), ("avg", MPI.SUM), ("prod", MPI.PROD),
-                          ("min", MPI.MIN), ("max", MPI.MAX), ("band", MPI.BAND),
-                          ("bor", MPI.BOR), ("bxor", MPI.BXOR)):
+        for name, aop in (
+            ("sum", MPI.SUM),
+            ("avg", MPI.SUM),
+            ("prod", MPI.PROD),
+            ("min", MPI.MIN),
+            ("max", MPI.MAX),
+            ("band", MPI.BAND),
+            ("bor", MPI.BOR),
+            ("bxor", MPI.BXOR),
+        ):
             _OPS[(name, False)] = aop
     return _OPS[(op, dtype == "bool")]
 
@@ -111,7 +124,9 @@ def broadcast(comm: Any, ops: ArrayOps, data: Any, root: int) -> None:
         comm.Bcast(_bytes(ops, data), root)
 
 
-def allgatherv(comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int) -> None:
+def allgatherv(
+    comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int
+) -> None:
     comm.Allgatherv(_bytes(ops, send), _vec(ops, out, counts, itemsize))
 
 
@@ -134,7 +149,9 @@ def reduce_scatterv(
 ) -> None:
     if sum(counts) == 0:
         return
-    comm.Reduce_scatter(_typed(ops, send, dtype), _typed(ops, out, dtype), counts, mpi_op(op, dtype))
+    comm.Reduce_scatter(
+        _typed(ops, send, dtype), _typed(ops, out, dtype), counts, mpi_op(op, dtype)
+    )
 
 
 def alltoallv(

@@ -41,9 +41,7 @@ def check_op(op: Any, dtype: str) -> str:
         raise CommError(f"op={op!r} is not a reduction; use one of {', '.join(REDUCE_OPS)}")
     allowed = ops_allowed(dtype)
     if op not in allowed:
-        raise CommError(
-            f"op={op!r} is not defined for {dtype}; {dtype} takes {', '.join(allowed)}"
-        )
+        raise CommError(f"op={op!r} is not defined for {dtype}; {dtype} takes {', '.join(allowed)}")
     return op
 
 
@@ -369,7 +367,11 @@ class CupyOps(ArrayOps):
         if n:
             with cupy.cuda.Device(self.device):
                 cupy.cuda.runtime.memcpyAsync(
-                    dst.data.ptr, src.data.ptr, n, cupy.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr
+                    dst.data.ptr,
+                    src.data.ptr,
+                    n,
+                    cupy.cuda.runtime.memcpyDeviceToDevice,
+                    self.stream.ptr,
                 )
 
     def reduce(self, dst: Any, src: Any, op: str, dtype: str) -> None:

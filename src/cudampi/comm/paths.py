@@ -74,7 +74,10 @@ def device_support(config: Config, caps: Capabilities | None) -> DeviceSupport:
     elif caps.device_allreduce.ok:
         coll, coll_why = True, "the probe proved MPI's device Allreduce correct"
     else:
-        coll, coll_why = False, f"the probe found MPI's device Allreduce {caps.device_allreduce.status}"
+        coll, coll_why = (
+            False,
+            f"the probe found MPI's device Allreduce {caps.device_allreduce.status}",
+        )
     return DeviceSupport(p2p, p2p_why, coll, coll_why)
 
 
@@ -106,14 +109,19 @@ def choose(
             name = "host" if requested == "auto" else requested
             if no_mpi:
                 return PathChoice(
-                    name, f"host memory; MPI has no {dtype} reduction, so cudampi's algorithm "
-                    "reduces it", "alg"
+                    name,
+                    f"host memory; MPI has no {dtype} reduction, so cudampi's algorithm reduces it",
+                    "alg",
                 )
             return PathChoice(name, "host memory: MPI's own collective", "mpi")
         if requested == "gpu-ring":
             return PathChoice("gpu-ring", "requested; host memory runs the same algorithm", "alg")
-        return PathChoice("staged", "requested; host memory staged through host buffers",
-                          "staged", "alg" if no_mpi else "mpi")
+        return PathChoice(
+            "staged",
+            "requested; host memory staged through host buffers",
+            "staged",
+            "alg" if no_mpi else "mpi",
+        )
     if requested == "host":
         raise DeviceError(
             f"{call}: path='host' takes host arrays, got a device array. Use path='staged' (or "
@@ -134,14 +142,18 @@ def choose(
     if requested == "auto":
         if support.p2p:
             return PathChoice(
-                "gpu-ring", f"device memory, {support.p2p_why}: GPU reduction over device p2p "
-                f"({'ring' if nbytes > 0 else 'no data'})", "alg"
+                "gpu-ring",
+                f"device memory, {support.p2p_why}: GPU reduction over device p2p "
+                f"({'ring' if nbytes > 0 else 'no data'})",
+                "alg",
             )
         if support.collectives and not no_mpi:
             return PathChoice("native", f"device memory, {support.collectives_why}", "mpi")
         return PathChoice(
-            "staged", f"device memory, {support.p2p_why}: staged through pinned host buffers",
-            "staged", "alg" if no_mpi else "mpi"
+            "staged",
+            f"device memory, {support.p2p_why}: staged through pinned host buffers",
+            "staged",
+            "alg" if no_mpi else "mpi",
         )
     if requested == "gpu-ring":
         return PathChoice("gpu-ring", f"requested; {support.p2p_why}", "alg")
@@ -149,23 +161,33 @@ def choose(
         if no_mpi:
             if support.p2p:
                 return PathChoice(
-                    "native", f"requested; MPI has no {dtype} reduction, so cudampi's algorithm "
-                    "runs over device p2p", "alg"
+                    "native",
+                    f"requested; MPI has no {dtype} reduction, so cudampi's algorithm "
+                    "runs over device p2p",
+                    "alg",
                 )
             return PathChoice(
-                "staged", f"requested native, but MPI has no {dtype} reduction and device p2p is "
-                f"not proven ({support.p2p_why}): staged", "staged", "alg"
+                "staged",
+                f"requested native, but MPI has no {dtype} reduction and device p2p is "
+                f"not proven ({support.p2p_why}): staged",
+                "staged",
+                "alg",
             )
         return PathChoice("native", f"requested; {support.collectives_why}", "mpi")
-    return PathChoice("staged", "requested: staged through pinned host buffers", "staged",
-                      "alg" if no_mpi else "mpi")
+    return PathChoice(
+        "staged",
+        "requested: staged through pinned host buffers",
+        "staged",
+        "alg" if no_mpi else "mpi",
+    )
 
 
 def _choose_p2p(requested: str, on_device: bool, support: DeviceSupport) -> PathChoice:
     if not on_device:
         if requested == "staged":
-            return PathChoice("staged", "requested; host memory staged through host buffers",
-                              "staged")
+            return PathChoice(
+                "staged", "requested; host memory staged through host buffers", "staged"
+            )
         return PathChoice("host", "host memory: MPI point-to-point on the array", "mpi")
     if requested == "host":
         raise DeviceError(
@@ -178,5 +200,6 @@ def _choose_p2p(requested: str, on_device: bool, support: DeviceSupport) -> Path
             f"path={requested!r} needs CUDA-aware MPI point-to-point, which is not proven here "
             f"({support.p2p_why}). Run `cudampi doctor` or use path='staged'."
         )
-    return PathChoice("staged", f"device memory, {support.p2p_why}: staged through pinned host "
-                      "buffers", "staged")
+    return PathChoice(
+        "staged", f"device memory, {support.p2p_why}: staged through pinned host buffers", "staged"
+    )

@@ -100,7 +100,9 @@ def check(comm: Any, sig: Signature, local_error: BaseException | None, *, debug
         from mpi4py import MPI
 
         codes = sig.codes()
-        vec = numpy.array([*codes, *(-c for c in codes), 1 if local_error else 0], dtype=numpy.int64)
+        vec = numpy.array(
+            [*codes, *(-c for c in codes), 1 if local_error else 0], dtype=numpy.int64
+        )
         out = numpy.empty_like(vec)
         comm.Allreduce(vec, out, MPI.MAX)
         k = len(codes)
@@ -114,9 +116,7 @@ def check(comm: Any, sig: Signature, local_error: BaseException | None, *, debug
             _host_rank(),
         )
     )
-    if debug and all(
-        e[1] is None and e[0] == sig and e[0].shape == sig.shape for e in entries
-    ):
+    if debug and all(e[1] is None and e[0] == sig and e[0].shape == sig.shape for e in entries):
         return
     _raise_for(comm.rank, sig, local_error, entries, debug)
 
