@@ -22,7 +22,19 @@ def _np_bytes(a: Any) -> Any:
     return a.reshape(-1).view(torch.uint8).numpy()
 
 
-class HostStager:
+class _NumpyHostBuffers:
+    """Host staging buffers that are NumPy arrays (plain, or CuPy's pinned ones)."""
+
+    @staticmethod
+    def host_ptr(host: Any) -> int:
+        return int(host.__array_interface__["data"][0])
+
+    @staticmethod
+    def host_nbytes(host: Any) -> int:
+        return int(host.nbytes)
+
+
+class HostStager(_NumpyHostBuffers):
     """Staging for arrays already in host memory (NumPy or torch CPU): plain buffers, sync copies."""
 
     def __init__(self, lib: str) -> None:
@@ -32,14 +44,6 @@ class HostStager:
         import numpy
 
         return numpy.empty(nbytes, dtype=numpy.uint8)
-
-    @staticmethod
-    def host_ptr(host: Any) -> int:
-        return int(host.__array_interface__["data"][0])
-
-    @staticmethod
-    def host_nbytes(host: Any) -> int:
-        return int(host.nbytes)
 
     @staticmethod
     def nbytes(a: Any) -> int:
@@ -134,7 +138,7 @@ class TorchStager:
         return "torch"
 
 
-class CupyStager:
+class CupyStager(_NumpyHostBuffers):
     """Pinned NumPy buffers from CuPy's pinned pool and copies on a dedicated CUDA stream."""
 
     def __init__(self, device: int) -> None:
@@ -149,14 +153,6 @@ class CupyStager:
         import numpy
 
         return cupyx.empty_pinned((nbytes,), dtype=numpy.uint8)
-
-    @staticmethod
-    def host_ptr(host: Any) -> int:
-        return int(host.__array_interface__["data"][0])
-
-    @staticmethod
-    def host_nbytes(host: Any) -> int:
-        return int(host.nbytes)
 
     @staticmethod
     def nbytes(a: Any) -> int:
