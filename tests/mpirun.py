@@ -57,6 +57,15 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+LAUNCH_RETRIES = 2
+
+
+def _launcher_never_started(returncode: int, stderr: str) -> bool:
+    from cudampi.probe.runtime import launcher_never_started
+
+    return "--- rank " not in stderr and launcher_never_started(returncode, stderr)
+
+
 def mpiexec_argv(n: int) -> list[str]:
     argv = [mpiexec(), "-n", str(n)]
     if is_open_mpi():
@@ -75,14 +84,19 @@ def run_mpi(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``func`` of ``file`` on ``n`` ranks; with ``check``, fail with every rank's output."""
     argv = [*mpiexec_argv(n), sys.executable, str(RUNNER), str(file), func, *map(str, args)]
-    try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(
-            f"{n}-rank run of {func} hung for {timeout} s\nstdout:\n{exc.stdout}\nstderr:\n{exc.stderr}"
-        ) from None
+    for attempt in range(1 + LAUNCH_RETRIES):
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"{n}-rank run of {func} hung for {timeout} s\n"
+                f"stdout:\n{exc.stdout}\nstderr:\n{exc.stderr}"
+            ) from None
+        if not _launcher_never_started(proc.returncode, proc.stderr):
+            break
+        sys.stderr.write(f"mpirun: launcher failed to start (attempt {attempt + 1}), retrying\n")
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{n}-rank run of {func} exited {proc.returncode}\n"

@@ -173,9 +173,15 @@ def test_mpirun_on_path_is_a_different_mpi(mpich_prefix, isolated_cache):
 
 
 def test_mpi4py_on_mpich_is_probed_with_its_own_hydra(mpich_prefix, isolated_cache):
-    env = {"MPI4PY_LIBMPI": str(mpich_prefix / "lib" / "libmpi.so.12")}
+    # A user who switches mpi4py to MPICH puts MPICH's bin first on PATH too; with the Open MPI
+    # venv's mpirun first instead (an activated venv), "mpirun on PATH" rightly fails.
+    env = {
+        "MPI4PY_LIBMPI": str(mpich_prefix / "lib" / "libmpi.so.12"),
+        "PATH": os.pathsep.join([str(mpich_prefix / "bin"), os.environ.get("PATH", "")]),
+    }
     doc = _json(proc := _doctor("--json", env=env))
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    failed = [c for c in doc["checks"] if c["status"] == "fail"]
+    assert proc.returncode == 0, failed
     assert "MPICH 5.0.2" in _check(doc, "MPI library")["detail"]
     assert _check(doc, "probe launcher")["detail"].startswith(str(mpich_prefix / "bin" / "mpiexec"))
     for name in ("host p2p", "host allreduce"):

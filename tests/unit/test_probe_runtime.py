@@ -194,3 +194,16 @@ def test_staging_verdict():
     assert staging_verdict(891.8, 50.0) is False  # cuda_ipc on the H200: far above a host copy
     assert staging_verdict(1.0, 25.0) is True  # no faster than one pinned copy: staged
     assert staging_verdict(None, 25.0) is None and staging_verdict(3.0, None) is None
+
+
+def test_only_a_launcher_that_never_started_is_worth_a_retry():
+    from cudampi.probe.runtime import launcher_never_started
+
+    pmix = (
+        "--------------------------------------------------------------------------\n"
+        "The PMIx server's listener thread failed to start. We cannot\ncontinue.\n"
+    )
+    assert launcher_never_started(213, pmix)
+    assert not launcher_never_started(0, pmix)
+    assert not launcher_never_started(139, "Segmentation fault (11)")
+    assert not launcher_never_started(None, pmix)
