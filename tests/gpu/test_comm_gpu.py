@@ -14,11 +14,11 @@ import pytest
 
 from tests.mpi.test_comm_collectives import (
     Failures,
+    check_ring_p2p,
     empty_lib,
     gen,
     run_async,
     run_matrix,
-    same,
     to_lib,
 )
 from tests.mpirun import run_mpi
@@ -122,26 +122,12 @@ def rank_gpu_matrix(comm, lib):
 
 
 def _p2p(c, lib, paths, f: Failures) -> None:
-    size, rank = c.size, c.rank
-    right, left = (rank + 1) % size, (rank - 1) % size
     pairs = [(a, b) for a in paths for b in paths if a != "native" and b != "native"]
     for n in (0, 1, 1000, 1 << 20):
         for spath, rpath in pairs:
-            where = f"p2p {lib} n={n} {spath}->{rpath}"
-            x = to_lib(gen(rank, n, "float32"), lib, "float32")
-            y = empty_lib((n,), lib, "float32")
-            if rank % 2 == 0:
-                c.send(x, right, tag=1, path=spath)
-                c.recv(y, left, tag=1, path=rpath)
-            else:
-                c.recv(y, left, tag=1, path=rpath)
-                c.send(x, right, tag=1, path=spath)
-            f.check(same(y, gen(left, n, "float32"), "float32"), where)
-            y2 = empty_lib((n,), lib, "float32")
-            hr = c.irecv(y2, left, tag=2, path=rpath)
-            c.isend(x, right, tag=2, path=spath).wait(timeout=60)
-            hr.wait(timeout=60)
-            f.check(same(y2, gen(left, n, "float32"), "float32"), "i" + where)
+            check_ring_p2p(
+                c, lib, f, n, "float32", spath, rpath, 1, f"p2p {lib} n={n} {spath}->{rpath}"
+            )
 
 
 def rank_gpu_streams(comm, lib):

@@ -344,6 +344,27 @@ def run_async(c, lib, paths, f: Failures) -> None:
         f.check(hbar.wait(timeout=120) is None, f"async barrier {path}")
 
 
+def check_ring_p2p(c, lib, f: Failures, n, dtype, spath, rpath, tag, where):
+    """Each rank sends to its right and receives from its left: blocking send/recv on ``tag``
+    (even ranks send first), then isend/irecv on ``tag + 1``; returns the array sent."""
+    rank, size = c.rank, c.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    x = to_lib(gen(rank, n, dtype), lib, dtype)
+    y = empty_lib((n,), lib, dtype)
+    if rank % 2 == 0:
+        c.send(x, right, tag=tag, path=spath)
+        c.recv(y, left, tag=tag, path=rpath)
+    else:
+        c.recv(y, left, tag=tag, path=rpath)
+        c.send(x, right, tag=tag, path=spath)
+    f.check(same(y, gen(left, n, dtype), dtype), where)
+    y2 = empty_lib((n,), lib, dtype)
+    hr = c.irecv(y2, left, tag=tag + 1, path=rpath)
+    c.isend(x, right, tag=tag + 1, path=spath).wait(timeout=60)
+    f.check(hr.wait(timeout=60) is y2 and same(y2, gen(left, n, dtype), dtype), "i" + where)
+    return x
+
+
 def run_p2p(c, lib, f: Failures) -> None:
     """send/recv, isend/irecv, sendrecv around a ring, direct and staged, mixed framing."""
     size, rank = c.size, c.rank
@@ -358,23 +379,7 @@ def run_p2p(c, lib, f: Failures) -> None:
             ("host", "staged"),
         ):
             where = f"p2p {lib} n={n} send {spath} recv {rpath}"
-            x = to_lib(gen(rank, n, "float64"), lib, "float64")
-            y = empty_lib((n,), lib, "float64")
-            if rank % 2 == 0:
-                c.send(x, right, tag=3, path=spath)
-                c.recv(y, left, tag=3, path=rpath)
-            else:
-                c.recv(y, left, tag=3, path=rpath)
-                c.send(x, right, tag=3, path=spath)
-            f.check(same(y, gen(left, n, "float64"), "float64"), where)
-            y2 = empty_lib((n,), lib, "float64")
-            hr = c.irecv(y2, left, tag=4, path=rpath)
-            hs = c.isend(x, right, tag=4, path=spath)
-            hs.wait(timeout=60)
-            f.check(
-                hr.wait(timeout=60) is y2 and same(y2, gen(left, n, "float64"), "float64"),
-                "i" + where,
-            )
+            x = check_ring_p2p(c, lib, f, n, "float64", spath, rpath, 3, where)
             y3 = empty_lib((n,), lib, "float64")
             c.sendrecv(x, right, y3, left, tag=5, path=spath)
             f.check(same(y3, gen(left, n, "float64"), "float64"), "sendrecv " + where)
