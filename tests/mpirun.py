@@ -103,3 +103,35 @@ def run_mpi(
             f"stdout:\n{proc.stdout[-8000:]}\nstderr:\n{proc.stderr[-8000:]}"
         )
     return proc
+
+
+def mpich_venv() -> Path | None:
+    """The venv of the PyPI mpich wheel CI makes (CUDAMPI_TEST_MPICH_PYTHON), or ./.venv-mpich.
+
+    The path is not resolved: a venv's python is a link to the base interpreter."""
+    py = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON")
+    venv = Path(py).parent.parent if py else ROOT / ".venv-mpich"
+    return venv if (venv / "lib" / "libmpi.so.12").exists() else None
+
+
+def run_mpi_mpich(
+    n: int, file: str, func: str, *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``run_mpi`` under MPICH: its Hydra mpiexec, and this interpreter's mpi4py pointed at
+    MPICH's libmpi (MPI4PY_LIBMPI), so the test's own packages (torch, ...) are there."""
+    venv = mpich_venv()
+    if venv is None:
+        import pytest
+
+        pytest.skip("no MPICH venv: set CUDAMPI_TEST_MPICH_PYTHON (.ci/run makes .venv-mpich)")
+    argv = [str(venv / "bin" / "mpiexec"), "-n", str(n), sys.executable, str(RUNNER), file, func]
+    env = mpi_env({"MPI4PY_LIBMPI": str(venv / "lib" / "libmpi.so.12")})
+    proc = subprocess.run(
+        [*argv, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{n}-rank MPICH run of {func} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout[-8000:]}\nstderr:\n{proc.stderr[-8000:]}"
+        )
+    return proc

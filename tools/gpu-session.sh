@@ -54,6 +54,68 @@ bench)
   $L -n 2 -m cudampi bench ddp -w 3 -n 10 --json $B/ddp2.json > $B/ddp2.txt; tail -30 $B/ddp2.txt
   tar czf $OUT/bench.tgz -C $OUT bench && rm -rf $B
   ;;
+probe)
+  # Fill the capabilities cache from the wheels + libucx-cu13 stack (what bench/launch choose from).
+  sec doctor wheels + libucx-cu13
+  PATH=/tmp/v/bin:$PATH T 100 $W -m cudampi doctor --preload-ucx --size 64M > $OUT/doctor.txt; tail -6 $OUT/doctor.txt
+  ;;
+profile)
+  # Where gpu-ring's per-call time goes (tools/profile-comm.py), 2 ranks on the GPU.
+  export PATH=/tmp/v/bin:$PATH
+  sec profile gpu-ring 2 ranks
+  T 120 $W -m cudampi launch -n 2 tools/profile-comm.py --device cuda --sizes 4K,64K,1M,16M,256M \
+    --iters 30 --paths gpu-ring,staged --profile-size 1M 2>&1 | tee $OUT/profile.txt | head -90
+  ;;
+bench4)
+  # 4 ranks on one GPU through the probed path; DDP throughput (ResNet-50) per backend.
+  B=$OUT/bench; mkdir -p $B
+  export PATH=/tmp/v/bin:$PATH
+  sec bench allreduce 4 ranks
+  T 150 $W -m cudampi launch -n 4 -m cudampi bench allreduce -b 1M -e 256M -f 4 -w 2 -n 10 --time-limit 1 \
+    --paths gpu-ring,staged,torch-gloo,torch-cudampi,mpi,copy --json $B/ar4.json --plot $B/ar4.png > $B/ar4.txt
+  grep -E "runs:|skipped|ratio|x$|Verdict|^\|" $B/ar4.txt | head -60
+  sec bench ddp 2 ranks
+  T 200 $W -m cudampi launch -n 2 -m cudampi bench ddp -w 3 -n 10 --json $B/ddp2.json > $B/ddp2.txt; tail -30 $B/ddp2.txt
+  tar czf $OUT/bench.tgz -C $OUT bench && rm -rf $B
+  ;;
+mps)
+  # The same profile with the CUDA MPS daemon: do the two ranks' contexts time-slicing the one
+  # GPU make the per-call floor? (MPS runs both ranks' kernels in one context.)
+  export PATH=/tmp/v/bin:$PATH
+  sec profile gpu-ring 2 ranks under MPS
+  if command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    nvidia-cuda-mps-control -d && sleep 1
+    T 100 $W -m cudampi launch -n 2 tools/profile-comm.py --device cuda --sizes 4K,64K,1M,16M,256M \
+      --iters 30 --paths gpu-ring,staged --profile-size 1M 2>&1 | tee $OUT/profile-mps.txt | head -14
+    echo quit | nvidia-cuda-mps-control; sleep 1
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  else
+    echo "no nvidia-cuda-mps-control here"
+  fi
+  ;;
+ddpasync)
+  B=$OUT/bench; mkdir -p $B
+  export PATH=/tmp/v/bin:$PATH
+  sec bench ddp 2 ranks, cudampi blocking and async_ops
+  T 200 $W -m cudampi launch -n 2 -m cudampi bench ddp -w 3 -n 10 \
+    --paths local,torch-gloo,torch-cudampi,torch-cudampi-async --json $B/ddp2.json > $B/ddp2.txt; tail -12 $B/ddp2.txt
+  tar czf $OUT/bench-ddp.tgz -C $OUT bench && rm -rf $B
+  ;;
+torchrun)
+  # torchrun (no MPI launcher) + the cudampi backend through cudampi's PMI server, with the
+  # PyPI mpich wheel's libmpi (carried as .mpich/mpich-lib.tgz); vs the same under cudampi launch.
+  mkdir -p /tmp/mpich && tar xzf .mpich/mpich-lib.tgz -C /tmp/mpich
+  export PATH=/tmp/v/bin:$PATH
+  sec torchrun + cudampi on CUDA tensors, MPICH
+  ( export MPI4PY_LIBMPI=/tmp/mpich/lib/libmpi.so.12 OMP_NUM_THREADS=4
+    T 120 $W -m torch.distributed.run --standalone --nproc-per-node 2 examples/ddp_train.py \
+      --device cuda --json --steps 30 --width 2048 --depth 4 ) 2>&1 | tee $OUT/torchrun.txt | grep -E "^\{|rror|cudampi:" | head -8
+  sec same example under cudampi launch, Open MPI wheels + libucx
+  T 120 $W -m cudampi launch -n 2 examples/ddp_train.py --device cuda --json --steps 30 --width 2048 --depth 4 \
+    2>&1 | tee -a $OUT/torchrun.txt | grep -E "^\{|rror" | head -4
+  ;;
 final)
   # The short run: probe (fills the capabilities cache), then the headline benchmarks, whose
   # paths are chosen from that cache; the DDP test on CUDA tensors through gpu-ring.

@@ -231,7 +231,7 @@ def test_ddp_trains_and_ranks_agree(tmp_path):
             "--batch",
             "2",
             "--paths",
-            "local,torch-gloo,torch-cudampi",
+            "local,torch-gloo,torch-cudampi,torch-cudampi-async",
             "--json",
             "--plot",
             str(tmp_path / "ddp.png"),
@@ -239,8 +239,10 @@ def test_ddp_trains_and_ranks_agree(tmp_path):
     )
     data = json.loads(proc.stdout)
     rows = {r["path"]: r for r in data["results"]}
-    assert set(rows) == {"local", "torch-gloo", "torch-cudampi"}
-    assert rows["torch-gloo"]["wrong"] == 0 and rows["torch-cudampi"]["wrong"] == 0
+    assert set(rows) == {"local", "torch-gloo", "torch-cudampi", "torch-cudampi-async"}
+    assert all(
+        rows[p]["wrong"] == 0 for p in ("torch-gloo", "torch-cudampi", "torch-cudampi-async")
+    )
     assert rows["torch-gloo"]["vs_local"] > 0 and rows["local"]["samples_per_s"] > 0
     assert (tmp_path / "ddp.png").read_bytes()[:4] == b"\x89PNG"
     bad = bench(

@@ -121,9 +121,11 @@ def _init(mode="sync"):
 
     import cudampi.torch  # registers the backend
 
-    # Plain init under mpiexec: no MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE in the environment.
-    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
-        assert var not in os.environ, var
+    # Plain init under mpiexec: no MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE in the environment
+    # (under torchrun, tests/mpi/test_torch_torchrun.py, torchrun sets them: stock env://).
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+            assert var not in os.environ, var
     if mode == "async":
         dist.init_process_group("cudampi", pg_options=cudampi.torch.Options(async_ops=True))
     else:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cudampi.bench.paths import TORCH_PATHS, Skip, describe_error
+from cudampi.bench.paths import DDP_PATHS, Skip, describe_error
 from cudampi.bench.session import Session
 
 
@@ -147,7 +147,7 @@ def run_ddp(
     )
     kind = pick_model(o.model, s.device)
     batch = o.batch or (64 if kind == "resnet50" else (16 if s.device == "cuda" else 8))
-    if "torch-cudampi" in o.paths:
+    if "torch-cudampi" in o.paths or "torch-cudampi-async" in o.paths:
         s.torch_default = "cudampi"
     order = [p for p in o.paths if p == "local"] + [p for p in o.paths if p != "local"]
     rows: list[DDPRow] = []
@@ -166,7 +166,7 @@ def run_ddp(
             if path == "local":
                 net = w.model
             else:
-                backend = TORCH_PATHS[path]
+                backend = DDP_PATHS[path]
                 if backend == "nccl" and s.device != "cuda":
                     raise Skip("NCCL trains CUDA models only; this run is on the host")
                 if backend == "nccl" and s.shares_gpu:

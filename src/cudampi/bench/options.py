@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from cudampi.bench.arrays import parse_dtype
 from cudampi.bench.metrics import COLLECTIVES
-from cudampi.bench.paths import PATHS, TORCH_PATHS
+from cudampi.bench.paths import DDP_PATHS, PATHS, TORCH_PATHS
 from cudampi.bench.registry import REDOPS
 from cudampi.bench.sizes import parse_bytes, size_sweep
 from cudampi.errors import ConfigError
@@ -69,7 +69,7 @@ def parse_paths(text: str, mode: str) -> tuple[str, ...]:
     """``all`` or a comma list of :data:`PATHS` (for ddp: the torch paths; for p2p: cudampi,
     mpi and the torch paths)."""
     if mode == "ddp":
-        known: tuple[str, ...] = (*TORCH_PATHS, "local")
+        known: tuple[str, ...] = (*DDP_PATHS, "local")
     elif mode == "p2p":
         known = ("cudampi", "mpi", *TORCH_PATHS)
     else:

@@ -20,6 +20,9 @@ from cudampi.bench.session import Session
 
 CUDAMPI_PATHS = ("gpu-ring", "staged", "native", "host")
 TORCH_PATHS = {"torch-nccl": "nccl", "torch-gloo": "gloo", "torch-cudampi": "cudampi"}
+DDP_PATHS = {**TORCH_PATHS, "torch-cudampi-async": "cudampi-async"}
+"""``bench ddp`` also trains on a cudampi group with ``Options(async_ops=True)``, where gradient
+buckets are reduced on the group's thread while backward goes on."""
 PEERS = ("mpi", "copy")
 PATHS = (*CUDAMPI_PATHS, *TORCH_PATHS, *PEERS)
 """Every path ``--paths`` accepts (``all`` is all of them)."""
@@ -32,6 +35,7 @@ DESCRIPTION = {
     "torch-nccl": "torch.distributed, NCCL backend",
     "torch-gloo": "torch.distributed, Gloo backend",
     "torch-cudampi": "torch.distributed, cudampi backend",
+    "torch-cudampi-async": "torch.distributed, cudampi backend with Options(async_ops=True)",
     "mpi": "peer: mpi4py directly (device buffers staged through pinned host copies)",
     "copy": "peer: one raw copy of the same size (device-to-device; memcpy on the host)",
 }

@@ -102,6 +102,14 @@ class Session:
             raise self._groups[backend]
         if backend == self.torch_default:
             group = dist.group.WORLD
+        elif backend == "cudampi-async":
+            if isinstance(self._groups.get("cudampi"), Exception):
+                raise self._groups["cudampi"]
+            from cudampi.torch import Options
+
+            group = dist.new_group(
+                list(range(self.size)), backend="cudampi", pg_options=Options(async_ops=True)
+            )
         else:
             group = dist.new_group(list(range(self.size)), backend=backend)
         self._groups[backend] = group

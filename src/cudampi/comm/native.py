@@ -97,6 +97,41 @@ def _vec(ops: ArrayOps, a: Any, counts: list[int], itemsize: int) -> Any:
     return [buf, (b, offsets(b)), MPI.BYTE]
 
 
+def _overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
+    na, nb = ops.nbytes(a), ops.nbytes(b)
+    if not na or not nb:
+        return False
+    pa, pb = ops.ptr(a), ops.ptr(b)
+    return pa < pb + nb and pb < pa + na
+
+
+def _apart(ops: ArrayOps, a: Any, b: Any) -> Any:
+    """``a``, or a copy of it where it overlaps ``b``: MPI forbids aliased send and receive
+    buffers (MPICH checks: "Buffers must not be aliased"; FSDP2 all-gathers a shard that lives
+    inside the output)."""
+    if not _overlap(ops, a, b):
+        return a
+    tmp = ops.empty(max(1, int(a.shape[0])), a)[: int(a.shape[0])]
+    ops.copy(tmp, a)
+    ops.fence()
+    return tmp
+
+
+def _gather_send(
+    ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, rank: int
+) -> Any:
+    """The send buffer of an (all)gather: MPI_IN_PLACE when ``send`` is exactly this rank's
+    block of ``out``; a copy when it overlaps ``out`` anywhere else."""
+    from mpi4py import MPI
+
+    if not _overlap(ops, send, out):
+        return _bytes(ops, send)
+    b = [c * itemsize for c in counts]
+    if ops.ptr(send) == ops.ptr(out) + offsets(b)[rank] and ops.nbytes(send) == b[rank]:
+        return MPI.IN_PLACE
+    return _bytes(ops, _apart(ops, send, out))
+
+
 def allreduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str) -> None:
     """``out`` = reduction of every rank's ``send`` (``send is out``: in place)."""
     from mpi4py import MPI
@@ -127,20 +162,24 @@ def broadcast(comm: Any, ops: ArrayOps, data: Any, root: int) -> None:
 def allgatherv(
     comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int
 ) -> None:
-    comm.Allgatherv(_bytes(ops, send), _vec(ops, out, counts, itemsize))
+    sbuf = _gather_send(ops, send, out, counts, itemsize, comm.rank)
+    comm.Allgatherv(sbuf, _vec(ops, out, counts, itemsize))
 
 
 def gatherv(
     comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
 ) -> None:
-    rbuf = _vec(ops, out, counts, itemsize) if comm.rank == root else None
-    comm.Gatherv(_bytes(ops, send), rbuf, root)
+    if comm.rank != root:
+        comm.Gatherv(_bytes(ops, send), None, root)
+        return
+    sbuf = _gather_send(ops, send, out, counts, itemsize, root)
+    comm.Gatherv(sbuf, _vec(ops, out, counts, itemsize), root)
 
 
 def scatterv(
     comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
 ) -> None:
-    sbuf = _vec(ops, send, counts, itemsize) if comm.rank == root else None
+    sbuf = _vec(ops, _apart(ops, send, out), counts, itemsize) if comm.rank == root else None
     comm.Scatterv(sbuf, _bytes(ops, out), root)
 
 
@@ -150,7 +189,10 @@ def reduce_scatterv(
     if sum(counts) == 0:
         return
     comm.Reduce_scatter(
-        _typed(ops, send, dtype), _typed(ops, out, dtype), counts, mpi_op(op, dtype)
+        _typed(ops, _apart(ops, send, out), dtype),
+        _typed(ops, out, dtype),
+        counts,
+        mpi_op(op, dtype),
     )
 
 
@@ -163,4 +205,5 @@ def alltoallv(
     rcounts: list[int],
     itemsize: int,
 ) -> None:
-    comm.Alltoallv(_vec(ops, send, scounts, itemsize), _vec(ops, out, rcounts, itemsize))
+    sbuf = _vec(ops, _apart(ops, send, out), scounts, itemsize)
+    comm.Alltoallv(sbuf, _vec(ops, out, rcounts, itemsize))

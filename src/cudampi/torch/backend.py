@@ -3,7 +3,8 @@
 torch creates one :class:`CudampiProcessGroup` per group (``init_process_group`` and every
 ``new_group``) through :func:`create_process_group`, registered with
 ``torch.distributed.Backend.register_backend(..., extended_api=True, devices=["cpu", "cuda"])``.
-The world group runs on ``MPI.COMM_WORLD`` (or the communicator in :class:`Options`); subgroups
+The world group runs on ``MPI.COMM_WORLD`` (or the communicator in :class:`Options`; under
+torchrun, the job :mod:`cudampi.torch.join` makes of torch's processes); subgroups
 are ``MPI_Comm_create_group`` over the world, made only by their members, as torch calls the
 creator only on members.
 
@@ -17,12 +18,14 @@ run in call order on one thread per group instead, overlapping the caller's work
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -30,6 +33,7 @@ import torch.distributed as dist
 
 from cudampi.config import Config
 from cudampi.errors import CommError, ConfigError
+from cudampi.torch.join import join_world, needs_join
 from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
 from cudampi.torch.rendezvous import singleton_message
 from cudampi.torch.work import AsyncRunner, completed_work, handle_work
@@ -70,13 +74,21 @@ class _World:
 _WORLD: list[_World] = []  # the live default group's world; torch has one default group
 
 
+def _timeout(dist_opts: Any) -> timedelta | None:
+    t = getattr(dist_opts, "timeout", None)
+    return t if isinstance(t, timedelta) else None
+
+
 def _where(rank: int, size: int) -> str:
     return f"rank {rank} of {size} on {socket.gethostname()}"
 
 
-def _open_world(options: Options, rank: int, size: int) -> _World:
+def _open_world(options: Options, rank: int, size: int, dist_opts: Any = None) -> _World:
     if options.comm is not None:
         mpi_comm = options.comm
+    elif dist_opts is not None and needs_join(os.environ, size):
+        # torchrun: MPI has not started; make torch's processes one MPI job (cudampi.torch.join)
+        mpi_comm = join_world(dist_opts.store, rank, size, _timeout(dist_opts))
     else:
         from mpi4py import MPI
 
@@ -103,16 +115,29 @@ def _open_world(options: Options, rank: int, size: int) -> _World:
     return world
 
 
-def _open_subgroup_world(options: Options) -> None:
+def _open_subgroup_world(
+    options: Options, ranks: list[int], store: Any = None, timeout: timedelta | None = None
+) -> None:
     """``new_group(backend="cudampi")`` under another default backend (e.g. nccl or gloo).
 
     Only the new group's members get here, so nothing collective over the world may run: MPI's
     world ranks are checked against torch's on this rank alone.
     """
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if options.comm is None and needs_join(os.environ, size):
+        if len(ranks) != size:
+            raise ConfigError(
+                f"new_group(backend='cudampi') over ranks {ranks}: these processes were not "
+                "started by an MPI launcher and MPI has not started yet, so cudampi must first "
+                f"join all {size} of them into one MPI job, which only a group of every rank can "
+                "do. Fix: create the first cudampi group over all ranks (new_group(backend="
+                "'cudampi') or init_process_group('cudampi')), or launch with `cudampi launch`."
+            )
+        _WORLD[:] = [_World(join_world(store, rank, size, timeout), options)]
+        return
     from mpi4py import MPI
 
     mpi_comm = options.comm if options.comm is not None else MPI.COMM_WORLD
-    rank, size = dist.get_rank(), dist.get_world_size()
     if (mpi_comm.rank, mpi_comm.size) != (rank, size):
         raise ConfigError(
             f"new_group(backend='cudampi'): torch's default group makes this process rank "
@@ -179,11 +204,11 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
     ranks = [int(r) for r in dist_opts.global_ranks_in_group]
     group_id = str(getattr(dist_opts, "group_id", ""))
     if not ranks:
-        world = _open_world(options, rank, size)
+        world = _open_world(options, rank, size, dist_opts)
         mpi_comm = world.mpi_comm.Dup()
     else:
         if not _WORLD:
-            _open_subgroup_world(options)
+            _open_subgroup_world(options, ranks, dist_opts.store, _timeout(dist_opts))
         parent = _WORLD[0].mpi_comm
         mpi_group = parent.Get_group()
         sub_group = mpi_group.Incl(ranks)

@@ -174,15 +174,15 @@ def _env_int(env: Mapping[str, str], name: str) -> int:
 
 
 def singleton_message(world_size: int) -> str:
-    """Why torchrun-started processes cannot form one cudampi group, and what to do instead."""
+    """Why a 1-process MPI job cannot be a group of ``world_size``, and what to do instead."""
     return (
         f"torch asks for a group of {world_size} processes, but this process is a 1-process MPI "
-        "job (an MPI singleton): it was not started by mpirun/mpiexec/srun, e.g. torchrun "
-        "started it. cudampi needs the processes in one MPI job; Open MPI 5 cannot join "
-        "singletons afterwards (MPI_Comm_accept/connect and MPI_Comm_join fail with "
-        "MPI_ERR_INTERN without a shared PMIx server). Fix: launch with `cudampi launch -n "
-        f"{world_size} script.py` or `mpirun -n {world_size} python script.py` instead of "
-        "torchrun (no MASTER_ADDR needed), or use backend 'gloo'/'nccl' under torchrun."
+        "job (an MPI singleton): no mpirun/mpiexec/srun started it, and MPI was already running "
+        "before the cudampi group was created (mpi4py.MPI imported earlier), so cudampi could "
+        "not join the processes into one job. Fix: launch with `cudampi launch -n "
+        f"{world_size} script.py` or `mpirun -n {world_size} python script.py` (no MASTER_ADDR "
+        "needed); under torchrun, import mpi4py.MPI only after init_process_group('cudampi') "
+        "and use an MPICH-family MPI (see docs/torch.md); or use backend 'gloo'/'nccl'."
     )
 
 

@@ -1,0 +1,172 @@
+"""cudampi's PMI-1 server: the protocol state machine, then the real server over loopback sockets
+with clients speaking the wire protocol as MPICH's simple PMI client does (the lines below are
+the ones MPICH 5.0.2 sent in a 2-rank MPI_Init, captured while this server was written)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from cudampi.launch.pmi import (
+    Client,
+    PmiServer,
+    PmiState,
+    client_env,
+    hydra_kvsname,
+    parse_command,
+    single_node_mapping,
+)
+from tests.mpirun import ROOT, mpi_env
+
+KVSNAME = hydra_kvsname(4242)
+
+
+def test_parse_command():
+    assert parse_command("cmd=put kvsname=k key=hostname[0] value=vm\n") == {
+        "cmd": "put",
+        "kvsname": "k",
+        "key": "hostname[0]",
+        "value": "vm",
+    }
+    assert parse_command("cmd=barrier_in") == {"cmd": "barrier_in"}
+    assert parse_command("  \n") == {}
+
+
+def test_handshake_answers_as_hydra_does():
+    st = PmiState(2, kvsname=KVSNAME)
+    c = Client()
+    replies, _ = st.handle(c, "cmd=initack pmiid=1\n")
+    assert replies == ["cmd=initack\n", "cmd=set size=2\n", "cmd=set rank=1\n", "cmd=set debug=0\n"]
+    assert c.rank == 1
+    replies, _ = st.handle(c, "cmd=init pmi_version=1 pmi_subversion=1\n")
+    assert replies == ["cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n"]
+    assert "kvsname_max=256" in st.handle(c, "cmd=get_maxes\n")[0][0]
+    assert st.handle(c, "cmd=get_appnum\n")[0] == ["cmd=appnum appnum=0 rc=0\n"]
+    assert st.handle(c, "cmd=get_my_kvsname\n")[0] == [f"cmd=my_kvsname kvsname={KVSNAME} rc=0\n"]
+    assert st.handle(c, "cmd=get_universe_size\n")[0] == ["cmd=universe_size size=2 rc=0\n"]
+
+
+def test_bad_rank_and_version_are_refused():
+    st = PmiState(2, log=lambda m: None)
+    assert st.handle(Client(), "cmd=initack pmiid=2\n")[0] == ["cmd=initack rc=-1\n"]
+    assert "rc=-1" in st.handle(Client(), "cmd=init pmi_version=2 pmi_subversion=0\n")[0][0]
+    assert "rc=-1" in st.handle(Client(), "cmd=frobnicate\n")[0][0]
+    with pytest.raises(ValueError, match="size=0"):
+        PmiState(0)
+
+
+def test_kvs_put_get_and_process_mapping():
+    st = PmiState(2, process_mapping=single_node_mapping(2))
+    c = Client(rank=0)
+    got = st.handle(c, f"cmd=get kvsname={KVSNAME} key=PMI_process_mapping\n")[0]
+    assert got == ["cmd=get_result rc=0 msg=success value=(vector,(0,1,2))\n"]
+    missing = st.handle(c, f"cmd=get kvsname={KVSNAME} key=hostname[1]\n")[0][0]
+    assert "rc=-1" in missing and "key_not_found" in missing
+    st.handle(c, f"cmd=put kvsname={KVSNAME} key=hostname[1] value=vm\n")
+    got = st.handle(c, f"cmd=get kvsname={KVSNAME} key=hostname[1]\n")[0]
+    assert got == ["cmd=get_result rc=0 msg=success value=vm\n"]
+    too_long = st.handle(c, f"cmd=put kvsname={KVSNAME} key=k value={'x' * 2000}\n")[0][0]
+    assert "rc=-1" in too_long
+
+
+def test_barrier_releases_everyone_only_when_all_entered():
+    st = PmiState(3)
+    a, b, c = Client(rank=0), Client(rank=1), Client(rank=2)
+    assert st.handle(a, "cmd=barrier_in\n") == ([], [])
+    assert st.handle(b, "cmd=barrier_in\n") == ([], [])
+    replies, released = st.handle(c, "cmd=barrier_in\n")
+    assert replies == [] and released == [a, b, c]
+    assert st.handle(a, "cmd=barrier_in\n") == ([], [])  # the next barrier starts afresh
+
+
+def test_name_service_abort_finalize():
+    logs: list[str] = []
+    st = PmiState(1, log=logs.append)
+    c = Client(rank=0)
+    assert "rc=0" in st.handle(c, "cmd=publish_name service=svc port=p0\n")[0][0]
+    assert st.handle(c, "cmd=lookup_name service=svc\n")[0] == ["cmd=lookup_result rc=0 port=p0\n"]
+    assert "rc=0" in st.handle(c, "cmd=unpublish_name service=svc\n")[0][0]
+    assert "rc=-1" in st.handle(c, "cmd=lookup_name service=svc\n")[0][0]
+    assert st.handle(c, "cmd=abort exitcode=3\n") == ([], [])
+    assert c.aborted == 3 and "rank 0 called MPI_Abort (exit code 3)" in logs[-1]
+    assert st.handle(c, "cmd=finalize\n")[0] == ["cmd=finalize_ack rc=0\n"] and c.finalized
+
+
+def _rank(port: int, rank: int, out: dict[int, list[str]]) -> None:
+    """One client as MPICH's simple PMI speaks: handshake, put, barrier, get, finalize."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        f = s.makefile("rw", encoding="ascii", newline="\n")
+
+        def ask(line: str, n: int = 1) -> list[str]:
+            f.write(line + "\n")
+            f.flush()
+            return [f.readline().strip() for _ in range(n)]
+
+        got = ask(f"cmd=initack pmiid={rank}", 4)
+        got += ask("cmd=init pmi_version=1 pmi_subversion=1")
+        got += ask(f"cmd=put kvsname={KVSNAME} key=card[{rank}] value=addr{rank}")
+        got += ask("cmd=barrier_in")
+        for peer in range(3):
+            got += ask(f"cmd=get kvsname={KVSNAME} key=card[{peer}]")
+        got += ask("cmd=finalize")
+        out[rank] = got
+
+
+def test_server_serves_three_ranks_over_tcp_and_finishes():
+    server = PmiServer(3, log=lambda m: None).start()
+    out: dict[int, list[str]] = {}
+    threads = [threading.Thread(target=_rank, args=(server.port, r, out)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert server.done.wait(10), "the server did not finish after every rank finalized"
+    server.close()
+    for r in range(3):
+        got = out[r]
+        assert got[2] == f"cmd=set rank={r}" and got[1] == "cmd=set size=3"
+        assert "cmd=barrier_out rc=0" in got
+        for peer in range(3):
+            assert f"cmd=get_result rc=0 msg=success value=addr{peer}" in got
+        assert got[-1] == "cmd=finalize_ack rc=0"
+
+
+def test_a_rank_that_vanishes_is_reported():
+    logs: list[str] = []
+    server = PmiServer(1, log=logs.append).start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"cmd=initack pmiid=0\n")
+        s.recv(200)
+    assert server.done.wait(10)
+    server.close()
+    assert any("rank 0 closed its PMI connection without MPI_Finalize" in m for m in logs), logs
+
+
+def test_the_server_process_prints_its_port_and_ends_with_its_parent():
+    env = mpi_env()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cudampi.launch.pmi", "--size", "2", "--grace", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    port = int(proc.stdout.readline())
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"cmd=initack pmiid=0\n")
+        assert s.recv(100).startswith(b"cmd=initack")
+        t0 = time.monotonic()
+        proc.stdin.close()  # the starting rank is gone; one rank is still connected: grace 1 s
+        assert proc.wait(20) == 0
+        assert time.monotonic() - t0 < 15
+
+
+def test_client_env():
+    assert client_env("10.0.0.1:4000", 3) == {"PMI_PORT": "10.0.0.1:4000", "PMI_ID": "3"}
