@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.mpi.test_torch_init import _RAISES  # the same script as under mpiexec
 from tests.mpirun import ROOT, mpi_env, mpich_venv
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
@@ -101,20 +102,6 @@ def test_mpi_world_is_torch_world_and_the_pmi_variables_are_gone(tmp_path):
 def test_the_example_trains_under_torchrun():
     proc = ok(torchrun(2, [str(ROOT / "examples" / "ddp_train.py"), "--json", "--steps", "5"]))
     assert '"world_size": 2' in proc.stdout and '"backend": "cudampi"' in proc.stdout
-
-
-_RAISES = """
-import time
-import torch, torch.distributed as dist
-import cudampi.torch
-
-dist.init_process_group("cudampi")
-if dist.get_rank() == dist.get_world_size() - 1:
-    raise ValueError("planted failure")
-t = torch.ones(3)
-dist.all_reduce(t)  # the other ranks wait here for the rank that raised
-time.sleep(300)
-"""
 
 
 @pytest.mark.xfail(
