@@ -116,6 +116,39 @@ torchrun)
   T 120 $W -m cudampi launch -n 2 examples/ddp_train.py --device cuda --json --steps 30 --width 2048 --depth 4 \
     2>&1 | tee -a $OUT/torchrun.txt | grep -E "^\{|rror" | head -4
   ;;
+ddpdebug)
+  # Where bench ddp with Options(async_ops=True) stalls on CUDA: every rank's Python threads'
+  # stacks every 30 s (faulthandler, from a sitecustomize), native stacks by gdb if present.
+  export PATH=/tmp/v/bin:$PATH
+  mkdir -p /tmp/fh $OUT/stacks
+  cat > /tmp/fh/sitecustomize.py <<'PY'
+import faulthandler, os
+if os.environ.get("DUMP_EVERY"):
+    _f = open(os.path.join(os.environ["DUMP_DIR"], f"stacks-{os.getpid()}.txt"), "w")
+    faulthandler.dump_traceback_later(float(os.environ["DUMP_EVERY"]), repeat=True, file=_f)
+PY
+  echo "gdb: $(command -v gdb || echo none); py-spy: $(command -v py-spy || echo none)"
+  for model in ${DDP_MODELS:-transformer resnet50}; do
+    sec bench ddp $model ${DDP_NP:=2} ranks, ${DDP_PATHS:=torch-cudampi,torch-cudampi-async}
+    ( for _ in $(seq $(( ${DDP_LIMIT:-110} - 30 ))); do sleep 1; pgrep -f "cudampi bench ddp" >/dev/null || exit 0; done
+      for p in $(pgrep -f "cudampi bench ddp"); do
+        command -v gdb >/dev/null && timeout 25 gdb -p $p -batch -ex "thread apply all bt 30" > $OUT/stacks/gdb-$model-$p.txt 2>&1
+      done ) &
+    ( export PYTHONPATH=/tmp/fh:$PYTHONPATH DUMP_EVERY=30 DUMP_DIR=$OUT/stacks
+      T ${DDP_LIMIT:-110} $W -m cudampi launch -n $DDP_NP -m cudampi bench ddp --model $model ${DDP_ITERS:--w 2 -n 5} \
+        --paths $DDP_PATHS --json $OUT/ddp-$model-$DDP_NP.json ) 2>&1 | tail -14
+    wait
+  done
+  ;;
+benchall)
+  # Every collective, every path that works here, 2 ranks; tables, JSON and plots.
+  B=$OUT/bench; mkdir -p $B
+  export PATH=/tmp/v/bin:$PATH
+  sec bench all 2 ranks
+  T 420 $W -m cudampi launch -n 2 -m cudampi bench all -b 4K -e 256M -f 16 -w 2 -n 8 --time-limit 0.6 \
+    --json $B/all2.json --csv $B/all2.csv --plot $B/all2.png > $B/all2.txt; grep -E "^#|runs:|skipped|Verdict" $B/all2.txt | head -40
+  tar czf $OUT/bench-all.tgz -C $OUT bench && rm -rf $B
+  ;;
 final)
   # The short run: probe (fills the capabilities cache), then the headline benchmarks, whose
   # paths are chosen from that cache; the DDP test on CUDA tensors through gpu-ring.

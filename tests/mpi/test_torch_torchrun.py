@@ -104,12 +104,6 @@ def test_the_example_trains_under_torchrun():
     assert '"world_size": 2' in proc.stdout and '"backend": "cudampi"' in proc.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: under torchrun MPICH's MPI_Abort only tells the PMI server, which does "
-    "not yet kill the other ranks; they wait in their collective (fix designed: PMI watcher "
-    "connections that end every rank on abort)",
-)
 def test_a_raising_rank_ends_the_torchrun_job_fast(tmp_path):
     script = tmp_path / "raises.py"
     script.write_text(textwrap.dedent(_RAISES))

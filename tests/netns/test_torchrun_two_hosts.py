@@ -305,14 +305,6 @@ def test_torchrun_on_two_hosts_is_one_mpi_job(hosts: Hosts, tmp_path: Path):
     assert crossed > BIG * 4, f"the 8 MiB all_reduce did not cross the veth: {crossed} bytes did"
 
 
-# Drop the marker once the job is torn down on every host (strict: a pass fails until then).
-@pytest.mark.xfail(
-    strict=True,
-    raises=JobHung,
-    reason="MPICH's MPI_Abort under a PMI-1 server only sends cmd=abort and returns (Hydra "
-    "would kill the job); cudampi's PMI server just logs it, so the raising rank hangs in "
-    "MPI_Finalize at exit and host 1's ranks wait in their collective for ever",
-)
 def test_a_rank_raising_on_host_2_ends_both_torchruns(hosts: Hosts, tmp_path: Path):
     script = tmp_path / "raises.py"
     script.write_text(textwrap.dedent(_WORKER))
@@ -322,3 +314,5 @@ def test_a_rank_raising_on_host_2_ends_both_torchruns(hosts: Hosts, tmp_path: Pa
     both = f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
     assert rc1 != 0 and rc2 != 0, both
     assert "RuntimeError: planted failure on rank 2" in out2, both
+    # host 1's torchrun never heard of host 2's failure: its ranks ended on the PMI watch
+    assert "cudampi: rank 2 called MPI_Abort (exit code 1); ending rank" in out1, both

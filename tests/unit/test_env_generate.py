@@ -5,6 +5,7 @@ header; and docker/ in the repository is what the default description generates.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
@@ -334,6 +335,8 @@ def test_sshd_and_ssh_configs_are_accepted_by_openssh(tmp_path):
     sshd, ssh, keygen = (shutil.which(n) or f"/usr/sbin/{n}" for n in ("sshd", "ssh", "ssh-keygen"))
     if not (Path(sshd).exists() and shutil.which("ssh") and shutil.which("ssh-keygen")):
         pytest.skip("OpenSSH is not installed (.ci/run installs openssh-server/-client)")
+    if os.geteuid() == 0:  # sshd -t insists on its privilege separation directory
+        os.makedirs("/run/sshd", exist_ok=True)
     texts = files.generate(DEFAULT, ("docker",))
     (tmp_path / "sshd_config").write_text(texts["sshd_config"])
     (tmp_path / "ssh_config").write_text(texts["ssh_config"])

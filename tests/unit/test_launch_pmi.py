@@ -20,6 +20,7 @@ from cudampi.launch.pmi import (
     hydra_kvsname,
     parse_command,
     single_node_mapping,
+    watch,
 )
 from tests.mpirun import ROOT, mpi_env
 
@@ -147,7 +148,7 @@ def test_a_rank_that_vanishes_is_reported():
     assert any("rank 0 closed its PMI connection without MPI_Finalize" in m for m in logs), logs
 
 
-def test_the_server_process_prints_its_port_and_ends_with_its_parent():
+def test_the_server_process_prints_its_port_and_outlives_its_parent_while_ranks_run():
     env = mpi_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "cudampi.launch.pmi", "--size", "2", "--grace", "1"],
@@ -160,12 +161,92 @@ def test_the_server_process_prints_its_port_and_ends_with_its_parent():
     assert proc.stdout is not None and proc.stdin is not None
     port = int(proc.stdout.readline())
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"cmd=initack pmiid=0\n")
-        assert s.recv(100).startswith(b"cmd=initack")
-        t0 = time.monotonic()
-        proc.stdin.close()  # the starting rank is gone; one rank is still connected: grace 1 s
-        assert proc.wait(20) == 0
-        assert time.monotonic() - t0 < 15
+        s.sendall(b"cmd=initack pmiid=1\n")
+        _recv_until(s, b"cmd=set debug=0\n")
+        proc.stdin.close()  # the starting rank is gone, rank 1 still runs: keep serving it
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(3)
+        s.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\n")
+        _recv_until(s, b"response_to_init")
+    t0 = time.monotonic()  # rank 1 gone too: out within --grace (1 s) and a poll
+    assert proc.wait(20) == 0
+    assert time.monotonic() - t0 < 10
+
+
+def _recv_until(s: socket.socket, token: bytes) -> bytes:
+    got = b""
+    while token not in got:
+        chunk = s.recv(200)
+        assert chunk, f"connection closed before {token!r}; got {got!r}"
+        got += chunk
+    return got
+
+
+def _connect_rank(port: int, rank: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(f"cmd=initack pmiid={rank}\n".encode())
+    _recv_until(s, b"cmd=set debug=0\n")
+    return s
+
+
+def _watcher(port: int, rank: int) -> tuple[threading.Thread, list[tuple[str, int]]]:
+    heard: list[tuple[str, int]] = []
+    thread = watch(f"127.0.0.1:{port}", rank, lambda why, code: heard.append((why, code)))
+    return thread, heard
+
+
+@pytest.mark.parametrize("how", ["abort", "vanish"])
+def test_watchers_hear_when_a_rank_aborts_or_dies(how):
+    server = PmiServer(3, log=lambda m: None).start()
+    ranks = [_connect_rank(server.port, r) for r in range(3)]
+    watchers = [_watcher(server.port, r) for r in range(3)]
+    time.sleep(0.2)  # the watchers are registered before anything fails
+    if how == "abort":
+        ranks[1].sendall(b"cmd=abort exitcode=7\n")
+    else:
+        ranks[1].close()  # killed: no finalize
+    for r in (0, 2):
+        thread, heard = watchers[r]
+        thread.join(10)
+        want = "called MPI_Abort (exit code 7)" if how == "abort" else "without MPI_Finalize"
+        assert len(heard) == 1 and heard[0][0].startswith("rank 1 "), heard
+        assert want in heard[0][0] and heard[0][1] == (7 if how == "abort" else 1)
+    assert watchers[1][1] == []  # the failing rank is not told about itself
+    late = _watcher(server.port, 2)  # a watcher that comes after the failure hears it at once
+    late[0].join(10)
+    assert late[1] and late[1][0][0].startswith("rank 1 ")
+    for s in ranks:
+        s.close()
+    server.close()
+
+
+def test_watchers_are_released_quietly_when_every_rank_finalizes():
+    server = PmiServer(2, log=lambda m: None).start()
+    ranks = [_connect_rank(server.port, r) for r in range(2)]
+    watchers = [_watcher(server.port, r) for r in range(2)]
+    time.sleep(0.2)
+    for s in ranks:
+        s.sendall(b"cmd=finalize\n")
+        _recv_until(s, b"finalize_ack")
+        s.close()
+    assert server.done.wait(10)
+    for thread, heard in watchers:
+        thread.join(10)
+        assert not thread.is_alive() and heard == []
+    server.close()
+
+
+def test_a_watcher_that_loses_the_server_ends_and_a_stray_connection_does_not():
+    server = PmiServer(2, log=lambda m: None).start()
+    stray = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    stray.sendall(b"GET / HTTP/1.0\n")
+    stray.close()  # not a rank: ends nothing
+    thread, heard = _watcher(server.port, 0)
+    time.sleep(0.3)
+    assert server.aborted is None and heard == []
+    server.close()  # the server dies with a rank still running
+    thread.join(10)
+    assert heard and "PMI server" in heard[0][0] and heard[0][1] == 1
 
 
 def test_client_env():

@@ -11,6 +11,14 @@ only PMIx, so it stays a singleton (the torch backend then says so and names the
 The protocol (MPICH ``src/pmi``, ``doc/wiki/design/PMI_v1_Wire_Protocol``): text lines of
 ``key=value`` pairs, ``cmd=`` first. :class:`PmiState` is the pure state machine (tested without
 sockets); :class:`PmiServer` serves it on TCP, one thread a client.
+
+Ending the job is the process manager's duty too: under Hydra an MPI_Abort, or a rank that dies,
+makes mpiexec kill every rank. MPICH's PMI-1 client only sends ``cmd=abort`` and returns, and
+torchrun knows nothing of MPI. So each rank also opens a *watch* connection
+(``cmd=cudampi_watch rank=R``, see :func:`watch`): the server sends every watcher
+``cmd=cudampi_abort rank=R exitcode=C`` when a rank aborts or closes its PMI connection without
+MPI_Finalize, and ``cmd=cudampi_done`` when every rank has finalized; a watcher that hears of an
+abort, or loses the server, ends its process.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import quote, unquote
 
 PMI_VERSION, PMI_SUBVERSION = 1, 1
 
@@ -172,7 +181,8 @@ class PmiServer:
     """Serve :class:`PmiState` on a TCP socket until every rank has finalized or gone.
 
     ``done`` is set when all ``size`` ranks have connected and each has finalized, aborted or
-    disconnected (or when :meth:`close` is called).
+    disconnected (or when :meth:`close` is called). Watch connections (:func:`watch`) hear
+    ``cudampi_abort`` when a rank aborts or dies, ``cudampi_done`` at the end.
     """
 
     def __init__(
@@ -192,8 +202,9 @@ class PmiServer:
         self.port: int = int(self._sock.getsockname()[1])
         self.clients: list[Client] = []
         self._conns: dict[int, socket.socket] = {}
+        self._watchers: dict[socket.socket, int] = {}  # watch connection -> its rank
+        self.aborted: tuple[int, int, str] | None = None  # (rank, exit code, why), first only
         self.done = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     def start(self) -> PmiServer:
         t = threading.Thread(target=self._accept, name="cudampi-pmi-accept", daemon=True)
@@ -201,34 +212,38 @@ class PmiServer:
         return self
 
     def _accept(self) -> None:
-        while len(self.clients) < self.state.size:
+        # Ranks and watchers both connect; accept until closed (watchers may come after all ranks).
+        while True:
             try:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            client = Client()
-            with self._lock:
-                self.clients.append(client)
-                self._conns[id(client)] = conn
-            t = threading.Thread(
-                target=self._serve, args=(client, conn), name="cudampi-pmi", daemon=True
-            )
-            t.start()
-            self._threads.append(t)
-        self._sock.close()
+            threading.Thread(
+                target=self._serve, args=(conn,), name="cudampi-pmi", daemon=True
+            ).start()
 
     def _send(self, client: Client, text: str) -> None:
         conn = self._conns.get(id(client))
         if conn is not None:
-            try:
-                conn.sendall(text.encode())
-            except OSError:
-                pass
+            _send_quietly(conn, text)
 
-    def _serve(self, client: Client, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("r", encoding="ascii", newline="\n")
         try:
-            for line in reader:
+            first = reader.readline()
+        except (OSError, ValueError):
+            first = ""
+        req = parse_command(first)
+        if req.get("cmd") == "cudampi_watch":
+            self._watch(conn, int(req.get("rank", "-1") or -1))
+            return
+        client = Client()
+        with self._lock:
+            self.clients.append(client)
+            self._conns[id(client)] = conn
+        try:
+            line = first
+            while line:
                 if self._verbose:
                     self._log(f"rank {client.rank} -> {line.strip()}")
                 with self._lock:
@@ -240,21 +255,66 @@ class PmiServer:
                         self._send(client, text)
                     for other in released:
                         self._send(other, PmiState.barrier_out())
+                    if client.aborted is not None:
+                        self._abort(client.rank, client.aborted, "called MPI_Abort")
                 if client.finalized:
                     break
+                line = reader.readline()
         except (OSError, ValueError):
             pass
         finally:
             conn.close()
-            if not client.finalized and client.aborted is None:
-                self._log(
-                    f"rank {client.rank} closed its PMI connection without MPI_Finalize "
-                    "(the process ended or was killed)"
-                )
             with self._lock:
+                if client.rank >= 0 and not client.finalized and client.aborted is None:
+                    self._log(
+                        f"rank {client.rank} closed its PMI connection without MPI_Finalize "
+                        "(the process ended or was killed)"
+                    )
+                    self._abort(client.rank, 1, "ended without MPI_Finalize")
                 self._conns.pop(id(client), None)
-                if len(self.clients) == self.state.size and not self._conns:
-                    self.done.set()
+                ranks = sum(c.rank >= 0 for c in self.clients)
+                if ranks >= self.state.size and not self._conns:
+                    self._finish()
+
+    def _watch(self, conn: socket.socket, rank: int) -> None:
+        """Hold a watch connection open; tell it now if the job has already failed or ended."""
+        with self._lock:
+            if self.aborted is not None:
+                _send_quietly(conn, _abort_line(*self.aborted))
+            elif self.done.is_set():
+                _send_quietly(conn, format_reply("cudampi_done"))
+            else:
+                self._watchers[conn] = rank
+        try:
+            while conn.recv(256):  # watchers send nothing more: wait for them to go
+                pass
+        except OSError:
+            pass
+        with self._lock:
+            self._watchers.pop(conn, None)
+        conn.close()
+
+    def _abort(self, rank: int, code: int, why: str) -> None:
+        """Tell every watcher (but the failing rank's own) that the job is over. Lock held."""
+        if self.aborted is not None or self.done.is_set():
+            return
+        self.aborted = (rank, code, why)
+        line = _abort_line(rank, code, why)
+        for conn, watcher_rank in list(self._watchers.items()):
+            if watcher_rank != rank:
+                _send_quietly(conn, line)
+
+    def _finish(self) -> None:
+        """Every rank has finalized or gone: release the watchers, then say done. Lock held."""
+        if self.aborted is None:
+            for conn in self._watchers:
+                _send_quietly(conn, format_reply("cudampi_done"))
+        self.done.set()
+
+    def live_ranks(self) -> int:
+        """Rank connections still open."""
+        with self._lock:
+            return len(self._conns)
 
     def close(self) -> None:
         self.done.set()
@@ -263,11 +323,56 @@ class PmiServer:
         except OSError:
             pass
         with self._lock:
-            for conn in self._conns.values():
-                try:
+            for conn in [*self._conns.values(), *self._watchers]:
+                try:  # shutdown first: it wakes the thread blocked reading this connection
+                    conn.shutdown(socket.SHUT_RDWR)
                     conn.close()
                 except OSError:
                     pass
+
+
+def _send_quietly(conn: socket.socket, text: str) -> None:
+    try:
+        conn.sendall(text.encode())
+    except OSError:
+        pass  # that peer is gone; its own connection's end is handled where it is read
+
+
+def _abort_line(rank: int, code: int, why: str) -> str:
+    return format_reply("cudampi_abort", rank=rank, exitcode=code, why=quote(why))
+
+
+def watch(
+    address: str, rank: int, on_end: Callable[[str, int], None], timeout: float = 30.0
+) -> threading.Thread:
+    """Open rank ``rank``'s watch connection to the server at ``host:port``; a daemon thread
+    calls ``on_end(message, exit_code)`` if another rank aborts or dies, or the server vanishes
+    (it returns quietly once the server says every rank has finalized)."""
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock.settimeout(None)
+    sock.sendall(format_reply("cudampi_watch", rank=rank).encode())
+
+    def run() -> None:
+        reader = sock.makefile("r", encoding="ascii", newline="\n")
+        try:
+            line = reader.readline()
+        except (OSError, ValueError):
+            line = ""
+        req = parse_command(line)
+        if req.get("cmd") == "cudampi_done":
+            sock.close()
+            return
+        if req.get("cmd") == "cudampi_abort":
+            why = unquote(req.get("why", "aborted"))
+            code = int(req.get("exitcode", "1") or 1) or 1
+            on_end(f"rank {req.get('rank', '?')} {why} (exit code {code})", code)
+        else:
+            on_end(f"the PMI server (rank 0's host) went away at {address}", 1)
+
+    thread = threading.Thread(target=run, name="cudampi-pmi-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def single_node_mapping(size: int) -> str:
@@ -299,10 +404,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def watch_parent() -> None:
         sys.stdin.read()  # returns at EOF: the starting rank is gone
-        if not server.clients:
-            server.close()
-            return
-        server.done.wait(a.grace)
+        # Ranks still connected are still running (had the starting rank died, they were told
+        # to end): serve them to the end, but leave once no rank has stayed connected for --grace.
+        while not server.done.wait(a.grace):
+            if server.live_ranks() == 0:
+                break
         server.close()
 
     threading.Thread(target=watch_parent, name="cudampi-pmi-parent", daemon=True).start()

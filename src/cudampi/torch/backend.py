@@ -185,6 +185,10 @@ def _install_abort_on_exception() -> None:
             )
             err.flush()
             world.Abort(1)
+            # Under a PMI-1 server (torchrun, see cudampi.torch.join) MPICH's MPI_Abort only
+            # tells the server and returns: exit now, or MPI_Finalize at exit would wait for
+            # the ranks this abort is ending.
+            os._exit(1)
 
         sys.excepthook = abort_hook
 

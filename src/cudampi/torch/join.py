@@ -5,8 +5,9 @@ singleton). When the cudampi group is created before MPI has started, rank 0 sta
 PMI-1 server (:mod:`cudampi.launch.pmi`), publishes its address in torch's rendezvous store, and
 every rank points MPI at it (``PMI_PORT``/``PMI_ID``) before importing ``mpi4py.MPI``: MPI_Init
 then makes one COMM_WORLD whose ranks are torch's. That works for MPIs that speak PMI-1 (MPICH,
-Intel MPI, MVAPICH). Open MPI 5 speaks only PMIx: its processes stay singletons, and every rank
-raises a ConfigError that names the fixes.
+Intel MPI, MVAPICH). Each rank also keeps a watch connection to the server: when a rank aborts or
+dies, the others exit instead of waiting in a collective for ever. Open MPI 5 speaks only PMIx:
+its processes stay singletons, and every rank raises a ConfigError that names the fixes.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from cudampi.errors import ConfigError
-from cudampi.launch.pmi import client_env, single_node_mapping
+from cudampi.launch.pmi import client_env, single_node_mapping, watch
 from cudampi.torch.rendezvous import mpi_launcher
 
 STORE_KEY = "cudampi/pmi_address"
@@ -111,7 +112,25 @@ def join_world(store: Any, rank: int, size: int, timeout: timedelta | None = Non
         for proc in _SERVER:
             proc.kill()
         raise ConfigError(torchrun_message(size, MPI.Get_library_version(), world.size))
+    watch(address, rank, _end_with_the_job(rank, size))
     return world
+
+
+def _end_with_the_job(rank: int, size: int) -> Callable[[str, int], None]:
+    """What a rank does when its watch connection says the job failed: no launcher will kill
+    it (torchrun does not know the ranks are one MPI job, least of all across hosts), and it may
+    be blocked in a collective for ever, so it says why and exits at once."""
+
+    def end(why: str, code: int) -> None:
+        err = sys.__stderr__ or sys.stderr
+        err.write(
+            f"cudampi: {why}; ending rank {rank} of {size} on {socket.gethostname()} too, "
+            "since the MPI job cannot go on without it.\n"
+        )
+        err.flush()
+        os._exit(code)
+
+    return end
 
 
 def torchrun_message(size: int, library: str, got: int = 1) -> str:
