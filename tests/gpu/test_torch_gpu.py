@@ -102,20 +102,28 @@ def _cuda_aware() -> bool:
 
 
 @pytest.mark.parametrize(
-    ("path", "mode"), [("gpu-ring", "sync"), ("staged", "sync"), ("gpu-ring", "async")]
+    ("path", "mode", "ranks"),
+    [
+        ("gpu-ring", "sync", 2),
+        ("staged", "sync", 2),
+        ("gpu-ring", "async", 2),
+        ("gpu-ring", "async", 4),
+    ],
 )
-def test_ddp_fsdp_on_cuda_tensors(path, mode):
-    """mode async: Options(async_ops=True), bucket all-reduces overlap backward."""
+def test_ddp_fsdp_on_cuda_tensors(path, mode, ranks):
+    """mode async: Options(async_ops=True), bucket all-reduces overlap backward. 4 async ranks
+    on one GPU: where DDP's C++ read its allgathered parameter counts before the side stream
+    had written them (fixed by AsyncWork.wait ordering the caller's stream)."""
     if path == "gpu-ring" and not _cuda_aware():
         pytest.skip(
             "gpu-ring needs CUDA-aware point-to-point: preload the libucx-cu13 wheel, set "
             "OMPI_MCA_pml=ucx and CUDAMPI_CUDA_AWARE=yes (see the module docstring)"
         )
-    variants = GPU_VARIANTS
+    variants = GPU_VARIANTS if ranks == 2 else "default,small-buckets-views"
     if mode == "async":  # built-in C++ hooks need the typed futures of the default mode
         variants = ",".join(v for v in GPU_VARIANTS.split(",") if v != "builtin-fp16-hook")
     proc = run_mpi(
-        2, __file__, "rank_gpu", path, variants, mode, timeout=600, env={"CUDAMPI_PATH": path}
+        ranks, __file__, "rank_gpu", path, variants, mode, timeout=600, env={"CUDAMPI_PATH": path}
     )
     assert f"via {path} ({mode})" in proc.stdout
 
@@ -147,3 +155,28 @@ def test_ddp_example_on_cuda():
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("{")))
     assert result["device"].startswith("cuda") and result["replicas_in_sync"] is True
+
+
+def test_async_work_wait_orders_the_callers_stream():
+    """Work.wait() of an Options(async_ops=True) op: what the caller queues next on its own
+    stream must see the op's results, though the op's kernels ran on the runner's side stream
+    and were still running when the runner thread finished queueing them."""
+    import torch
+
+    from cudampi.torch.work import AsyncRunner
+
+    dev = torch.device("cuda", 0)
+    out = torch.zeros(1 << 20, device=dev)
+    runner = AsyncRunner("test-async-stream")
+
+    def op():  # a slow kernel, then the result: both queued on the side stream, not waited for
+        torch.cuda._sleep(200_000_000)  # ~0.1 s at H200 clocks
+        out.fill_(7.0)
+        return [out]
+
+    try:
+        work = runner.submit(op, [out])
+        work.wait()
+        assert out.sum().item() == 7.0 * out.numel(), "wait() returned before the op's kernels"
+    finally:
+        runner.close()

@@ -206,7 +206,10 @@ class AsyncRunner:
                     side = self._side_stream(device)
                     side.wait_event(ready)
                     with torch.cuda.device(device), torch.cuda.stream(side):
-                        work._complete(fn())
+                        result = fn()
+                        done = torch.cuda.Event()
+                        done.record(side)
+                        work._complete(result, done)
             except BaseException as exc:
                 work._fail(exc)
 
@@ -226,10 +229,17 @@ def _async_work_class() -> type:
     work_base: Any = dist._Work
 
     class AsyncWork(work_base):
-        """Completed by :class:`AsyncRunner`; ``wait()`` re-raises the op's own exception type."""
+        """Completed by :class:`AsyncRunner`; ``wait()`` re-raises the op's own exception type.
+
+        As for NCCL's Work, ``wait()`` on CUDA tensors also makes the caller's current stream
+        wait for the kernels the op queued on the runner's side stream, so what the caller then
+        queues (DDP's C++ reading ``.item()`` of an allgathered size) sees the op's results.
+        """
 
         def __init__(self, devices: list[Any]) -> None:
             super().__init__()
+            self._device = devices[0] if devices else None
+            self._done: Any = None  # CUDA event recorded on the side stream after the op
             self._fut: Any = (
                 torch.futures.Future(devices=devices) if devices else torch.futures.Future()
             )
@@ -237,8 +247,9 @@ def _async_work_class() -> type:
             self._error: BaseException | None = None
             self._result: Any = None
 
-        def _complete(self, result: Any) -> None:
+        def _complete(self, result: Any, done: Any = None) -> None:
             self._result = result
+            self._done = done
             self._fut.set_result(result)
             self._event.set()
 
@@ -251,6 +262,8 @@ def _async_work_class() -> type:
             self._event.wait()
             if self._error is not None:
                 raise self._error
+            if self._done is not None:
+                torch.cuda.current_stream(self._device).wait_event(self._done)
             return True
 
         def is_completed(self) -> bool:
