@@ -67,8 +67,26 @@ def test_device_collectives_on_every_path_that_works(n):
 
 
 def test_p2p_device_buffers():
+    """cudampi's own paths and the torch peers, every size checked. The raw ``mpi`` peer is left
+    out: on the H200 (2 ranks on one GPU, Open MPI 5.0.11 wheel + libucx-cu13 1.22, pml ucx),
+    mpi4py's own Isend/Irecv of 16 MiB device buffers delivered 4,145,152 wrong bytes in 3 of
+    10 full sweeps (docs/benchmarks.md, "raw mpi4py device p2p"): an upstream fault this test
+    cannot fix; the bench reports it (#wrong, exit 1), which tests/mpi/test_bench_cli.py checks."""
     data = bench(
-        2, "p2p", "-b", "1", "-e", "16M", "-f", "64", "-n", "10", "--buffers", "host,device"
+        2,
+        "p2p",
+        "-b",
+        "1",
+        "-e",
+        "16M",
+        "-f",
+        "64",
+        "-n",
+        "10",
+        "--buffers",
+        "host,device",
+        "--paths",
+        "cudampi,torch-cudampi,torch-gloo",
     )
     assert data["verdict"]["wrong"] == 0
     assert any(r["buffers"] == "device" and r["path"] == "cudampi" for r in data["results"]), data[

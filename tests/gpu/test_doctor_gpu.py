@@ -37,6 +37,10 @@ def _doctor(
     python: str, *args: str, cache: Path, env_extra: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict]:
     env = {k: v for k, v in os.environ.items() if k not in _UCX_RECIPE}
+    wheels = os.environ.get("CUDAMPI_TEST_WHEEL_PYTHON")
+    if wheels and python != wheels:  # the system stack with its own mpirun, not the wheels'
+        drop = str(Path(wheels).parent)
+        env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != drop)
     env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p

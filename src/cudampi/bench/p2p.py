@@ -315,6 +315,7 @@ def _sweep(
         x = lib.pattern(count, s.rank, "bits", "uint8")
         y = lib.empty((count,), "uint8")
         ack = lib.empty((1,), "uint8")
+        lib.sync()  # the kernels that made x must be done before MPI reads it on its own streams
         error = None
         if active:
             try:
