@@ -12,8 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 RUNNER = Path(__file__).with_name("_rank_main.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,3 +137,19 @@ def run_mpi_mpich(
             f"stdout:\n{proc.stdout[-8000:]}\nstderr:\n{proc.stderr[-8000:]}"
         )
     return proc
+
+
+def bring_up(make: Callable[[], Any], why_skip: str | None) -> Iterator[Any]:
+    """The body of a module fixture for a test world with ``up()``/``down()`` (hosts in network
+    namespaces, a Slurm cluster): skip with ``why_skip``, else bring it up, yield it, and take it
+    down whatever happened: ``yield from bring_up(lambda: Slurm(tmp), _why_skip())``."""
+    import pytest
+
+    if why_skip:
+        pytest.skip(why_skip)
+    world = make()
+    try:
+        world.up()
+        yield world
+    finally:
+        world.down()

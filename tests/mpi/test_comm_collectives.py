@@ -9,29 +9,13 @@ from __future__ import annotations
 
 import pytest
 
+from cudampi.comm.buffers import DTYPES as ALL_DTYPES
 from tests.mpirun import run_mpi
 
 pytestmark = pytest.mark.mpi
 
 HOST_PATHS = ("host", "native", "gpu-ring", "staged")
 SIZES = (0, 1, 7, 1000)
-ALL_DTYPES = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-)
 SOME_DTYPES = ("float32", "float16", "bfloat16", "int32", "uint8", "bool", "complex64")
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mpirun import bring_up
+
 pytestmark = pytest.mark.mpi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,15 +151,7 @@ class Slurm:
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory):
-    why = _why_skip()
-    if why:
-        pytest.skip(why)
-    s = Slurm(tmp_path_factory.mktemp("slurm"))
-    try:
-        s.up()
-        yield s
-    finally:
-        s.down()
+    yield from bring_up(lambda: Slurm(tmp_path_factory.mktemp("slurm")), _why_skip())
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])

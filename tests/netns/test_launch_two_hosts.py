@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mpirun import bring_up
+
 pytestmark = [pytest.mark.netns, pytest.mark.mpi]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,15 +138,7 @@ class TwoHosts:
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory):
-    why = _why_skip()
-    if why:
-        pytest.skip(why)
-    h = TwoHosts(tmp_path_factory.mktemp("two-hosts"))
-    try:
-        h.up()
-        yield h
-    finally:
-        h.down()
+    yield from bring_up(lambda: TwoHosts(tmp_path_factory.mktemp("two-hosts")), _why_skip())
 
 
 def run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:

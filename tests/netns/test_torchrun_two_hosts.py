@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.mpirun import bring_up
 from tests.netns.test_launch_two_hosts import ADDR, NAMES, TwoHosts, _why_skip, sh
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.torch]
@@ -113,15 +114,7 @@ class Hosts(TwoHosts):
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory):
-    why = _why_skip()
-    if why:
-        pytest.skip(why)
-    h = Hosts(tmp_path_factory.mktemp("torchrun-hosts"))
-    try:
-        h.up()
-        yield h
-    finally:
-        h.down()
+    yield from bring_up(lambda: Hosts(tmp_path_factory.mktemp("torchrun-hosts")), _why_skip())
 
 
 _WORKER = """

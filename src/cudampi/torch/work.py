@@ -82,10 +82,37 @@ def handle_work(
 
 
 @cache
-def _handle_work_class() -> type:
+def _work_base() -> type:
     import torch.distributed as dist
 
     work_base: Any = dist._Work
+
+    class PyWork(work_base):
+        """What HandleWork and AsyncWork share: subclasses set ``_error`` and ``_result`` and
+        define ``wait``, ``is_completed`` and ``get_future``."""
+
+        _error: BaseException | None = None
+        _result: Any = None
+
+        def is_success(self) -> bool:
+            return bool(self.is_completed()) and self._error is None
+
+        def exception(self) -> Any:
+            return self._error
+
+        def result(self) -> Any:
+            self.wait()
+            return self._result
+
+        def synchronize(self) -> None:
+            self.wait()
+
+    return PyWork
+
+
+@cache
+def _handle_work_class() -> type:
+    work_base: Any = _work_base()
 
     class HandleWork(work_base):
         """Waits on a :class:`cudampi.comm.Handle`; the future is made when first asked for."""
@@ -122,24 +149,11 @@ def _handle_work_class() -> type:
         def is_completed(self) -> bool:
             return self._future is not None or bool(self._handle.test())
 
-        def is_success(self) -> bool:
-            return self.is_completed() and self._error is None
-
-        def exception(self) -> Any:
-            return self._error
-
         def source_rank(self) -> int:
             return self._source
 
         def _source_rank(self) -> int:
             return self._source
-
-        def result(self) -> Any:
-            self.wait()
-            return self._result
-
-        def synchronize(self) -> None:
-            self.wait()
 
         def get_future(self) -> Any:
             self._finish()
@@ -224,9 +238,8 @@ def _async_work_class() -> type:
     import threading
 
     import torch
-    import torch.distributed as dist
 
-    work_base: Any = dist._Work
+    work_base: Any = _work_base()
 
     class AsyncWork(work_base):
         """Completed by :class:`AsyncRunner`; ``wait()`` re-raises the op's own exception type.
@@ -268,19 +281,6 @@ def _async_work_class() -> type:
 
         def is_completed(self) -> bool:
             return self._event.is_set()
-
-        def is_success(self) -> bool:
-            return self._event.is_set() and self._error is None
-
-        def exception(self) -> Any:
-            return self._error
-
-        def result(self) -> Any:
-            self.wait()
-            return self._result
-
-        def synchronize(self) -> None:
-            self.wait()
 
         def get_future(self) -> Any:
             return self._fut
