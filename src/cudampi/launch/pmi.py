@@ -30,6 +30,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, unquote
 
 PMI_VERSION, PMI_SUBVERSION = 1, 1
@@ -229,13 +230,11 @@ class PmiServer:
 
     def _serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("r", encoding="ascii", newline="\n")
-        try:
-            first = reader.readline()
-        except (OSError, ValueError):
-            first = ""
+        first = _readline(reader)
         req = parse_command(first)
         if req.get("cmd") == "cudampi_watch":
-            self._watch(conn, int(req.get("rank", "-1") or -1))
+            rank = req.get("rank", "")
+            self._watch(conn, int(rank) if rank.isdigit() else -1)
             return
         client = Client()
         with self._lock:
@@ -331,6 +330,14 @@ class PmiServer:
                     pass
 
 
+def _readline(reader: Any) -> str:
+    """One protocol line, or "" once the peer is gone."""
+    try:
+        return str(reader.readline())
+    except (OSError, ValueError):
+        return ""
+
+
 def _send_quietly(conn: socket.socket, text: str) -> None:
     try:
         conn.sendall(text.encode())
@@ -354,12 +361,7 @@ def watch(
     sock.sendall(format_reply("cudampi_watch", rank=rank).encode())
 
     def run() -> None:
-        reader = sock.makefile("r", encoding="ascii", newline="\n")
-        try:
-            line = reader.readline()
-        except (OSError, ValueError):
-            line = ""
-        req = parse_command(line)
+        req = parse_command(_readline(sock.makefile("r", encoding="ascii", newline="\n")))
         if req.get("cmd") == "cudampi_done":
             sock.close()
             return
