@@ -251,3 +251,17 @@ def test_a_watcher_that_loses_the_server_ends_and_a_stray_connection_does_not():
 
 def test_client_env():
     assert client_env("10.0.0.1:4000", 3) == {"PMI_PORT": "10.0.0.1:4000", "PMI_ID": "3"}
+
+
+def test_a_watch_line_with_a_bad_rank_is_a_watcher_not_a_rank():
+    server = PmiServer(1, log=lambda m: None).start()
+    odd = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    odd.sendall(b"cmd=cudampi_watch rank=x\n")
+    rank = _connect_rank(server.port, 0)
+    rank.sendall(b"cmd=finalize\n")
+    _recv_until(rank, b"finalize_ack")
+    rank.close()
+    assert server.done.wait(10)  # the odd watcher neither counted as a rank nor held the job
+    assert _recv_until(odd, b"\n").startswith(b"cmd=cudampi_done")
+    odd.close()
+    server.close()
