@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from cudampi.probe.gpu import parse_nvidia_smi_L, parse_topo_m
+from cudampi.probe.ucx import preload_env
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,8 +129,7 @@ def test_system_open_mpi_with_libucx_cu13_preloaded_gets_device_p2p(tmp_path):
         text=True,
         timeout=60,
     ).stdout.strip()
-    libs = ":".join(f"{ucx}/lib/lib{n}.so.0" for n in ("ucs", "ucm", "uct", "ucp"))
-    recipe = {"LD_PRELOAD": libs, "UCX_MODULE_DIR": f"{ucx}/lib/ucx", "OMPI_MCA_pml": "ucx"}
+    recipe = {**preload_env(ucx), "OMPI_MCA_pml": "ucx"}
     proc, doc = _doctor(python, "--size", "64M", cache=tmp_path, env_extra=recipe)
     lib = _c(doc, "MPI library")["detail"]
     if "Open MPI 4." not in lib:
