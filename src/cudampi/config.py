@@ -7,6 +7,7 @@ is rejected with the list of known ones, so a typo never silently does nothing.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +50,17 @@ def parse_size(text: str | int) -> int:
     if value < 0:
         raise ValueError(f"a size cannot be negative, got {text!r}")
     return int(value * mult)
+
+
+def parse_seconds(text: str | float) -> float:
+    """A positive, finite number of seconds (``nan``, ``inf``, 0 and negatives are refused)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"expected a positive, finite number of seconds, got {text!r}")
+    return value
 
 
 def _choice(*choices: str) -> Callable[[str], str]:
@@ -117,7 +129,17 @@ class Config:
     )
     probe_timeout: float = field(
         default=90.0,
-        metadata=_meta(float, "seconds a child-process probe may run before it is reported hung"),
+        metadata=_meta(
+            parse_seconds, "seconds a child-process probe may run before it is reported hung"
+        ),
+    )
+    timeout: float = field(
+        default=300.0,
+        metadata=_meta(
+            parse_seconds,
+            "seconds a collective or point-to-point call waits for the other ranks before it "
+            "raises on every rank that waits (the ipc engine's kernels give up after it too)",
+        ),
     )
 
     @classmethod
