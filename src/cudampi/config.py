@@ -18,7 +18,7 @@ from cudampi.errors import ConfigError
 
 ENV_PREFIX = "CUDAMPI_"
 
-PATHS = ("auto", "gpu-ring", "staged", "native", "host")
+PATHS = ("auto", "ipc", "gpu-ring", "staged", "native", "host")
 """Collective paths: auto picks per call from probed capabilities and message size."""
 
 
@@ -82,7 +82,9 @@ class Config:
 
     path: str = field(
         default="auto",
-        metadata=_meta(_choice(*PATHS), "collective path: auto, gpu-ring, staged, native or host"),
+        metadata=_meta(
+            _choice(*PATHS), "collective path: auto, ipc, gpu-ring, staged, native or host"
+        ),
     )
     cuda_aware: str = field(
         default="auto",
@@ -121,6 +123,30 @@ class Config:
             "large-message reduce-scatter/allgather of cudampi's own collectives: ring (any "
             "topology) or direct (all pairs at once, best on one node's NVLink/NVSwitch); auto: "
             "direct for device arrays when every rank is on one node, else ring",
+        ),
+    )
+    ipc_bytes: int = field(
+        default=32 << 20,
+        metadata=_meta(
+            parse_size,
+            "ipc engine: bytes of each of the two data buffers of a rank's workspace (larger "
+            "calls run in several launches); every rank of a node must use the same value",
+        ),
+    )
+    ipc_oneshot_bytes: int = field(
+        default=512 << 10,
+        metadata=_meta(
+            parse_size,
+            "ipc engine: allreduce up to this size runs one-shot (every rank reads every rank), "
+            "above it two-shot (reduce-scatter + all-gather)",
+        ),
+    )
+    ipc_blocks: int = field(
+        default=0,
+        metadata=_meta(
+            int,
+            "ipc engine: thread blocks per launch (0: the GPU's multiprocessors shared among "
+            "the ranks on it, at most 64)",
         ),
     )
     cache_dir: str = field(

@@ -1,0 +1,543 @@
+// cudampi's ipc engine: whole collectives as kernels over CUDA IPC workspaces.
+//
+// Compiled at run time by NVRTC (CuPy RawModule) with no headers; one instantiation per
+// (kernel, element kind, op, number of ranks). Layout and protocol (see workspace.py, plan.py):
+//
+//   * Every rank of a node's communicator owns one workspace (cudaMalloc, IPC-exported): a
+//     header with barrier slots, launch counters and an abort word, then two data buffers used
+//     by alternate launches. Every rank maps every peer's workspace; `peers[r]` in the header is
+//     rank r's workspace as this process sees it.
+//   * Every launch of a communicator uses the same grid (G blocks of NT threads), so a pack
+//     (16 bytes) of a data buffer is always written and read by the same block index on every
+//     rank: a per-block barrier between rank r's block b and the peers' block b orders all the
+//     data that block b exchanges (no grid-wide synchronisation, no host involvement).
+//   * A barrier posts, into each peer's header, this block's slot: the call's signature words
+//     and the exchange directory entry meant for that peer, then the epoch with a system-scope
+//     release store. The peer waits for the epoch with acquire loads, compares the signature
+//     and reads the directory. A disagreement, a timeout (%globaltimer), an abort posted by a
+//     peer or by the host watchdog ends the kernel and is recorded in host-mapped memory.
+//   * Alternate launches use alternate data buffers: a rank writes buffer p again two launches
+//     later, after every rank passed the intervening launch's first barrier, i.e. after every
+//     rank finished reading it. So one-shot kernels need one barrier, two-shot kernels two.
+//   * Reductions visit ranks in rank order (0..n-1) with float16/bfloat16 accumulated in
+//     float32, so every rank computes bitwise the same result.
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+// MAX_RANKS, MAX_BLOCKS, SIG_WORDS, NPARAM, the P_* parameter indices, the MODE_* and ERR_*
+// codes and the layout offsets checked below are defined by cudampi/comm/ipc/layout.py, which
+// prepends them to this file: one definition for the host and the kernels.
+
+// ---------------------------------------------------------------- shared layout (layout.py)
+
+struct Slot {          // 64 bytes; written by the peer whose rank indexes it
+  u64 sig[SIG_WORDS];
+  i64 off;             // exchange: byte offset in the writer's data buffer of what it sends me
+  i64 len;             // exchange: bytes it sends me (-1: none)
+  i64 expect;          // exchange: bytes it expects from me (-1: none)
+  u64 epoch;           // written last (release)
+};
+
+struct Header {
+  Slot slots[2][MAX_BLOCKS][MAX_RANKS];
+  u64 launches[MAX_BLOCKS];     // per-block launch count (local)
+  u64 barriers[MAX_BLOCKS];     // per-block barrier count (local)
+  u64 peers[MAX_RANKS];         // every rank's workspace in this process's address space
+  u32 abort;                    // set by a rank that failed: stop waiting
+  u32 claim;                    // the first failing thread of this rank takes it
+  u32 pad[14];
+};
+
+struct ErrorRecord {   // host-mapped; the first failing thread of this rank fills it
+  u32 code;            // ERR_* (layout.py)
+  u32 ready;           // 1 once every field below is written
+  u32 peer;
+  u32 block;
+  u64 epoch;
+  u64 mine[SIG_WORDS];
+  u64 theirs[SIG_WORDS];
+  i64 expected;
+  i64 got;
+  u32 host_abort;      // written by the host watchdog
+  u32 pad[3];
+};
+
+struct Params { i64 v[NPARAM]; };
+
+static_assert(sizeof(Slot) == 64, "Slot");
+static_assert(sizeof(Header) == HEADER_BYTES, "Header size differs from layout.py");
+static_assert(__builtin_offsetof(Header, peers) == HEADER_PEERS, "Header.peers");
+static_assert(sizeof(ErrorRecord) == ERROR_BYTES, "ErrorRecord size differs from layout.py");
+static_assert(__builtin_offsetof(ErrorRecord, host_abort) == ERROR_HOST_ABORT, "host_abort");
+
+// ---------------------------------------------------------------- memory-model helpers
+
+__device__ __forceinline__ void st_release(u64* p, u64 v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 ld_acquire(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u32 ld_volatile32(const u32* p) {
+  u32 v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 globaltimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// ---------------------------------------------------------------- element kinds
+
+struct c64 { float re, im; };
+struct c128 { double re, im; };
+
+__device__ __forceinline__ float h2f(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float b2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+__device__ __forceinline__ u16 f2b(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                         // round to nearest even
+  return (u16)(u >> 16);
+}
+
+// A kind: storage type S, accumulator A, conversions, and the family used to pick op semantics.
+#define FAM_FLOAT 0
+#define FAM_SIGNED 1
+#define FAM_UNSIGNED 2
+#define FAM_COMPLEX 3
+
+struct KF16 { typedef u16 S; typedef float A; enum { fam = FAM_FLOAT };
+  static __device__ __forceinline__ A up(S s) { return h2f(s); }
+  static __device__ __forceinline__ S down(A a) { return f2h(a); } };
+struct KBF16 { typedef u16 S; typedef float A; enum { fam = FAM_FLOAT };
+  static __device__ __forceinline__ A up(S s) { return b2f(s); }
+  static __device__ __forceinline__ S down(A a) { return f2b(a); } };
+#define PLAIN_KIND(NAME, T, FAM) struct NAME { typedef T S; typedef T A; enum { fam = FAM }; \
+  static __device__ __forceinline__ A up(S s) { return s; } \
+  static __device__ __forceinline__ S down(A a) { return a; } };
+PLAIN_KIND(KF32, float, FAM_FLOAT)
+PLAIN_KIND(KF64, double, FAM_FLOAT)
+PLAIN_KIND(KI8, signed char, FAM_SIGNED)
+PLAIN_KIND(KI16, short, FAM_SIGNED)
+PLAIN_KIND(KI32, int, FAM_SIGNED)
+PLAIN_KIND(KI64, long long, FAM_SIGNED)
+PLAIN_KIND(KU8, unsigned char, FAM_UNSIGNED)
+PLAIN_KIND(KU16, unsigned short, FAM_UNSIGNED)
+PLAIN_KIND(KU32, unsigned int, FAM_UNSIGNED)
+PLAIN_KIND(KU64, unsigned long long, FAM_UNSIGNED)
+PLAIN_KIND(KC64, c64, FAM_COMPLEX)
+PLAIN_KIND(KC128, c128, FAM_COMPLEX)
+// bool is KU8 with the op mapped by the host (sum/max/bor -> bor, prod/min/band -> band).
+
+// Ops, in cudampi.comm.ops.REDUCE_OPS order.
+#define OP_SUM 0
+#define OP_PROD 1
+#define OP_MIN 2
+#define OP_MAX 3
+#define OP_AVG 4
+#define OP_BAND 5
+#define OP_BOR 6
+#define OP_BXOR 7
+
+template <typename T> struct Unsigned { typedef T U; };
+template <> struct Unsigned<signed char> { typedef unsigned char U; };
+template <> struct Unsigned<short> { typedef unsigned short U; };
+template <> struct Unsigned<int> { typedef unsigned int U; };
+template <> struct Unsigned<long long> { typedef unsigned long long U; };
+
+template <int OP, int FAM, typename A> struct Combine {
+  static __device__ __forceinline__ A f(A a, A b) {
+    typedef typename Unsigned<A>::U U;
+    if (OP == OP_SUM || OP == OP_AVG) {
+      if (FAM == FAM_FLOAT) return a + b;
+      return (A)((U)a + (U)b);  // wrap-around, as NumPy
+    }
+    if (OP == OP_PROD) {
+      if (FAM == FAM_FLOAT) return a * b;
+      return (A)((U)a * (U)b);
+    }
+    if (OP == OP_MIN) {
+      if (FAM == FAM_FLOAT) return (a != a) ? a : ((b != b) ? b : (b < a ? b : a));
+      return b < a ? b : a;
+    }
+    if (OP == OP_MAX) {
+      if (FAM == FAM_FLOAT) return (a != a) ? a : ((b != b) ? b : (b > a ? b : a));
+      return b > a ? b : a;
+    }
+    return a;  // bitwise ops are specialised below for integers
+  }
+};
+#define BITWISE(T) \
+  template <int FAM> struct Combine<OP_BAND, FAM, T> { static __device__ __forceinline__ T f(T a, T b) { return a & b; } }; \
+  template <int FAM> struct Combine<OP_BOR, FAM, T> { static __device__ __forceinline__ T f(T a, T b) { return a | b; } }; \
+  template <int FAM> struct Combine<OP_BXOR, FAM, T> { static __device__ __forceinline__ T f(T a, T b) { return a ^ b; } };
+BITWISE(signed char) BITWISE(short) BITWISE(int) BITWISE(long long)
+BITWISE(unsigned char) BITWISE(unsigned short) BITWISE(unsigned int) BITWISE(unsigned long long)
+
+template <int OP, int FAM> struct Combine<OP, FAM, c64> {
+  static __device__ __forceinline__ c64 f(c64 a, c64 b) {
+    c64 r;
+    if (OP == OP_PROD) { r.re = a.re * b.re - a.im * b.im; r.im = a.re * b.im + a.im * b.re; }
+    else { r.re = a.re + b.re; r.im = a.im + b.im; }
+    return r;
+  }
+};
+template <int OP, int FAM> struct Combine<OP, FAM, c128> {
+  static __device__ __forceinline__ c128 f(c128 a, c128 b) {
+    c128 r;
+    if (OP == OP_PROD) { r.re = a.re * b.re - a.im * b.im; r.im = a.re * b.im + a.im * b.re; }
+    else { r.re = a.re + b.re; r.im = a.im + b.im; }
+    return r;
+  }
+};
+
+// avg: true division for floats and complex, floor division (NumPy's) for integers.
+template <int FAM, typename A> struct Finish {
+  static __device__ __forceinline__ A f(A a, int n) {
+    if (FAM == FAM_FLOAT) return a / (A)n;
+    if (FAM == FAM_UNSIGNED) return (A)(a / (A)n);
+    A q = (A)(a / (A)n);
+    if ((A)(q * (A)n) != a && a < (A)0) q = (A)(q - (A)1);
+    return q;
+  }
+};
+template <int FAM> struct Finish<FAM, c64> {
+  static __device__ __forceinline__ c64 f(c64 a, int n) { a.re /= n; a.im /= n; return a; }
+};
+template <int FAM> struct Finish<FAM, c128> {
+  static __device__ __forceinline__ c128 f(c128 a, int n) { a.re /= n; a.im /= n; return a; }
+};
+
+// ---------------------------------------------------------------- the per-block barrier
+
+struct Ctx {
+  Header* hdr;
+  ErrorRecord* err;
+  int rank;
+  u64 deadline_ns;
+  u64 timeout_ns;
+};
+
+__device__ void record_error(const Ctx& c, u32 code, u32 peer, u64 epoch, const u64* mine,
+                             const u64* theirs, i64 expected, i64 got) {
+  if (atomicCAS(&c.hdr->claim, 0u, 1u) == 0u) {
+    c.err->code = code;
+    c.err->peer = peer;
+    c.err->block = blockIdx.x;
+    c.err->epoch = epoch;
+    for (int i = 0; i < SIG_WORDS; i++) {
+      c.err->mine[i] = mine ? mine[i] : 0;
+      c.err->theirs[i] = theirs ? theirs[i] : 0;
+    }
+    c.err->expected = expected;
+    c.err->got = got;
+    __threadfence_system();
+    *(volatile u32*)&c.err->ready = 1u;
+  }
+  // Tell every rank (this one included) to stop waiting.
+  for (int r = 0; r < MAX_RANKS; r++) {
+    const u64 p = c.hdr->peers[r];
+    if (p) *(volatile u32*)&((Header*)p)->abort = 1u;
+  }
+  __threadfence_system();
+}
+
+// Returns false (for the whole block) when the call failed; the kernel must then return.
+// `send_off/send_len/expect` (thread-local, for the peer `threadIdx.x`) are posted with the
+// slot; what the peers post for this rank lands in sh_off/sh_len/sh_exp.
+template <int N>
+__device__ bool barrier(const Ctx& c, const u64* sig, i64 send_off, i64 send_len, i64 expect,
+                        i64* sh_off, i64* sh_len, i64* sh_exp) {
+  __shared__ u64 sh_epoch;
+  __shared__ int sh_fail;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sh_epoch = ++c.hdr->barriers[blockIdx.x];
+    sh_fail = 0;
+  }
+  __syncthreads();
+  const u64 e = sh_epoch;
+  const int par = (int)(e & 1);
+  if (threadIdx.x < N) {
+    const int r = threadIdx.x;
+    Header* peer = (Header*)c.hdr->peers[r];
+    Slot* out = &peer->slots[par][blockIdx.x][c.rank];
+    for (int i = 0; i < SIG_WORDS; i++) out->sig[i] = sig[i];
+    out->off = send_off;
+    out->len = send_len;
+    out->expect = expect;
+    st_release(&out->epoch, e);
+    Slot* in = &c.hdr->slots[par][blockIdx.x][r];
+    u32 spins = 0;
+    bool ok = true;
+    if (ld_volatile32(&c.hdr->abort)) {  // an earlier call of this communicator failed
+      record_error(c, ERR_ABORTED, r, e, sig, 0, 0, 0);
+      ok = false;
+    }
+    while (ok && ld_acquire(&in->epoch) != e) {
+      if (ld_volatile32(&c.hdr->abort)) {
+        record_error(c, ERR_ABORTED, r, e, sig, 0, 0, 0);
+        ok = false;
+        break;
+      }
+      if ((++spins & 255u) == 0) {
+        if (*(volatile u32*)&c.err->host_abort) {
+          record_error(c, ERR_HOST, r, e, sig, 0, 0, 0);
+          ok = false;
+          break;
+        }
+        if (globaltimer() > c.deadline_ns) {
+          record_error(c, ERR_TIMEOUT, r, e, sig, 0, (i64)(c.timeout_ns), 0);
+          ok = false;
+          break;
+        }
+      }
+    }
+    if (ok) {
+      u64 theirs[SIG_WORDS];
+      bool same = true;
+      for (int i = 0; i < SIG_WORDS; i++) {
+        theirs[i] = in->sig[i];
+        same = same && theirs[i] == sig[i];
+      }
+      if (!same) {
+        record_error(c, ERR_MISMATCH, r, e, sig, theirs, 0, 0);
+        ok = false;
+      } else {
+        sh_off[r] = in->off;
+        sh_len[r] = in->len;
+        sh_exp[r] = in->expect;
+      }
+    }
+    if (!ok) sh_fail = 1;
+  }
+  __syncthreads();
+  return sh_fail == 0;
+}
+
+__device__ __forceinline__ Ctx make_ctx(const Params& p) {
+  Ctx c;
+  c.hdr = (Header*)p.v[P_WS];
+  c.err = (ErrorRecord*)p.v[P_ERR];
+  c.rank = (int)p.v[P_RANK];
+  c.timeout_ns = (u64)p.v[P_TIMEOUT];
+  c.deadline_ns = globaltimer() + c.timeout_ns;
+  return c;
+}
+
+// The data buffer this launch uses, in rank r's workspace (this process's mapping).
+__device__ __forceinline__ char* data_of(const Ctx& c, const Params& p, int r, int par) {
+  return (char*)c.hdr->peers[r] + p.v[P_DATA] + (i64)par * p.v[P_CAP];
+}
+
+__device__ __forceinline__ int next_parity(const Ctx& c) {
+  __shared__ u64 sh_launch;
+  if (threadIdx.x == 0) sh_launch = ++c.hdr->launches[blockIdx.x];
+  __syncthreads();
+  return (int)(sh_launch & 1);
+}
+
+// ---------------------------------------------------------------- byte movement
+
+// Copy `n` (<= 16) bytes; the widest access the alignment of both sides allows.
+__device__ __forceinline__ void copy_small(char* dst, const char* src, int n) {
+  const u64 a = (u64)dst | (u64)src | (u64)n;
+  if (n == 16 && (a & 15) == 0) { *(uint4*)dst = *(const uint4*)src; return; }
+  if ((a & 7) == 0) { for (int i = 0; i < n; i += 8) *(u64*)(dst + i) = *(const u64*)(src + i); return; }
+  if ((a & 3) == 0) { for (int i = 0; i < n; i += 4) *(u32*)(dst + i) = *(const u32*)(src + i); return; }
+  if ((a & 1) == 0) { for (int i = 0; i < n; i += 2) *(u16*)(dst + i) = *(const u16*)(src + i); return; }
+  for (int i = 0; i < n; i++) dst[i] = src[i];
+}
+
+// The first 16-byte pack index >= k0 that this thread owns (pack k belongs to thread
+// k mod (grid size), the same thread index on every rank).
+__device__ __forceinline__ i64 first_pack(i64 k0) {
+  const i64 stride = (i64)gridDim.x * blockDim.x;
+  const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  return k0 + ((tid - k0 % stride) % stride + stride) % stride;
+}
+
+// Visit this thread's packs of the buffer bytes [lo, lo + n): f(a, b) for each piece [a, b).
+#define FOR_PACKS(lo, n, a, b, ...)                                              \
+  {                                                                             \
+    const i64 lo_ = (lo), hi_ = (lo) + (n);                                     \
+    const i64 stride_ = (i64)gridDim.x * blockDim.x;                            \
+    if (hi_ > lo_)                                                              \
+      for (i64 k_ = first_pack(lo_ >> 4); k_ < ((hi_ + 15) >> 4); k_ += stride_) { \
+        const i64 a = (k_ << 4) > lo_ ? (k_ << 4) : lo_;                        \
+        const i64 b = ((k_ + 1) << 4) < hi_ ? ((k_ + 1) << 4) : hi_;            \
+        __VA_ARGS__                                                             \
+      }                                                                         \
+  }
+
+// Stage n bytes of src at buffer offset w (by buffer packs, so peers read what they expect).
+__device__ __forceinline__ void stage_at(char* buf, i64 w, const char* src, i64 n) {
+  FOR_PACKS(w, n, a, b, { copy_small(buf + a, src + (a - w), (int)(b - a)); })
+}
+
+// Copy n bytes at buffer offset w of a peer's buffer to dst.
+__device__ __forceinline__ void fetch_at(char* dst, const char* buf, i64 w, i64 n) {
+  FOR_PACKS(w, n, a, b, { copy_small(dst + (a - w), buf + a, (int)(b - a)); })
+}
+
+// ---------------------------------------------------------------- reductions
+
+// Reduce one slice of `cnt` elements at buffer offset `w` (bytes): src[r] + w is rank r's data
+// (this rank's own `in` for itself, the peers' staged buffers). Ranks are visited in order; the
+// result goes to `out` and, when `keep` is set, to keep + w for the peers to gather.
+template <typename K, int OP, int N>
+__device__ void reduce_slice(const char* const* src, char* out, char* keep, i64 w, i64 cnt,
+                             bool aligned) {
+  typedef typename K::S S;
+  typedef typename K::A A;
+  const i64 es = sizeof(S);
+  FOR_PACKS(w, cnt * es, a, b, {
+    if (aligned && b - a == 16) {
+      const int E = 16 / (int)sizeof(S);
+      uint4 raw[N];
+#pragma unroll
+      for (int r = 0; r < N; r++) raw[r] = *(const uint4*)(src[r] + a);
+      uint4 res;
+#pragma unroll
+      for (int i = 0; i < E; i++) {
+        A acc = K::up(((const S*)&raw[0])[i]);
+#pragma unroll
+        for (int r = 1; r < N; r++)
+          acc = Combine<OP, K::fam, A>::f(acc, K::up(((const S*)&raw[r])[i]));
+        if (OP == OP_AVG) acc = Finish<K::fam, A>::f(acc, N);
+        ((S*)&res)[i] = K::down(acc);
+      }
+      *(uint4*)(out + (a - w)) = res;
+      if (keep) *(uint4*)(keep + a) = res;
+    } else {
+#pragma unroll 1
+      for (i64 x = a; x < b; x += es) {
+        A acc = K::up(*(const S*)(src[0] + x));
+#pragma unroll 1
+        for (int r = 1; r < N; r++) acc = Combine<OP, K::fam, A>::f(acc, K::up(*(const S*)(src[r] + x)));
+        if (OP == OP_AVG) acc = Finish<K::fam, A>::f(acc, N);
+        const S res = K::down(acc);
+        *(S*)(out + (x - w)) = res;
+        if (keep) *(S*)(keep + x) = res;
+      }
+    }
+  })
+}
+
+// allreduce (one-shot, two-shot), reduce_scatter(v) and reduce, by MODE_*. The launch covers
+// N slices; slice q: P_A[q] element offset in `in`, P_B[q] elements, P_C[q] element offset in
+// the data buffers (pack-aligned), P_D[q] element offset in `out`.
+template <typename K, int OP, int N>
+__global__ void __launch_bounds__(NTHREADS) reduce_kernel(const Params p) {
+  typedef typename K::S S;
+  __shared__ i64 sh_off[MAX_RANKS], sh_len[MAX_RANKS], sh_exp[MAX_RANKS];
+  const Ctx c = make_ctx(p);
+  const int par = next_parity(c);
+  const int rank = c.rank, mode = (int)p.v[P_MODE], root = (int)p.v[P_ROOT];
+  const char* in = (const char*)p.v[P_IN];
+  char* out = (char*)p.v[P_OUT];
+  const i64 es = sizeof(S);
+  char* bufs[N];
+#pragma unroll
+  for (int r = 0; r < N; r++) bufs[r] = data_of(c, p, r, par);
+  // Stage what the peers will read: every slice, or every slice but the one this rank reduces
+  // itself (it reads its own contribution from `in`).
+  const bool others_only = mode == MODE_TWOSHOT || mode == MODE_SCATTER;
+  if (!(mode == MODE_ROOT && rank == root)) {
+    for (int q = 0; q < N; q++)
+      if (!(others_only && q == rank))
+        stage_at(bufs[rank], p.v[P_C + q] * es, in + p.v[P_A + q] * es, p.v[P_B + q] * es);
+  }
+  u64 sig[SIG_WORDS];
+  for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
+  if (!barrier<N>(c, sig, 0, -1, -1, sh_off, sh_len, sh_exp)) return;
+  for (int q = 0; q < N; q++) {
+    if (!(mode == MODE_ONESHOT || (mode == MODE_ROOT && rank == root) ||
+          (others_only && q == rank)))
+      continue;
+    const i64 w = p.v[P_C + q] * es;
+    const char* own = in + p.v[P_A + q] * es;
+    char* dst = out + p.v[P_D + q] * es;
+    const char* src[N];
+#pragma unroll
+    for (int r = 0; r < N; r++) src[r] = (r == rank) ? own - w : bufs[r];
+    reduce_slice<K, OP, N>(src, dst, mode == MODE_TWOSHOT ? bufs[rank] : 0, w, p.v[P_B + q],
+                           (((u64)own | (u64)dst) & 15) == 0);
+  }
+  if (mode != MODE_TWOSHOT) return;
+  if (!barrier<N>(c, sig, 0, -1, -1, sh_off, sh_len, sh_exp)) return;
+  for (int q = 0; q < N; q++)
+    if (q != rank)
+      fetch_at(out + p.v[P_D + q] * es, bufs[q], p.v[P_C + q] * es, p.v[P_B + q] * es);
+}
+
+// Data movement (allgatherv, gatherv, scatterv, alltoallv, broadcast). Staging: with
+// P_MODE == XMODE_SHARED the P_STAGE bytes at in + P_STAGEOFF go to buffer offset 0 (every
+// destination reads the same bytes); with XMODE_EACH destination d's P_B[d] bytes at
+// in + P_E[d] go to buffer offset P_A[d]. Each rank posts (P_A[d], P_B[d]) to d and expects
+// P_D[s] bytes from s, which it copies to out + P_C[s]. All offsets in bytes.
+template <int N>
+__global__ void __launch_bounds__(NTHREADS) exchange_kernel(const Params p) {
+  __shared__ i64 sh_off[MAX_RANKS], sh_len[MAX_RANKS], sh_exp[MAX_RANKS];
+  __shared__ int sh_bad;
+  const Ctx c = make_ctx(p);
+  const int par = next_parity(c);
+  const char* in = (const char*)p.v[P_IN];
+  char* out = (char*)p.v[P_OUT];
+  char* mine = data_of(c, p, c.rank, par);
+  if (p.v[P_MODE] == XMODE_SHARED) {
+    stage_at(mine, 0, in + p.v[P_STAGEOFF], p.v[P_STAGE]);
+  } else {
+    for (int d = 0; d < N; d++)
+      if (p.v[P_B + d] > 0) stage_at(mine, p.v[P_A + d], in + p.v[P_E + d], p.v[P_B + d]);
+  }
+  u64 sig[SIG_WORDS];
+  for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
+  i64 send_off = 0, send_len = -1, expect = -1;
+  if (threadIdx.x < N) {
+    send_off = p.v[P_A + threadIdx.x];
+    send_len = p.v[P_B + threadIdx.x];
+    expect = p.v[P_D + threadIdx.x];
+  }
+  if (!barrier<N>(c, sig, send_off, send_len, expect, sh_off, sh_len, sh_exp)) return;
+  // Both ends of every pair compare what one sends with what the other expects, in every
+  // block, so both ranks of a disagreeing pair stop, in all their blocks.
+  if (threadIdx.x == 0) sh_bad = 0;
+  __syncthreads();
+  if (threadIdx.x < N) {
+    const int s = threadIdx.x;
+    const i64 got = sh_len[s] > 0 ? sh_len[s] : 0, want = expect > 0 ? expect : 0;
+    const i64 sent = send_len > 0 ? send_len : 0, taken = sh_exp[s] > 0 ? sh_exp[s] : 0;
+    if (got != want || sent != taken) {
+      if (blockIdx.x == 0) {
+        if (got != want) record_error(c, ERR_RECV, s, 0, sig, 0, want, got);
+        else record_error(c, ERR_SEND, s, 0, sig, 0, taken, sent);
+      }
+      sh_bad = 1;
+    }
+  }
+  __syncthreads();
+  if (sh_bad) return;
+  for (int s = 0; s < N; s++) {
+    const i64 len = p.v[P_D + s];
+    if (len > 0) fetch_at(out + p.v[P_C + s], data_of(c, p, s, par), sh_off[s], len);
+  }
+}

@@ -1,0 +1,122 @@
+"""What the host and the ipc kernels share: sizes, parameter slots, codes, and the kernel source.
+
+kernels.cu defines no constants of its own: :func:`source` prepends the ``#define`` lines made
+from this module, and the kernels ``static_assert`` the header and error-record layouts against
+them, so a change here that the structs do not follow fails to compile (CI compiles the kernels).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+MAX_RANKS = 16
+"""Ranks of one node that one ipc communicator can join (the size of the per-rank tables)."""
+MAX_BLOCKS = 64
+"""The most blocks a launch may have (every launch of a communicator has the same grid)."""
+NTHREADS = 512
+SIG_WORDS = 4
+PACK = 16
+"""Bytes of the unit a thread owns in the data buffers."""
+
+SLOT_BYTES = 64
+HEADER_PEERS = 2 * MAX_BLOCKS * MAX_RANKS * SLOT_BYTES + 2 * 8 * MAX_BLOCKS
+HEADER_BYTES = HEADER_PEERS + 8 * MAX_RANKS + 64
+DATA_OFFSET = -(-HEADER_BYTES // 4096) * 4096
+"""Where data buffer 0 starts in a workspace; buffer 1 follows at DATA_OFFSET + capacity."""
+ERROR_HOST_ABORT = 16 + 8 + 8 * SIG_WORDS * 2 + 16
+ERROR_BYTES = ERROR_HOST_ABORT + 16
+
+# Parameter slots (kernels.cu: struct Params { i64 v[NPARAM]; }).
+P_WS, P_ERR, P_RANK, P_IN, P_OUT = 0, 1, 2, 3, 4
+P_TIMEOUT, P_CAP, P_DATA, P_MODE, P_ROOT, P_STAGE = 6, 7, 8, 9, 10, 11
+P_SIG = 12
+P_A, P_B, P_C, P_D, P_E = 16, 32, 48, 64, 80
+P_STAGEOFF = 96
+NPARAM = 98
+
+# reduce_kernel modes
+MODE_ONESHOT, MODE_TWOSHOT, MODE_SCATTER, MODE_ROOT = 0, 1, 2, 3
+# exchange_kernel staging
+XMODE_SHARED, XMODE_EACH = 0, 1
+
+# ErrorRecord.code
+ERR_OK, ERR_MISMATCH, ERR_TIMEOUT, ERR_ABORTED, ERR_HOST, ERR_RECV, ERR_SEND = range(7)
+
+KINDS = {
+    "float16": "KF16",
+    "bfloat16": "KBF16",
+    "float32": "KF32",
+    "float64": "KF64",
+    "int8": "KI8",
+    "int16": "KI16",
+    "int32": "KI32",
+    "int64": "KI64",
+    "uint8": "KU8",
+    "uint16": "KU16",
+    "uint32": "KU32",
+    "uint64": "KU64",
+    "bool": "KU8",
+    "complex64": "KC64",
+    "complex128": "KC128",
+}
+"""The kernels' element kind for each dtype cudampi accepts (bool reduces as bytes, below)."""
+
+_BOOL_OPS = {"sum": "bor", "max": "bor", "bor": "bor", "prod": "band", "min": "band"}
+
+
+def kernel_op(op: str, dtype: str) -> str:
+    """The op the kernel runs: bool's logical ops are bitwise ops on 0/1 bytes."""
+    return _BOOL_OPS.get(op, op) if dtype == "bool" else op
+
+
+def _defines() -> dict[str, int]:
+    names = [
+        "MAX_RANKS MAX_BLOCKS NTHREADS SIG_WORDS HEADER_BYTES HEADER_PEERS ERROR_BYTES",
+        "ERROR_HOST_ABORT NPARAM P_WS P_ERR P_RANK P_IN P_OUT P_TIMEOUT P_CAP P_DATA P_MODE",
+        "P_ROOT P_STAGE P_SIG P_A P_B P_C P_D P_E P_STAGEOFF MODE_ONESHOT MODE_TWOSHOT",
+        "MODE_SCATTER MODE_ROOT XMODE_SHARED XMODE_EACH ERR_MISMATCH ERR_TIMEOUT ERR_ABORTED",
+        "ERR_HOST ERR_RECV ERR_SEND",
+    ]
+    g = globals()
+    return {n: int(g[n]) for line in names for n in line.split()}
+
+
+@cache
+def source() -> str:
+    """The complete kernel source: this module's constants, then kernels.cu."""
+    text = resources.files("cudampi.comm.ipc").joinpath("kernels.cu").read_text()
+    prelude = "".join(f"#define {k} {v}\n" for k, v in _defines().items())
+    return prelude + text
+
+
+def reduce_name(dtype: str, op: str, nranks: int) -> str:
+    """The name expression of the reduce kernel for ``dtype``/``op`` on ``nranks`` ranks."""
+    from cudampi.comm.ops import REDUCE_OPS
+
+    return f"reduce_kernel<{KINDS[dtype]}, {REDUCE_OPS.index(kernel_op(op, dtype))}, {nranks}>"
+
+
+def exchange_name(nranks: int) -> str:
+    return f"exchange_kernel<{nranks}>"
+
+
+COMPILE_OPTIONS = ("-std=c++17",)
+
+
+def compile_cubin(names: list[str], arch: str) -> bytes:
+    """Compile ``names`` for ``arch`` (``sm_90``...) with NVRTC alone: no GPU, no driver needed.
+    Raises RuntimeError with NVRTC's log when the source does not compile."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source(), "kernels.cu", [], [])
+    try:
+        for n in names:
+            nvrtc.addNameExpression(prog, n)
+        try:
+            nvrtc.compileProgram(prog, [f"-arch={arch}", *COMPILE_OPTIONS])
+        except Exception as exc:
+            raise RuntimeError(f"{exc}\n{nvrtc.getProgramLog(prog)}") from None
+        return bytes(nvrtc.getCUBIN(prog))
+    finally:
+        nvrtc.destroyProgram(prog)

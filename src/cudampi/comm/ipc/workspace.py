@@ -1,0 +1,335 @@
+"""One ipc communicator's GPU side: the ranks' IPC workspaces, the kernels, errors and watchdog.
+
+Made once per communicator (collectively, over MPI on the host: the only MPI traffic of the
+engine): every rank allocates one workspace with cudaMalloc, exports it with
+cudaIpcGetMemHandle, and maps every peer's. After that a collective is kernel launches on the
+caller's stream and nothing else. Errors the kernels find (a mismatched call, a peer that does
+not arrive within the timeout, a peer that failed) land in a host-mapped record that the host
+reads without synchronising; the next call, ``check()`` or a handle's wait raises them. A
+watchdog thread notices a peer process that died and tells the spinning kernels to give up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import numpy
+
+from cudampi.comm.ipc import layout as L
+from cudampi.comm.ipc import plan
+from cudampi.errors import CommError, DeviceError, MismatchError
+
+log = logging.getLogger("cudampi.ipc")
+
+ERROR_DTYPE = numpy.dtype(
+    [
+        ("code", numpy.uint32),
+        ("ready", numpy.uint32),
+        ("peer", numpy.uint32),
+        ("block", numpy.uint32),
+        ("epoch", numpy.uint64),
+        ("mine", numpy.uint64, (L.SIG_WORDS,)),
+        ("theirs", numpy.uint64, (L.SIG_WORDS,)),
+        ("expected", numpy.int64),
+        ("got", numpy.int64),
+        ("host_abort", numpy.uint32),
+        ("pad", numpy.uint32, (3,)),
+    ]
+)
+assert ERROR_DTYPE.itemsize == L.ERROR_BYTES
+assert ERROR_DTYPE.fields is not None and ERROR_DTYPE.fields["host_abort"][1] == L.ERROR_HOST_ABORT
+
+_MODULES: dict[tuple[int, str], Any] = {}
+"""Compiled kernels per (device, name expression); CuPy also caches them on disk."""
+
+
+def kernel(device: int, name: str) -> Any:
+    """The compiled kernel ``name`` (a layout name expression) on ``device``."""
+    key = (device, name)
+    fn = _MODULES.get(key)
+    if fn is None:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            mod = cupy.RawModule(
+                code=L.source(), options=L.COMPILE_OPTIONS, name_expressions=[name]
+            )
+            fn = mod.get_function(name)
+        _MODULES[key] = fn
+    return fn
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of process ``pid`` (None when it cannot be read): with the pid
+    it names one process, so a reused pid is not mistaken for a live peer."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class Workspace:
+    """The GPU resources of one ipc communicator on ``device`` (see the module doc).
+
+    ``comm``: an mpi4py communicator whose ranks share one node (its rank order is the
+    kernels' rank order). ``capacity``: bytes of each of the two data buffers.
+    """
+
+    def __init__(
+        self, comm: Any, device: int, *, capacity: int, timeout: float, blocks: int = 0
+    ) -> None:
+        import cupy
+        from cupy.cuda import runtime as rt
+
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.device = device
+        self.capacity = max(4096, -(-capacity // 4096) * 4096)
+        self.timeout = timeout
+        if self.size > L.MAX_RANKS:
+            raise CommError(
+                f"the ipc engine joins at most {L.MAX_RANKS} ranks of one node; this node has "
+                f"{self.size} in the communicator"
+            )
+        self.ptr = 0
+        self.err_ptr = 0
+        self._peers: list[int] = []
+        self._closed = False
+        self._error: BaseException | None = None
+        self._streams: dict[int, Any] = {}
+        self._last: tuple[int, Any] | None = None
+        self.calls = 0
+        local: str | None = None
+        info: tuple[Any, ...] = ()
+        with cupy.cuda.Device(device):
+            try:
+                total = L.DATA_OFFSET + 2 * self.capacity
+                self.ptr = rt.malloc(total)
+                rt.memset(self.ptr, 0, total)
+                handle = rt.ipcGetMemHandle(self.ptr)
+                self.err_ptr = rt.hostAlloc(4096, rt.hostAllocMapped | rt.hostAllocPortable)
+                sms = rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, device)
+                pci = tuple(
+                    rt.deviceGetAttribute(a, device)
+                    for a in (
+                        rt.cudaDevAttrPciDomainId,
+                        rt.cudaDevAttrPciBusId,
+                        rt.cudaDevAttrPciDeviceId,
+                    )
+                )
+                pid = os.getpid()
+                info = (handle, pid, _start_time(pid), pci, sms)
+            except Exception as exc:  # a CUDA error on this rank: every rank must hear of it
+                local = f"{type(exc).__name__}: {exc}"
+            infos = comm.allgather(None if local else info)
+            self._fail_together("allocating the workspace", local, infos)
+            self._pids = [(i[1], i[2]) for i in infos]
+            mapped: list[int] = []
+            try:
+                for r, i in enumerate(infos):
+                    mapped.append(
+                        self.ptr
+                        if r == self.rank
+                        else rt.ipcOpenMemHandle(i[0], rt.cudaIpcMemLazyEnablePeerAccess)
+                    )
+            except Exception as exc:
+                local = f"cudaIpcOpenMemHandle of rank {len(mapped)}'s workspace: {exc}"
+            self._peers = mapped
+            self._fail_together("mapping the peers' workspaces", local, comm.allgather(local))
+            table = numpy.zeros(L.MAX_RANKS, numpy.uint64)
+            table[: self.size] = mapped
+            rt.memcpy(
+                self.ptr + L.HEADER_PEERS, table.ctypes.data, table.nbytes, rt.memcpyHostToDevice
+            )
+            rt.deviceSynchronize()
+        from mpi4py import MPI
+
+        raw: Any = MPI.memory.fromaddress(self.err_ptr, L.ERROR_BYTES)
+        self.err = numpy.frombuffer(raw, ERROR_DTYPE)[0]
+        self.err.fill(0)
+        on_my_gpu = sum(1 for i in infos if i[3] == info[3])
+        want = blocks or min(L.MAX_BLOCKS, max(1, info[4] // on_my_gpu))
+        self.blocks = int(comm.allreduce(min(want, L.MAX_BLOCKS), op=MPI.MIN))
+        comm.Barrier()
+        self._watch = threading.Thread(target=self._watchdog, name="cudampi-ipc-watch", daemon=True)
+        self._watch.start()
+
+    def _fail_together(self, what: str, local: str | None, infos: list[Any]) -> None:
+        bad = [r for r, i in enumerate(infos) if i is None or isinstance(i, str)]
+        if not bad:
+            return
+        self._release()
+        detail = local or "see the first rank named"
+        raise DeviceError(
+            f"ipc engine: {what} failed on rank(s) {', '.join(map(str, bad))} of this node "
+            f"({detail}); the ipc path is unavailable for this communicator. Use path='gpu-ring' "
+            "or 'staged', or check that every rank of the node sees its GPU (CUDA_VISIBLE_DEVICES)."
+        )
+
+    # ------------------------------------------------------------------ launching
+
+    def geometry(self, oneshot_bytes: int) -> plan.Geometry:
+        return plan.Geometry(
+            self.rank,
+            self.size,
+            self.capacity,
+            int(self.timeout * 1e9),
+            oneshot_bytes,
+            self.ptr,
+            self.err_ptr,
+        )
+
+    def stream(self, ptr: int) -> Any:
+        s = self._streams.get(ptr)
+        if s is None:
+            import cupy
+
+            s = self._streams[ptr] = cupy.cuda.ExternalStream(ptr, self.device)
+        return s
+
+    def launch(self, launches: list[plan.Launch], kernels: dict[str, str], stream_ptr: int) -> None:
+        """Enqueue ``launches`` on the stream ``stream_ptr`` (``kernels`` maps each launch's
+        kernel to its name expression). Launches of one communicator never overlap: a launch
+        on another stream than the last one first waits for the last one."""
+        self.check()
+        import cupy
+
+        stream = self.stream(stream_ptr)
+        with cupy.cuda.Device(self.device):
+            if self._last is not None and self._last[0] != stream_ptr:
+                stream.wait_event(self._last[1])
+            for lc in launches:
+                fn = kernel(self.device, kernels[lc.kernel])
+                fn(
+                    (self.blocks,),
+                    (L.NTHREADS,),
+                    (lc.params.view(plan.PARAM_DTYPE),),
+                    stream=stream,
+                )
+            ev = cupy.cuda.Event(block=False, disable_timing=True)
+            ev.record(stream)
+        self._last = (stream_ptr, ev)
+        self.calls += 1
+
+    # ------------------------------------------------------------------ errors
+
+    def check(self) -> None:
+        """Raise the error a kernel of this communicator reported, if any (never blocks long)."""
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise CommError("this ipc communicator was closed")
+        if int(self.err["code"]) == 0:
+            return
+        deadline = time.monotonic() + 1.0
+        while int(self.err["ready"]) == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self._error = self._exception()
+        raise self._error
+
+    def _exception(self) -> BaseException:
+        e = self.err
+        code, peer = int(e["code"]), int(e["peer"])
+        mine = plan.describe([int(w) for w in e["mine"]])
+        where = f"rank {self.rank} of the node's ipc group ({self.calls} calls so far)"
+        if code == L.ERR_MISMATCH:
+            theirs = plan.describe([int(w) for w in e["theirs"]])
+            return MismatchError(
+                f"ranks called different collectives at the same point: {where} called "
+                f"[{mine}], rank {peer} called [{theirs}]. Every rank must make the same "
+                "collective calls, with the same counts, dtype, op and root, in the same order."
+            )
+        if code in (L.ERR_RECV, L.ERR_SEND):
+            exp, got = int(e["expected"]), int(e["got"])
+            if code == L.ERR_RECV:
+                what = f"rank {peer} sends {got} bytes where {where} expects {exp}"
+            else:
+                what = f"{where} sends {got} bytes where rank {peer} expects {exp}"
+            return MismatchError(
+                f"[{mine}]: {what}. recv_counts[j] must equal rank j's send_counts[i] (and every "
+                "rank must pass the same counts to v-collectives)."
+            )
+        if code == L.ERR_TIMEOUT:
+            return CommError(
+                f"[{mine}]: rank {peer} did not arrive within {self.timeout:g} s "
+                f"(CUDAMPI_TIMEOUT) at {where}: it called another collective, none, or is "
+                "stuck; this communicator is unusable now."
+            )
+        if code == L.ERR_HOST and self._dead is not None:
+            return CommError(f"[{mine}]: {self._dead}; this communicator is unusable now.")
+        return CommError(
+            f"[{mine}]: abandoned at {where} because another rank's collective failed (its "
+            "error names the cause); this communicator is unusable now."
+        )
+
+    _dead: str | None = None
+
+    def _watchdog(self) -> None:
+        """Poll for a peer process that died (its kernels will never arrive) and tell this
+        rank's kernels to stop waiting; report a kernel's error as soon as it appears."""
+        reported = False
+        while not self._closed:
+            time.sleep(0.05)
+            if self._closed:
+                return
+            if not reported and int(self.err["code"]) and int(self.err["ready"]):
+                reported = True
+                log.warning("rank %d: %s", self.rank, self._exception())
+            if self._dead is None:
+                for r, (pid, start) in enumerate(self._pids):
+                    if r == self.rank or start is None:
+                        continue
+                    if _start_time(pid) != start:
+                        self._dead = (
+                            f"rank {r} of the node's ipc group (pid {pid}) ended while this "
+                            "communicator was in use"
+                        )
+                        self.err["host_abort"] = 1
+                        break
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self) -> None:
+        """Collective: wait for this rank's launches, unmap the peers, free the workspace."""
+        if self._closed:
+            return
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            if self._last is not None:
+                self._last[1].synchronize()
+        self._closed = True
+        self._watch.join(timeout=1)
+        try:
+            self.comm.Barrier()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        import cupy
+        from cupy.cuda import runtime as rt
+
+        self._closed = True
+        with cupy.cuda.Device(self.device):
+            for r, p in enumerate(self._peers):
+                if r != self.rank and p:
+                    try:
+                        rt.ipcCloseMemHandle(p)
+                    except Exception:
+                        pass
+            self._peers = []
+            if self.ptr:
+                try:
+                    self.comm.Barrier()  # no peer still maps it when it is freed
+                except Exception:
+                    pass
+                rt.free(self.ptr)
+                self.ptr = 0
+            if self.err_ptr:
+                rt.freeHost(self.err_ptr)
+                self.err_ptr = 0

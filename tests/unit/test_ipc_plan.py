@@ -1,0 +1,224 @@
+"""The ipc engine's launch planning, run through a NumPy model of the kernels (no GPU).
+
+Small workspaces force many launches, so chunking, slicing, rounds and directories are all
+exercised; the GPU tests (tests/gpu/test_ipc_gpu.py) run the same calls through the kernels.
+"""
+
+from __future__ import annotations
+
+import numpy
+import pytest
+
+from cudampi.comm.ipc import layout as L
+from cudampi.comm.ipc import plan
+from tests.unit.ipc_model import OUT_BASE, X_BASE, Rank, run
+
+CAP = 4096
+
+
+def geo(r: int, n: int, cap: int = CAP, oneshot: int = 1024) -> plan.Geometry:
+    return plan.Geometry(r, n, cap, 10**9, oneshot)
+
+
+def rng_data(n: int, count: int, dtype: str, seed: int = 0) -> list[numpy.ndarray]:
+    g = numpy.random.default_rng(seed)
+    if numpy.dtype(dtype).kind == "f":
+        return [g.standard_normal(count).astype(dtype) for _ in range(n)]
+    return [g.integers(-50, 50, count).astype(dtype) for _ in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("count", [0, 1, 7, 100, 1000, 5001])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "float16", "int8"])
+def test_allreduce_plans_reduce_in_rank_order(n: int, count: int, dtype: str) -> None:
+    xs = rng_data(n, count, dtype)
+    outs = [numpy.zeros(count, dtype) for _ in range(n)]
+    es = numpy.dtype(dtype).itemsize
+    plans = [
+        plan.reduction(geo(r, n), "allreduce", count, es, X_BASE, OUT_BASE, (1, 1))
+        for r in range(n)
+    ]
+    run([Rank(xs[r], outs[r], CAP) for r in range(n)], plans, numpy.dtype(dtype), "sum")
+    acc = xs[0].astype(numpy.float32 if dtype == "float16" else dtype)
+    for x in xs[1:]:
+        acc = acc + x
+    for r in range(n):
+        numpy.testing.assert_array_equal(outs[r], acc.astype(dtype))
+    modes = {int(lc.params[L.P_MODE]) for lc in plans[0]}
+    assert modes == ({L.MODE_ONESHOT} if count * es <= 1024 else {L.MODE_TWOSHOT})
+    assert len(plans[0]) == max(1, -(-count * es // CAP))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_allreduce_in_place_two_shot(n: int) -> None:
+    count = 3001
+    xs = rng_data(n, count, "float32", 1)
+    want = sum(x.astype(numpy.float64) for x in xs)
+    plans = [
+        plan.reduction(geo(r, n), "allreduce", count, 4, X_BASE, X_BASE, (1, 1)) for r in range(n)
+    ]
+    ranks = [Rank(xs[r], xs[r], CAP) for r in range(n)]
+    run(ranks, plans, numpy.dtype("float32"), "sum")
+    for r in range(n):
+        numpy.testing.assert_allclose(xs[r], want, rtol=1e-5, atol=1e-5)
+        numpy.testing.assert_array_equal(xs[r], xs[0])  # bitwise the same on every rank
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("root", [0, -1])
+def test_reduce_to_root(n: int, root: int) -> None:
+    root = root % n
+    count = 2500
+    xs = rng_data(n, count, "int32", 2)
+    outs = [numpy.zeros(count, "int32") for _ in range(n)]
+    plans = [
+        plan.reduction(geo(r, n), "reduce", count, 4, X_BASE, OUT_BASE, (1, 4), root=root)
+        for r in range(n)
+    ]
+    run([Rank(xs[r], outs[r], CAP) for r in range(n)], plans, numpy.dtype("int32"), "max")
+    numpy.testing.assert_array_equal(outs[root], numpy.maximum.reduce(xs))
+    for r in range(n):
+        if r != root:
+            assert not outs[r].any()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("counts", ["even", "uneven", "zeros"])
+def test_reduce_scatter(n: int, counts: str) -> None:
+    cs = {"even": [700] * n, "uneven": [(i * 977) % 1500 + 1 for i in range(n)], "zeros": [0] * n}[
+        counts
+    ]
+    total = sum(cs)
+    xs = rng_data(n, total, "float32", 3)
+    full = sum(x.astype(numpy.float64) for x in xs)
+    offs = numpy.cumsum([0, *cs])
+    outs = [numpy.zeros(cs[r], "float32") for r in range(n)]
+    plans = [plan.reduce_scatter(geo(r, n), cs, 4, X_BASE, OUT_BASE, (1, 1)) for r in range(n)]
+    run([Rank(xs[r], outs[r], CAP) for r in range(n)], plans, numpy.dtype("float32"), "sum")
+    for r in range(n):
+        numpy.testing.assert_allclose(outs[r], full[offs[r] : offs[r + 1]], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("call", ["allgather", "allgatherv", "gather", "gatherv"])
+def test_gathers(n: int, call: str) -> None:
+    cs = [1500 + 333 * i for i in range(n)] if call.endswith("v") else [1700] * n
+    root = -1 if call.startswith("all") else n - 1
+    xs = [numpy.arange(cs[r], dtype="int16") + 1000 * r for r in range(n)]
+    outs = [numpy.zeros(sum(cs), "int16") for _ in range(n)]
+    plans = [
+        plan.gather_like(geo(r, n), call, cs, 2, X_BASE, OUT_BASE, 5, root=root) for r in range(n)
+    ]
+    run([Rank(xs[r], outs[r], CAP) for r in range(n)], plans, numpy.dtype("int16"))
+    want = numpy.concatenate(xs)
+    for r in range(n):
+        if root < 0 or r == root:
+            numpy.testing.assert_array_equal(outs[r], want)
+        else:
+            assert not outs[r].any()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("count", [0, 5, 4099])
+def test_broadcast(n: int, count: int) -> None:
+    root = n // 2
+    xs = [numpy.full(count, r, "uint8") for r in range(n)]
+    xs[root] = numpy.arange(count).astype("uint8")
+    want = xs[root].copy()
+    plans = [
+        plan.gather_like(geo(r, n), "broadcast", [count] * n, 1, X_BASE, X_BASE, 6, root=root)
+        for r in range(n)
+    ]
+    run([Rank(xs[r], xs[r], CAP) for r in range(n)], plans, numpy.dtype("uint8"))
+    for r in range(n):
+        numpy.testing.assert_array_equal(xs[r], want)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_alltoallv_and_scatter(n: int) -> None:
+    sc = [[(3 * s + 7 * d) % 11 * 97 for d in range(n)] for s in range(n)]
+    rc = [[sc[s][d] for s in range(n)] for d in range(n)]
+    max_pair = max(max(row) for row in sc)
+    xs = [numpy.arange(sum(sc[s]), dtype="float64") + 10000 * s for s in range(n)]
+    outs = [numpy.zeros(sum(rc[d]), "float64") for d in range(n)]
+    plans = [
+        plan.all_to_all(
+            geo(r, n), "alltoall", sc[r], rc[r], 8, X_BASE, OUT_BASE, 12, max_pair=max_pair
+        )
+        for r in range(n)
+    ]
+    run([Rank(xs[r], outs[r], CAP) for r in range(n)], plans, numpy.dtype("float64"))
+    for d in range(n):
+        parts = []
+        for s in range(n):
+            o = sum(sc[s][:d])
+            parts.append(xs[s][o : o + sc[s][d]])
+        numpy.testing.assert_array_equal(outs[d], numpy.concatenate(parts))
+    # scatter: only the root sends
+    root, k = n - 1, 600
+    x = numpy.arange(n * k, dtype="int32")
+    outs = [numpy.zeros(k, "int32") for _ in range(n)]
+    plans = [
+        plan.all_to_all(
+            geo(r, n),
+            "scatter",
+            [k] * n,
+            [k if s == root else 0 for s in range(n)],
+            4,
+            X_BASE,
+            OUT_BASE,
+            7,
+            max_pair=k,
+            root=root,
+        )
+        for r in range(n)
+    ]
+    run(
+        [Rank(x if r == root else numpy.zeros(0, "int32"), outs[r], CAP) for r in range(n)],
+        plans,
+        numpy.dtype("int32"),
+    )
+    for d in range(n):
+        numpy.testing.assert_array_equal(outs[d], x[d * k : (d + 1) * k])
+
+
+def test_disagreeing_counts_change_the_signature() -> None:
+    a = plan.reduction(geo(0, 2), "allreduce", 1000, 4, X_BASE, OUT_BASE, (1, 1))
+    b = plan.reduction(geo(1, 2), "allreduce", 999, 4, X_BASE, OUT_BASE, (1, 1))
+    with pytest.raises(AssertionError, match="signature"):
+        run(
+            [
+                Rank(numpy.zeros(1000, "f4"), numpy.zeros(1000, "f4"), CAP),
+                Rank(numpy.zeros(999, "f4"), numpy.zeros(999, "f4"), CAP),
+            ],
+            [a, b],
+            numpy.dtype("float32"),
+            "sum",
+        )
+    words = [int(w) for w in a[0].params[L.P_SIG : L.P_SIG + 4].view(numpy.uint64)]
+    assert plan.describe(words) == "allreduce, bool, sum, 1000 elements, launch 0 of 1"
+
+
+def test_alltoallv_count_disagreement_is_caught_by_the_directory() -> None:
+    a = plan.all_to_all(geo(0, 2), "alltoall", [5, 5], [5, 6], 4, X_BASE, OUT_BASE, 7, max_pair=6)
+    b = plan.all_to_all(geo(1, 2), "alltoall", [5, 5], [5, 5], 4, X_BASE, OUT_BASE, 7, max_pair=6)
+    with pytest.raises(AssertionError, match="expects"):
+        run(
+            [
+                Rank(numpy.zeros(10, "f4"), numpy.zeros(11, "f4"), CAP),
+                Rank(numpy.zeros(10, "f4"), numpy.zeros(10, "f4"), CAP),
+            ],
+            [a, b],
+            numpy.dtype("float32"),
+        )
+
+
+def test_slices_are_pack_aligned_and_cover() -> None:
+    for n in range(1, 9):
+        for count in (0, 1, 3, 17, 1000):
+            for pe in (1, 2, 4, 8, 16):
+                sl = plan._slices(count, n, pe)
+                assert len(sl) == n and sl[0][0] == 0
+                assert all(a % pe == 0 for a, _ in sl)
+                covered = [i for a, b in sl for i in range(a, b)]
+                assert covered == list(range(count))
