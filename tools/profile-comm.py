@@ -90,7 +90,8 @@ def main() -> int:
         n = max(1, nbytes // 4)
         x = torch.full((n,), float(rank + 1), device=dev)
         y = torch.empty_like(x)
-        ops = comm._ops_for(_adapt(x))
+        xb = _adapt(x)
+        ops = comm._engines.ops(xb.lib, xb.device)
         tx = DirectTransport(comm._coll, ops)
         row = [s]
 

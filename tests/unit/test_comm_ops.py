@@ -140,7 +140,7 @@ def test_importing_comm_starts_no_mpi_torch_or_cuda():
     code = (
         "import sys, cudampi, cudampi.comm\n"
         "from cudampi.comm import Communicator, Handle\n"
-        "import cudampi.comm.communicator, cudampi.comm.algorithms, cudampi.comm.staged\n"
+        "import cudampi.comm.communicator, cudampi.comm.algorithms, cudampi.comm.engines.staged\n"
         "bad = [m for m in ('mpi4py.MPI', 'torch', 'cupy') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

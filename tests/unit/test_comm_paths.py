@@ -34,7 +34,7 @@ def cfg(**kw):
 
 
 def pick(call, requested, on_device, caps, dtype="float32", nbytes=1 << 20, **conf):
-    from cudampi.comm.native import can_reduce
+    from cudampi.comm.engines.mpi import can_reduce
 
     return choose(
         call,

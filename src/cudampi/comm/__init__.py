@@ -1,6 +1,13 @@
 """Collectives and point-to-point on GPU and host arrays over MPI, on the fastest path that works.
 
 ``from cudampi.comm import Communicator, Handle`` starts no MPI and no CUDA.
+
+Layout: ``communicator`` (the public class: adapts the arrays with ``buffers``, checks them with
+``args`` and across ranks with ``validate``, picks a path with ``paths``, runs calls in order
+with ``handle``) hands flat arrays to one of ``engines/`` (``mpi``, ``alg``, ``staged``: one
+module each, one method set, contract in ``engines/base.py``). Below them: ``ops`` (element-wise
+work per array library), ``algorithms`` (collectives from point-to-point), ``transport`` (moving
+bytes) and ``staging`` (host buffers and device<->host copies).
 """
 
 from __future__ import annotations

@@ -101,6 +101,11 @@ class Worker:
         self._queue.put((fn, h))
         return h
 
+    def drain(self) -> None:
+        """Return once every call submitted so far has run."""
+        if not self.idle:
+            self.submit(lambda: None, "drain").wait()
+
     def _loop(self) -> None:
         while True:
             item = self._queue.get()

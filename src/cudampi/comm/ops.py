@@ -93,6 +93,10 @@ class ArrayOps:
     def nbytes(self, a: Any) -> int:
         raise NotImplementedError
 
+    def itemsize(self, a: Any) -> int:
+        """Bytes per element of ``a``."""
+        raise NotImplementedError
+
     def copy(self, dst: Any, src: Any) -> None:
         raise NotImplementedError
 
@@ -144,6 +148,9 @@ class NumpyOps(ArrayOps):
 
     def nbytes(self, a: Any) -> int:
         return int(a.nbytes)
+
+    def itemsize(self, a: Any) -> int:
+        return int(a.dtype.itemsize)
 
     def copy(self, dst: Any, src: Any) -> None:
         dst[...] = src
@@ -207,6 +214,9 @@ class TorchOps(ArrayOps):
 
     def nbytes(self, a: Any) -> int:
         return int(a.numel() * a.element_size())
+
+    def itemsize(self, a: Any) -> int:
+        return int(a.element_size())
 
     @contextlib.contextmanager
     def _on_stream(self) -> Iterator[None]:
@@ -353,6 +363,9 @@ class CupyOps(ArrayOps):
     def nbytes(self, a: Any) -> int:
         return int(a.nbytes)
 
+    def itemsize(self, a: Any) -> int:
+        return int(a.dtype.itemsize)
+
     @contextlib.contextmanager
     def _on_stream(self) -> Iterator[None]:
         import cupy
@@ -427,7 +440,8 @@ class CupyOps(ArrayOps):
 
 
 def ops_for(lib: str, device: int | None) -> ArrayOps:
-    """A fresh :class:`ArrayOps` for ``lib`` on ``device`` (the communicator caches them)."""
+    """A fresh :class:`ArrayOps` for ``lib`` on ``device`` (each communicator keeps one per lib
+    and device: :class:`~cudampi.comm.engines.base.Engines`)."""
     if lib == "numpy":
         return _NUMPY_OPS
     if lib == "torch":

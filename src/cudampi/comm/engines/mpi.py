@@ -1,17 +1,22 @@
-"""The MPI library's own collectives on typed buffers (the ``host`` and ``native`` paths).
+"""The ``mpi`` engine: the MPI library's own collectives and point-to-point on the arrays' memory.
 
-Buffers are handed to MPI by address, so the same calls serve host arrays and, where `cudampi
-doctor` proved the library handles them, device arrays. Reductions need an MPI datatype and op:
-float16 and bfloat16 have none here, so the communicator runs its own algorithms for them.
+It runs the ``host`` and ``native`` paths, direct device point-to-point, and, on host buffers,
+the inside of the staged engine. Buffers are handed to MPI by address, so the same calls serve
+host arrays and, where `cudampi doctor` proved the library handles them, device arrays.
+Reductions need an MPI datatype and op: float16 and bfloat16 have none here, so paths choose
+cudampi's own algorithms (the ``alg`` engine) for them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
+from cudampi.comm.engines.base import Engine
+from cudampi.comm.handle import Handle
 from cudampi.comm.ops import ArrayOps
-from cudampi.comm.transport import mem, typed_mem
+from cudampi.comm.transport import mem, opens_sequence, recv_into, recv_rest, typed_mem
 
 NO_MPI_TYPE = ("float16", "bfloat16")
 
@@ -207,3 +212,121 @@ def alltoallv(
 ) -> None:
     sbuf = _vec(ops, _apart(ops, send, out), scounts, itemsize)
     comm.Alltoallv(sbuf, _vec(ops, out, rcounts, itemsize))
+
+
+# ---------------------------------------------------------------------------- point-to-point
+
+
+def request_handle(what: str, req: Any, keep: Any = None) -> Handle:
+    """A handle over one MPI request; ``keep`` (a staging buffer) lives until it completes."""
+
+    def poll(block: bool) -> bool:
+        _ = keep
+        if block:
+            req.Wait()
+            return True
+        return bool(req.Test())
+
+    return Handle(what, poll)
+
+
+def irecv_handle(
+    comm: Any,
+    ptr: int,
+    nbytes: int,
+    source: int,
+    tag: int,
+    chunk_bytes: int,
+    then: Callable[[int], None] | None = None,
+) -> Handle:
+    """A non-blocking receive of up to ``nbytes`` at ``ptr`` that also accepts a staged sender's
+    chunk sequence; ``then(got)`` runs once the bytes are in (the staged engine copies them to
+    the device there)."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    req = comm.Irecv(mem(ptr, nbytes), source, tag)
+
+    def finish() -> None:
+        got = status.Get_count(MPI.BYTE)
+        if opens_sequence(got, nbytes, chunk_bytes):
+            # a chunked (staged) sender: the rest follows from the same rank
+            recv_rest(comm, ptr, nbytes, got, status.Get_source(), tag)
+            got = nbytes
+        if then is not None:
+            then(got)
+
+    def poll(block: bool) -> bool:
+        if block:
+            req.Wait(status)
+        elif not req.Test(status):
+            return False
+        finish()
+        return True
+
+    return Handle("irecv", poll)
+
+
+# ---------------------------------------------------------------------------- the engine
+
+
+class DirectP2P(Engine):
+    """User point-to-point straight on the arrays' memory (the ``mpi`` and ``alg`` engines)."""
+
+    def send(self, f: Any, dest: int, tag: int) -> None:
+        self.setting.p2p.Send(mem(self.ops.ptr(f), self.ops.nbytes(f)), dest, tag)
+
+    def recv(self, f: Any, source: int, tag: int) -> None:
+        s = self.setting
+        recv_into(s.p2p, self.ops.ptr(f), self.ops.nbytes(f), source, tag, s.config.chunk_bytes)
+
+    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+        req = self.setting.p2p.Isend(mem(self.ops.ptr(f), self.ops.nbytes(f)), dest, tag)
+        return request_handle("isend", req)
+
+    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+        s = self.setting
+        return irecv_handle(
+            s.p2p, self.ops.ptr(f), self.ops.nbytes(f), source, tag, s.config.chunk_bytes
+        )
+
+
+class MpiEngine(DirectP2P):
+    """MPI's own collectives on the arrays (see :mod:`cudampi.comm.engines.base`)."""
+
+    name = "mpi"
+
+    def _isz(self, a: Any) -> int:
+        return self.ops.itemsize(a)
+
+    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+        allreduce(self.setting.coll, self.ops, xf, of, op, dtype)
+        self.finish_avg(of, op, dtype)
+
+    def reduce(
+        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+    ) -> None:
+        reduce(self.setting.coll, self.ops, xf, of, op, dtype, root)
+        if self.setting.rank == root:
+            self.finish_avg(of, op, dtype)
+
+    def broadcast(self, xf: Any, root: int) -> None:
+        broadcast(self.setting.coll, self.ops, xf, root)
+
+    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+        allgatherv(self.setting.coll, self.ops, xf, of, counts, self._isz(xf))
+
+    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+        gatherv(self.setting.coll, self.ops, xf, of, counts, self._isz(xf), root)
+
+    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+        scatterv(self.setting.coll, self.ops, xf, of, counts, self._isz(of), root)
+
+    def reduce_scatterv(
+        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+    ) -> None:
+        reduce_scatterv(self.setting.coll, self.ops, xf, of, counts, op, dtype)
+        self.finish_avg(of, op, dtype)
+
+    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+        alltoallv(self.setting.coll, self.ops, xf, send_counts, of, recv_counts, self._isz(xf))

@@ -1,0 +1,94 @@
+"""The ``alg`` engine: cudampi's own collective algorithms over direct point-to-point.
+
+It runs the ``gpu-ring`` path on device memory (reductions on the GPU, MPI moving device
+buffers), its host twin for dtypes MPI cannot reduce (float16, bfloat16), and, on host buffers,
+the inside of the staged engine for those dtypes. The algorithms themselves live in
+:mod:`cudampi.comm.algorithms`; this module builds their per-call setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cudampi.comm import algorithms
+from cudampi.comm.engines.base import Setting
+from cudampi.comm.engines.mpi import DirectP2P
+from cudampi.comm.ops import ArrayOps
+from cudampi.comm.transport import DirectTransport
+
+
+class AlgEngine(DirectP2P):
+    """Ring / direct / recursive-doubling / tree collectives (see :mod:`~cudampi.comm.algorithms`);
+    user point-to-point straight on the arrays, as the ``mpi`` engine does it."""
+
+    name = "alg"
+
+    def __init__(self, setting: Setting, ops: ArrayOps) -> None:
+        super().__init__(setting, ops)
+        self.direct = setting.direct(ops.device is not None)
+        self._tx = DirectTransport(setting.coll, ops)
+
+    @property
+    def algo(self) -> int:
+        return 1 + int(self.direct)
+
+    def _ctx(self, a: Any) -> algorithms.Ctx:
+        s = self.setting
+        return algorithms.Ctx(
+            s.rank,
+            s.size,
+            self.ops,
+            self._tx,
+            self.ops.itemsize(a),
+            s.config.chunk_bytes,
+            s.config.small_bytes,
+            self.direct,
+        )
+
+    def _copy(self, xf: Any) -> Any:
+        n = int(xf.shape[0])
+        work = self.ops.empty(max(1, n), xf)[:n]
+        self.ops.copy(work, xf)
+        return work
+
+    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+        if xf is not of:
+            self.ops.copy(of, xf)
+        algorithms.allreduce(self._ctx(of), of, op, dtype)
+        self.finish_avg(of, op, dtype)
+
+    def reduce(
+        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+    ) -> None:
+        is_root = self.setting.rank == root
+        if is_root:
+            work = of
+            if xf is not of:
+                self.ops.copy(of, xf)
+        else:
+            work = xf if scratch else self._copy(xf)
+        algorithms.reduce(self._ctx(work), work, op, dtype, root)
+        if is_root:
+            self.finish_avg(of, op, dtype)
+
+    def broadcast(self, xf: Any, root: int) -> None:
+        algorithms.broadcast(self._ctx(xf), xf, root)
+
+    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+        algorithms.allgatherv(self._ctx(xf), xf, of, counts)
+
+    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+        algorithms.gatherv(self._ctx(xf), xf, of, counts, root)
+
+    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+        algorithms.scatterv(self._ctx(of), xf, of, counts, root)
+
+    def reduce_scatterv(
+        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+    ) -> None:
+        work = xf if scratch else self._copy(xf)
+        algorithms.reduce_scatterv(self._ctx(xf), work, of, counts, op, dtype)
+        self.finish_avg(of, op, dtype)
+
+    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+        algorithms.alltoallv(self._ctx(xf), xf, send_counts, of, recv_counts)

@@ -1,0 +1,229 @@
+"""The ``staged`` engine: device data goes through pinned host buffers; an inner engine (``mpi``,
+or ``alg`` for dtypes MPI cannot reduce) runs the collective on host memory.
+
+Element-wise collectives (allreduce, reduce, broadcast) are pipelined piece by piece: the
+device->host copy of piece k+1 and the host->device copy of piece k-1 run on the copy stream
+while the inner engine works on piece k. The other collectives stage their whole input in, run
+on the host, and stage their output back. User point-to-point goes through
+:class:`~cudampi.comm.transport.StagedTransport`. One stager (copy stream, pinned buffers) per
+(lib, device) of a communicator serves every staged engine there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cudampi.comm.engines.base import Engine, Engines, Setting, core_op
+from cudampi.comm.engines.mpi import irecv_handle, request_handle
+from cudampi.comm.handle import Handle
+from cudampi.comm.ops import ArrayOps
+from cudampi.comm.staging import stager_for
+from cudampi.comm.transport import StagedTransport, mem
+
+PIECES_MAX = 64
+SLOTS = 3
+
+
+def piece_bounds(count: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    step = max(1, chunk_bytes // max(1, itemsize), -(-count // PIECES_MAX))
+    return [(lo, min(count, lo + step)) for lo in range(0, count, step)]
+
+
+def piecewise(
+    stager: Any,
+    src: Any | None,
+    dst: Any | None,
+    like: Any,
+    count: int,
+    itemsize: int,
+    chunk_bytes: int,
+    fn: Callable[[Any], None],
+) -> None:
+    """For each piece: copy ``src``'s piece to a host slot (unless ``src`` is None), run ``fn`` on
+    the slot viewed as host elements, copy the slot into ``dst``'s piece (unless None)."""
+    pieces = piece_bounds(count, itemsize, chunk_bytes)
+    if not pieces:
+        return
+    step = pieces[0][1] - pieces[0][0]
+    slots = [stager.pinned(step * itemsize) for _ in range(min(SLOTS, len(pieces)))]
+    ns = len(slots)
+    d2h: dict[int, Any] = {}
+    h2d: dict[int, Any] = {}
+
+    def start_in(k: int) -> None:
+        if k - ns in h2d:  # the slot's previous piece must be on the device before reuse
+            stager.wait(h2d.pop(k - ns))
+        if src is not None:
+            lo, hi = pieces[k]
+            d2h[k] = stager.d2h(slots[k % ns], src, lo * itemsize, hi * itemsize)
+
+    start_in(0)
+    for k, (lo, hi) in enumerate(pieces):
+        if k + 1 < len(pieces):
+            start_in(k + 1)
+        stager.wait(d2h.pop(k, None))
+        fn(stager.host_view(slots[k % ns], like, hi - lo))
+        if dst is not None:
+            h2d[k] = stager.h2d(dst, slots[k % ns], lo * itemsize, hi * itemsize)
+    for ev in h2d.values():
+        stager.wait(ev)
+
+
+def stage_in(stager: Any, a: Any, like: Any, count: int, itemsize: int) -> Any:
+    """A host copy of the flat ``a`` (``count`` elements), as host elements."""
+    host = stager.pinned(max(1, count * itemsize))
+    if count:
+        stager.wait(stager.d2h(host, a, 0, count * itemsize))
+    return stager.host_view(host, like, count)
+
+
+def stage_buffer(stager: Any, like: Any, count: int, itemsize: int) -> Any:
+    """An uninitialised host buffer of ``count`` elements."""
+    return stager.host_view(stager.pinned(max(1, count * itemsize)), like, count)
+
+
+def stage_out(stager: Any, dst: Any, host_view: Any, nbytes: int) -> None:
+    """Copy a host view made by :func:`stage_in` / :func:`stage_buffer` into the flat ``dst``."""
+    if nbytes:
+        stager.wait(stager.h2d(dst, _raw(host_view), 0, nbytes))
+
+
+def _raw(v: Any) -> Any:
+    """The uint8 view under a host element view (what the stagers copy from)."""
+    import numpy
+
+    if isinstance(v, numpy.ndarray):
+        return v.view(numpy.uint8)
+    import torch
+
+    return v.view(torch.uint8)
+
+
+class StagedEngine(Engine):
+    """Stages through host buffers around ``inner``, an engine over the host buffers' ops."""
+
+    name = "staged"
+
+    def __init__(self, setting: Setting, ops: ArrayOps, inner: Engine, stager: Any) -> None:
+        super().__init__(setting, ops)
+        self.inner = inner
+        self.stager = stager
+
+    @classmethod
+    def make(cls, engines: Engines, ops: ArrayOps, inner: str) -> Engine:
+        stager = engines.keep(
+            ("staged", ops.lib, ops.device), lambda: stager_for(ops.lib, ops.device)
+        )
+        host = engines.get(inner or "mpi", "", stager.host_lib(), None)
+        return cls(engines.setting, ops, host, stager)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _pieces(
+        self, src: Any | None, dst: Any | None, like: Any, fn: Callable[[Any], None]
+    ) -> None:
+        n, isz = int(like.shape[0]), self.ops.itemsize(like)
+        piecewise(self.stager, src, dst, like, n, isz, self.setting.config.chunk_bytes, fn)
+
+    def _in(self, a: Any) -> Any:
+        return stage_in(self.stager, a, a, int(a.shape[0]), self.ops.itemsize(a))
+
+    def _buffer(self, like: Any, count: int) -> Any:
+        return stage_buffer(self.stager, like, count, self.ops.itemsize(like))
+
+    def _out(self, dst: Any, host: Any, count: int) -> None:
+        stage_out(self.stager, dst, host, count * self.ops.itemsize(dst))
+
+    # ------------------------------------------------------------------ collectives
+
+    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+        inner, core = self.inner, core_op(op)
+        self._pieces(xf, of, xf, lambda h: inner.allreduce(h, h, core, dtype))
+        self.finish_avg(of, op, dtype)
+
+    def reduce(
+        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+    ) -> None:
+        inner, core = self.inner, core_op(op)
+        is_root = self.setting.rank == root
+        self._pieces(
+            xf,
+            of if is_root else None,
+            xf,
+            lambda h: inner.reduce(h, h, core, dtype, root, scratch=True),
+        )
+        if is_root:
+            self.finish_avg(of, op, dtype)
+
+    def broadcast(self, xf: Any, root: int) -> None:
+        inner = self.inner
+        is_root = self.setting.rank == root
+        self._pieces(
+            xf if is_root else None, None if is_root else xf, xf, lambda h: inner.broadcast(h, root)
+        )
+
+    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+        hx, ho = self._in(xf), self._buffer(xf, sum(counts))
+        self.inner.allgatherv(hx, ho, counts)
+        self._out(of, ho, sum(counts))
+
+    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+        hx = self._in(xf)
+        ho = self._buffer(xf, sum(counts)) if of is not None else None
+        self.inner.gatherv(hx, ho, counts, root)
+        if of is not None:
+            self._out(of, ho, sum(counts))
+
+    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+        isz, mine = self.ops.itemsize(of), counts[self.setting.rank]
+        hx = stage_in(self.stager, xf, of, sum(counts), isz) if xf is not None else None
+        ho = self._buffer(of, mine)
+        self.inner.scatterv(hx, ho, counts, root)
+        self._out(of, ho, mine)
+
+    def reduce_scatterv(
+        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+    ) -> None:
+        mine = counts[self.setting.rank]
+        hx, ho = self._in(xf), self._buffer(of, mine)
+        self.inner.reduce_scatterv(hx, ho, counts, core_op(op), dtype, scratch=True)
+        self._out(of, ho, mine)
+        self.finish_avg(of, op, dtype)
+
+    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+        hx, ho = self._in(xf), self._buffer(xf, sum(recv_counts))
+        self.inner.alltoallv(hx, send_counts, ho, recv_counts)
+        self._out(of, ho, sum(recv_counts))
+
+    # ------------------------------------------------------------------ point-to-point
+
+    def _transport(self) -> StagedTransport:
+        return StagedTransport(self.setting.p2p, self.stager, self.setting.config.chunk_bytes)
+
+    def send(self, f: Any, dest: int, tag: int) -> None:
+        with self.ops.device_ctx():
+            self._transport().send(f, dest, tag)
+
+    def recv(self, f: Any, source: int, tag: int) -> None:
+        with self.ops.device_ctx():
+            self._transport().recv(f, source, tag)
+
+    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+        st, n = self.stager, self.ops.nbytes(f)
+        keep = st.pinned(max(1, n))
+        with self.ops.device_ctx():
+            st.wait(st.d2h(keep, f, 0, n))
+        req = self.setting.p2p.Isend(mem(st.host_ptr(keep), n), dest, tag)
+        return request_handle("isend", req, keep)
+
+    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+        st, n = self.stager, self.ops.nbytes(f)
+        host = st.pinned(max(1, n))
+
+        def land(got: int) -> None:
+            with self.ops.device_ctx():
+                st.wait(st.h2d(f, host, 0, got))
+
+        s = self.setting
+        return irecv_handle(s.p2p, st.host_ptr(host), n, source, tag, s.config.chunk_bytes, land)
