@@ -42,10 +42,11 @@ CALLS = (
 
 
 def test_every_engine_has_the_whole_method_set():
-    assert set(KINDS) == {"mpi", "alg", "staged"}
+    assert {"mpi", "alg", "staged"} <= set(KINDS)
     for name, kind in KINDS.items():
         assert kind.name == name
-        assert kind.stream_ordered is False, name
+        if name in ("mpi", "alg", "staged"):
+            assert kind.stream_ordered is False, name
         missing = [m for m in METHODS if getattr(kind, m) is getattr(Engine, m)]
         assert not missing, (name, missing)
 
