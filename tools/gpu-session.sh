@@ -20,6 +20,16 @@ U=$($W -c "import libucx,os;print(os.path.dirname(libucx.__file__))")
 UCX_ENV=(LD_PRELOAD=$U/lib/libucs.so.0:$U/lib/libucm.so.0:$U/lib/libuct.so.0:$U/lib/libucp.so.0 UCX_MODULE_DIR=$U/lib/ucx OMPI_MCA_pml=ucx)
 D=$OUT/docs; mkdir -p $D
 sec() { echo; echo "=== $* ($(date +%T))"; }
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && sleep 1 && echo "MPS daemon started"
+}
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control; sleep 1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+mps_each() { for m in ${MPS_MODES:-off on}; do [ $m = on ] && mps_start; MPS=$m "$@"; [ $m = on ] && mps_stop; done; }
 T() { local s=$1; shift; timeout -k 5 "$s" "$@"; echo "rc=$?"; }
 for stage in "$@"; do case $stage in
 doctor)
@@ -169,6 +179,39 @@ final)
   ( export "${UCX_ENV[@]}" CUDAMPI_CUDA_AWARE=yes
     T 100 $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_torch_gpu.py -k "gpu-ring and sync" -o addopts= ) 2>&1 | tail -15
   tar czf $OUT/bench.tgz -C $OUT bench && rm -rf $B
+  ;;
+ipc)
+  # The ipc engine: compile its kernels for IPC_RANKS in parallel (CuPy's disk cache, carried
+  # between calls as .cupy-cache.tgz), then tests/gpu/test_ipc_gpu.py with MPS off and on.
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache CUDAMPI_TIMEOUT=${IPC_TIMEOUT:-30}
+  [ -f .cupy-cache.tgz ] && tar xzf .cupy-cache.tgz
+  sec ipc kernels
+  T 300 $W tools/ipc-warm.py --ranks ${IPC_RANKS:-2,3,4} --jobs 16 | tail -8
+  ipc_tests() {
+    sec ipc tests, MPS $MPS
+    T ${IPC_T:-300} $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_ipc_gpu.py -o addopts= \
+      -rfEs --durations=12 ${IPC_K:+-k "$IPC_K"} 2>&1 | tee $OUT/ipc-tests-mps-$MPS.log | tail -${IPC_TAIL:-45}
+  }
+  mps_each ipc_tests
+  tar czf $OUT/cupy-cache.tgz .cupy-cache
+  ;;
+ipcbench)
+  # Every collective on ipc beside gpu-ring, staged, torch gloo and the copy peer, MPS off and
+  # on, BENCH_NP (2) ranks (run `probe` first: gpu-ring needs the probe's result).
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  B=$OUT/bench; mkdir -p $B; N=${BENCH_NP:-2}
+  ipc_bench() {
+    sec bench ${BENCH_OPS:-allreduce} $N ranks, MPS $MPS
+    for op in ${BENCH_OPS:-allreduce}; do
+      T ${BENCH_T:-200} $W -m cudampi launch -n $N -m cudampi bench $op -b ${BENCH_B:-8} -e ${BENCH_E:-256M} \
+        -f ${BENCH_F:-4} -w 3 -n ${BENCH_N:-20} --time-limit ${BENCH_TL:-0.5} \
+        --paths ${BENCH_PATHS:-ipc,gpu-ring,staged,torch-gloo,copy} --json $B/$op-$N-mps$MPS.json \
+        > $B/$op-$N-mps$MPS.txt; grep -E "^ *[0-9]|Verdict|wrong|skip" $B/$op-$N-mps$MPS.txt | head -${BENCH_LINES:-60}
+    done
+  }
+  mps_each ipc_bench
+  tar czf $OUT/bench-ipc$N.tgz -C $OUT bench && rm -rf $B
   ;;
 esac; done
 tar czf $OUT/docs.tgz -C $OUT docs && rm -rf $D

@@ -1,7 +1,7 @@
 """Path adapters: one class per way of moving the data, all with the same methods.
 
-``gpu-ring``, ``staged``, ``native``, ``host``: a :class:`cudampi.comm.Communicator` forced onto
-that path. ``torch-nccl``, ``torch-gloo``, ``torch-cudampi``: torch.distributed groups of that
+``ipc``, ``gpu-ring``, ``staged``, ``native``, ``host``: a :class:`cudampi.comm.Communicator`
+forced onto that path. ``torch-nccl``, ``torch-gloo``, ``torch-cudampi``: torch.distributed groups of that
 backend. Peers, measured in the same run for the ratios: ``mpi`` (mpi4py directly; device
 buffers staged through pinned host copies, i.e. plain "MPI host-staged") and ``copy`` (one raw
 device-to-device copy of the same size; a host memcpy on the CPU).
@@ -18,7 +18,7 @@ from typing import Any
 from cudampi.bench.arrays import ArrayLib, is_float
 from cudampi.bench.session import Session
 
-CUDAMPI_PATHS = ("gpu-ring", "staged", "native", "host")
+CUDAMPI_PATHS = ("ipc", "gpu-ring", "staged", "native", "host")
 TORCH_PATHS = {"torch-nccl": "nccl", "torch-gloo": "gloo", "torch-cudampi": "cudampi"}
 DDP_PATHS = {**TORCH_PATHS, "torch-cudampi-async": "cudampi-async"}
 """``bench ddp`` also trains on a cudampi group with ``Options(async_ops=True)``, where gradient
@@ -28,6 +28,7 @@ PATHS = (*CUDAMPI_PATHS, *TORCH_PATHS, *PEERS)
 """Every path ``--paths`` accepts (``all`` is all of them)."""
 
 DESCRIPTION = {
+    "ipc": "cudampi's GPU kernels over CUDA IPC, on the caller's stream (ranks of one node)",
     "gpu-ring": "cudampi's ring/recursive-doubling algorithms over MPI point-to-point",
     "staged": "cudampi, buffers staged through pinned host memory in pipelined chunks",
     "native": "cudampi handing the buffers (host or device) to MPI's own collective",
@@ -132,6 +133,14 @@ class CudampiPath(PathAdapter):
             self.choice = self.comm.path_for(op, probe)
         except CudampiError as exc:
             return str(exc)
+        if self.name == "ipc" and op == "sendrecv":
+            return "ipc moves collectives; point-to-point goes through MPI (the gpu-ring row)"
+        if self.name == "ipc" and self.choice != "ipc":
+            return f"ipc moves device arrays; here it would run {self.choice}"
+        if self.name == "ipc":
+            from cudampi.comm.engines.ipc import available
+
+            return available()
         return None
 
     def allreduce(self, send: Any, recv: Any, op: str) -> None:

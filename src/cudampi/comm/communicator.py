@@ -185,6 +185,8 @@ class Communicator:
             if plan.ops is not None and not plan.ordered:
                 plan.token = plan.ops.capture()
         except Exception as exc:
+            if self._reject_ordered(what):
+                raise
             plan = _Plan(Signature(what), error=exc)
         if plan.ordered:
             # the engine orders its work on the caller's stream and checks across ranks itself:
@@ -207,6 +209,26 @@ class Communicator:
             return result
 
         return self._submit(execute, what, async_op)
+
+    def _reject_ordered(self, what: str) -> bool:
+        """A call this rank rejected, where the others may run it on a stream-ordered engine
+        (they check on the GPU, not on the host): tell them there, so they raise too instead of
+        waiting. True when that was done (the caller then raises its own error at once)."""
+        if self._path != "ipc":
+            return False
+        engines = self._engines.stream_ordered()
+        for engine in engines:
+            engine.reject(what)
+        return bool(engines)
+
+    def synchronize(self) -> None:
+        """Wait until this rank's calls are complete on the caller's current stream, and raise
+        what a stream-ordered engine (ipc) reported: a mismatched call, a rank that did not
+        arrive within CUDAMPI_TIMEOUT, a rank that died. Calls on those engines return once
+        enqueued (as NCCL's); their errors surface here, at the next call or in the log."""
+        if self._worker is not None:
+            self._worker.drain()
+        self._engines.synchronize()
 
     def _submit(self, fn: Callable[[], Any], what: str, async_op: bool) -> Any:
         if not self._threaded:

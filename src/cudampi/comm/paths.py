@@ -22,7 +22,8 @@ class PathChoice(str):
     """A path name (a ``str``) that also carries ``reason`` and the ``engine`` that runs it.
 
     engine: ``mpi`` (MPI's own collective on the buffers), ``alg`` (cudampi's algorithms with
-    direct transport), ``staged`` (through host buffers; ``inner`` says what runs on the host).
+    direct transport), ``staged`` (through host buffers; ``inner`` says what runs on the host),
+    ``ipc`` (GPU kernels over CUDA IPC, :mod:`cudampi.comm.engines.ipc`).
     """
 
     reason: str
@@ -104,6 +105,15 @@ def choose(
     no_mpi = reducing and not mpi_reduces
     if call in P2P:
         return _choose_p2p(requested, on_device, support)
+    if requested == "ipc":
+        if on_device:
+            return PathChoice(
+                "ipc", "requested: GPU kernels over CUDA IPC on the caller's stream", "ipc"
+            )
+        host = choose(call, "host", False, dtype, nbytes, support, mpi_reduces=mpi_reduces)
+        return PathChoice(
+            str(host), f"requested ipc, which moves device arrays; {host.reason}", host.engine
+        )
     if not on_device:
         if requested in ("auto", "host", "native"):
             name = "host" if requested == "auto" else requested
@@ -183,6 +193,8 @@ def choose(
 
 
 def _choose_p2p(requested: str, on_device: bool, support: DeviceSupport) -> PathChoice:
+    if requested == "ipc":  # the ipc engine moves collectives; messages go through MPI
+        requested = "auto"
     if not on_device:
         if requested == "staged":
             return PathChoice(

@@ -30,7 +30,7 @@ CALLS = (
     "barrier",
     "split",
 )
-ENGINES = ("none", "host", "native", "gpu-ring", "staged", "host-alg", "native-alg")
+ENGINES = ("none", "host", "native", "gpu-ring", "staged", "host-alg", "native-alg", "ipc")
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,14 @@ class Engine:
     def close(self) -> None:
         """Release what the engine holds (the communicator is closing)."""
 
+    def synchronize(self) -> None:
+        """Wait for what this engine enqueued on the caller's stream and raise what it reported
+        (stream-ordered engines; the others finish their calls before returning)."""
+
+    def reject(self, what: str) -> None:
+        """Stream-ordered engines: tell the other ranks, where they check calls, that this rank
+        rejected its arguments for ``what`` (they raise instead of waiting)."""
+
     # ------------------------------------------------------------------ collectives
 
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
@@ -188,6 +196,18 @@ class Engines:
         if key not in self._kept:
             self._kept[key] = make()
         return self._kept[key]
+
+    def synchronize(self) -> None:
+        for engine in list(self._made.values()):
+            engine.synchronize()
+
+    def stream_ordered(self) -> list[Engine]:
+        """The stream-ordered engines made so far (one per device and array library)."""
+        seen: dict[int, Engine] = {}
+        for engine in self._made.values():
+            if engine.stream_ordered:
+                seen.setdefault(id(getattr(engine, "ws", engine)), engine)
+        return list(seen.values())
 
     def close(self) -> None:
         for engine in self._made.values():

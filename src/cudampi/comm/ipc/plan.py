@@ -35,7 +35,9 @@ CALL_IDS = {
     "scatterv": 11,
     "reduce_scatterv": 12,
     "alltoallv": 13,
+    "rejected": 15,
 }
+"""Signature call codes; ``rejected``: the rank refused its own arguments (see reject())."""
 CALL_NAMES = {v: k for k, v in CALL_IDS.items()}
 
 PARAM_DTYPE = numpy.dtype([("v", numpy.int64, (L.NPARAM,))])
@@ -214,6 +216,15 @@ def _offsets(counts: list[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ data movement
+
+
+def reject(geo: Geometry) -> list[Launch]:
+    """One launch that moves nothing and posts the ``rejected`` signature, so the other ranks'
+    kernels of the same call stop with a mismatch instead of waiting for this rank."""
+    p = _base(geo, 0, 0)
+    p[L.P_MODE] = L.XMODE_SHARED
+    _set_sig(p, signature("rejected", 0, 0, -1, 0, (), 0, 1))
+    return [Launch("exchange", p)]
 
 
 def gather_like(

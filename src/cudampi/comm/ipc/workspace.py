@@ -77,7 +77,8 @@ class Workspace:
     """The GPU resources of one ipc communicator on ``device`` (see the module doc).
 
     ``comm``: an mpi4py communicator whose ranks share one node (its rank order is the
-    kernels' rank order). ``capacity``: bytes of each of the two data buffers.
+    kernels' rank order); the workspace frees it when it closes. ``capacity``: bytes of each of
+    the two data buffers.
     """
 
     def __init__(
@@ -238,7 +239,13 @@ class Workspace:
         mine = plan.describe([int(w) for w in e["mine"]])
         where = f"rank {self.rank} of the node's ipc group ({self.calls} calls so far)"
         if code == L.ERR_MISMATCH:
-            theirs = plan.describe([int(w) for w in e["theirs"]])
+            words = [int(w) for w in e["theirs"]]
+            if words[0] >> 56 == plan.CALL_IDS["rejected"]:
+                return CommError(
+                    f"[{mine}]: rank {peer} rejected its arguments for this call (its error says "
+                    "why), so no rank ran it; this communicator is unusable now."
+                )
+            theirs = plan.describe(words)
             return MismatchError(
                 f"ranks called different collectives at the same point: {where} called "
                 f"[{mine}], rank {peer} called [{theirs}]. Every rank must make the same "
@@ -305,12 +312,11 @@ class Workspace:
                 self._last[1].synchronize()
         self._closed = True
         self._watch.join(timeout=1)
-        try:
-            self.comm.Barrier()
-        finally:
-            self._release()
+        self._release()
 
     def _release(self) -> None:
+        """Unmap the peers, wait until every rank did (no peer maps this workspace when it is
+        freed), free, and free the communicator. Collective, also after a failed setup."""
         import cupy
         from cupy.cuda import runtime as rt
 
@@ -323,13 +329,17 @@ class Workspace:
                     except Exception:
                         pass
             self._peers = []
+            try:
+                self.comm.Barrier()
+            except Exception:
+                pass
             if self.ptr:
-                try:
-                    self.comm.Barrier()  # no peer still maps it when it is freed
-                except Exception:
-                    pass
                 rt.free(self.ptr)
                 self.ptr = 0
             if self.err_ptr:
                 rt.freeHost(self.err_ptr)
                 self.err_ptr = 0
+        try:
+            self.comm.Free()
+        except Exception:
+            pass
