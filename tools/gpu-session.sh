@@ -186,7 +186,7 @@ ipc)
   export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache CUDAMPI_TIMEOUT=${IPC_TIMEOUT:-30}
   [ -f .cupy-cache.tgz ] && tar xzf .cupy-cache.tgz
   sec ipc kernels
-  T 300 $W tools/ipc-warm.py --ranks ${IPC_RANKS:-2,3,4} --jobs 16 | tail -8
+  T 300 $W tools/ipc-warm.py --ranks ${IPC_RANKS:-2,3,4} --jobs 16 2>&1 | tee $OUT/ipc-warm.log | grep -a -v warning | tail -40
   ipc_tests() {
     sec ipc tests, MPS $MPS
     T ${IPC_T:-300} $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_ipc_gpu.py -o addopts= \

@@ -124,7 +124,8 @@ def rank_ipc_graph(comm):
     total = sum(r + 1 for r in range(comm.size))
     with Communicator(comm, path="ipc") as c:
         static = torch.zeros(1 << 16, device="cuda")
-        c.allreduce(static, out=static)  # warm up: compile, workspace
+        c.allreduce(static, out=static)  # warm up: compile, workspace (not while capturing)
+        c.allreduce(static, "max", out=static)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

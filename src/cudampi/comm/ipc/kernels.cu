@@ -413,13 +413,13 @@ __device__ void reduce_slice(const char* const* src, char* out, char* keep, i64 
     if (aligned && b - a == 16) {
       const int E = 16 / (int)sizeof(S);
       uint4 raw[N];
-#pragma unroll
+_Pragma("unroll")
       for (int r = 0; r < N; r++) raw[r] = *(const uint4*)(src[r] + a);
       uint4 res;
-#pragma unroll
+_Pragma("unroll")
       for (int i = 0; i < E; i++) {
         A acc = K::up(((const S*)&raw[0])[i]);
-#pragma unroll
+_Pragma("unroll")
         for (int r = 1; r < N; r++)
           acc = Combine<OP, K::fam, A>::f(acc, K::up(((const S*)&raw[r])[i]));
         if (OP == OP_AVG) acc = Finish<K::fam, A>::f(acc, N);
@@ -428,10 +428,10 @@ __device__ void reduce_slice(const char* const* src, char* out, char* keep, i64 
       *(uint4*)(out + (a - w)) = res;
       if (keep) *(uint4*)(keep + a) = res;
     } else {
-#pragma unroll 1
+_Pragma("unroll 1")
       for (i64 x = a; x < b; x += es) {
         A acc = K::up(*(const S*)(src[0] + x));
-#pragma unroll 1
+_Pragma("unroll 1")
         for (int r = 1; r < N; r++) acc = Combine<OP, K::fam, A>::f(acc, K::up(*(const S*)(src[r] + x)));
         if (OP == OP_AVG) acc = Finish<K::fam, A>::f(acc, N);
         const S res = K::down(acc);

@@ -128,7 +128,9 @@ class Workspace:
             except Exception as exc:  # a CUDA error on this rank: every rank must hear of it
                 local = f"{type(exc).__name__}: {exc}"
             infos = comm.allgather(None if local else info)
-            self._fail_together("allocating the workspace", local, infos)
+            self._fail_together(
+                "allocating the workspace", local, [None if i else "failed" for i in infos]
+            )
             self._pids = [(i[1], i[2]) for i in infos]
             mapped: list[int] = []
             try:
@@ -160,8 +162,9 @@ class Workspace:
         self._watch = threading.Thread(target=self._watchdog, name="cudampi-ipc-watch", daemon=True)
         self._watch.start()
 
-    def _fail_together(self, what: str, local: str | None, infos: list[Any]) -> None:
-        bad = [r for r, i in enumerate(infos) if i is None or isinstance(i, str)]
+    def _fail_together(self, what: str, local: str | None, errors: list[str | None]) -> None:
+        """Collective: raise on every rank when any rank failed (``errors[r]`` not None)."""
+        bad = [r for r, e in enumerate(errors) if e is not None]
         if not bad:
             return
         self._release()
