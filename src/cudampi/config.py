@@ -149,6 +149,14 @@ class Config:
             "the ranks on it, at most 64)",
         ),
     )
+    node_ranks: int = field(
+        default=0,
+        metadata=_meta(
+            int,
+            "treat every this many consecutive ranks of a node as one node (to run the "
+            "hierarchical collectives on one machine); 0: the real nodes",
+        ),
+    )
     cache_dir: str = field(
         default=str(Path("~/.cache/cudampi").expanduser()),
         metadata=_meta(str, "where probe results (capabilities) are cached"),

@@ -262,4 +262,26 @@ def test_several_communicators_and_splits():
     run_mpi(4, __file__, "rank_ipc_check_same", timeout=300)
 
 
+def rank_ipc_hier(comm, lib):
+    """4 ranks cut into 2 "nodes" of 2: ipc kernels inside each, the cross-node step through
+    gpu-ring (where device p2p is proven) or staged; every collective against NumPy."""
+    from cudampi.comm import Communicator
+
+    _setup(comm, lib)
+    f = Failures(comm.rank)
+    with Communicator(comm, config=_config("1", node_ranks="2")) as c:
+        run_matrix(
+            c, [lib], ["ipc"], f, sizes=(0, 1, 7, 100003), dtypes=("float32", "bfloat16", "int64"),
+            some=("float32", "float16"),
+        )  # fmt: skip
+    f.finish()
+    if comm.rank == 0:
+        print(f"hierarchical: checked {f.checked} results")
+
+
+@pytest.mark.parametrize("lib", _libs())
+def test_hierarchical_across_two_pretend_nodes(lib):
+    run_mpi(4, __file__, "rank_ipc_hier", lib, timeout=600)
+
+
 __all__ = ["gen", "to_lib"]

@@ -19,6 +19,7 @@ from typing import Any
 from cudampi.comm import args
 from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, same_memory
 from cudampi.comm.engines import Engine, Setting, engines_for
+from cudampi.comm.engines.base import node_comm
 from cudampi.comm.engines.mpi import can_reduce
 from cudampi.comm.handle import Handle, Worker, completed
 from cudampi.comm.ops import ArrayOps, check_op
@@ -72,7 +73,7 @@ class Communicator:
         key = capmod.stack_key(MPI.Get_library_version(), os.environ)
         self.capabilities: capmod.Capabilities | None = capmod.load(self.config.cache_dir, key)
         self._support = device_support(self.config, self.capabilities)
-        shared = self._coll.Split_type(MPI.COMM_TYPE_SHARED)
+        shared = node_comm(self._coll, self.config)
         one_node = shared.Get_size() == self.size
         shared.Free()
         self._engines = engines_for(

@@ -63,6 +63,20 @@ class Setting:
         return on_device and self.one_node
 
 
+def node_comm(coll: Any, config: Config) -> Any:
+    """The ranks of ``coll`` that share this rank's node (MPI's shared-memory split), cut into
+    groups of ``config.node_ranks`` consecutive ranks where that is set. The caller frees it."""
+    from mpi4py import MPI
+
+    shared = coll.Split_type(MPI.COMM_TYPE_SHARED, key=coll.Get_rank())
+    if config.node_ranks <= 0:
+        return shared
+    try:
+        return shared.Split(shared.Get_rank() // config.node_ranks, shared.Get_rank())
+    finally:
+        shared.Free()
+
+
 class Engine:
     """One way to run collectives and point-to-point (see the module doc for the method set)."""
 

@@ -17,13 +17,18 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm.buffers import DTYPE_CODE, adapt
-from cudampi.comm.engines.base import Engine, Engines
+from cudampi.comm.engines.base import Engine, Engines, Setting, node_comm
 from cudampi.comm.handle import Handle
 from cudampi.comm.ipc import layout as L
 from cudampi.comm.ipc import plan
 from cudampi.comm.ipc.workspace import Workspace
 from cudampi.comm.ops import REDUCE_OPS, ArrayOps
 from cudampi.errors import CommError, DeviceError
+
+
+def _workspace(comm: Any, s: Setting, device: int) -> Workspace:
+    c = s.config
+    return Workspace(comm, device, capacity=c.ipc_bytes, timeout=c.timeout, blocks=c.ipc_blocks)
 
 
 def available() -> str | None:
@@ -39,10 +44,14 @@ class IpcEngine(Engine):
     name = "ipc"
     stream_ordered = True
 
-    def __init__(self, setting: Any, ops: ArrayOps, ws: Workspace) -> None:
+    def __init__(
+        self, setting: Any, ops: ArrayOps, ws: Workspace, stream: int | None = None
+    ) -> None:
         super().__init__(setting, ops)
         self.ws = ws
         self.geo = ws.geometry(setting.config.ipc_oneshot_bytes)
+        self._fixed_stream = stream
+        """Launch on this stream instead of the caller's (the hierarchical engine's use)."""
 
     @classmethod
     def make(cls, engines: Engines, ops: ArrayOps, inner: str) -> Engine:
@@ -53,22 +62,9 @@ class IpcEngine(Engine):
             raise DeviceError("path='ipc' moves device arrays; this is host memory")
         s = engines.setting
         if not s.one_node:
-            raise DeviceError(
-                "path='ipc' joins the ranks of one node; this communicator spans several nodes. "
-                "Use path='gpu-ring' or 'staged' (or auto)."
-            )
+            return HierEngine.make(engines, ops, inner)
         dev = ops.device
-
-        def make_ws() -> Workspace:
-            return Workspace(
-                s.coll.Dup(),
-                dev,
-                capacity=s.config.ipc_bytes,
-                timeout=s.config.timeout,
-                blocks=s.config.ipc_blocks,
-            )
-
-        return cls(s, ops, engines.keep(("ipc", dev), make_ws))
+        return cls(s, ops, engines.keep(("ipc", dev), lambda: _workspace(s.coll.Dup(), s, dev)))
 
     def close(self) -> None:
         self.ws.close()  # shared by this device's engines; closing twice is a no-op
@@ -76,6 +72,8 @@ class IpcEngine(Engine):
     # ------------------------------------------------------------------ launching
 
     def _stream(self) -> int:
+        if self._fixed_stream is not None:
+            return self._fixed_stream
         if self.ops.lib == "torch":
             import torch
 
@@ -207,3 +205,168 @@ class IpcEngine(Engine):
 
     def irecv(self, f: Any, source: int, tag: int) -> Handle:
         raise CommError("the ipc engine moves collectives; point-to-point goes through MPI")
+
+
+class HierEngine(Engine):
+    """Collectives across nodes: ``node`` joins each node's ranks (the ipc engine on device
+    arrays; MPI's own collectives on host arrays, which the CPU tests use), ``cross`` joins the
+    ranks with the same place on every node (gpu-ring where device p2p is proven, else staged).
+
+    allreduce is a reduce-scatter inside the node, an allreduce of one slice across nodes and an
+    allgather inside the node; reduce_scatter and allgather likewise move each byte across nodes
+    once per node. The other collectives run flat over the whole communicator on ``flat``. Needs
+    the same number of ranks on every node, numbered node after node (what mpirun does by
+    default); otherwise every rank raises the same DeviceError.
+    """
+
+    name = "ipc"
+
+    def __init__(self, setting: Setting, ops: ArrayOps, node: Engine, cross: Engine,
+                 flat: Engine, local: int, per_node: int, nodes: int) -> None:  # fmt: skip
+        super().__init__(setting, ops)
+        self.node, self.cross, self.flat = node, cross, flat
+        self.local, self.per_node, self.nodes = local, per_node, nodes
+
+    @classmethod
+    def make(cls, engines: Engines, ops: ArrayOps, inner: str) -> Engine:
+        from cudampi.comm.engines import Engines as Set
+        from cudampi.comm.engines import engines_for
+        from cudampi.comm.engines.mpi import MpiEngine
+
+        s = engines.setting
+
+        def build() -> tuple[Any, Any, int, int, int]:
+            nc = node_comm(s.coll, s.config)
+            local, per_node = nc.Get_rank(), nc.Get_size()
+            layout = s.coll.allgather((per_node, local))
+            nodes = s.size // per_node if per_node else 0
+            regular = (
+                all(p == per_node and r % per_node == lo for r, (p, lo) in enumerate(layout))
+                and nodes * per_node == s.size
+            )
+            if not regular:
+                nc.Free()
+                sizes = sorted({p for p, _ in layout})
+                raise DeviceError(
+                    "path='ipc' across nodes needs the same number of ranks on every node, "
+                    f"numbered node after node (node sizes here: {sizes}; rank order "
+                    f"{[lo for _, lo in layout]}). Launch with the default by-slot mapping, "
+                    "or use path='gpu-ring' or 'staged'."
+                )
+            cc = s.coll.Split(local, s.rank)
+            return nc, cc, local, per_node, nodes
+
+        nc, cc, local, per_node, nodes = engines.keep(("ipc", "hier"), build)
+        dev = ops.device
+        if dev is None:
+            node_set = Setting(nc, nc, local, per_node, s.config, True)
+            node: Engine = MpiEngine(node_set, ops)
+        else:
+            stream = _stream_ptr(ops)
+            ws = engines.keep(("ipc", dev), lambda: _workspace(nc.Dup(), s, dev))
+            node = IpcEngine(Setting(nc, nc, local, per_node, s.config, True), ops, ws, stream)
+        cross_set: Set = engines.keep(
+            ("ipc", "cross"),
+            lambda: engines_for(Setting(cc, cc, cc.Get_rank(), nodes, s.config, False)),
+        )
+        if dev is None:
+            cross = cross_set.get("mpi", "", ops.lib, None)
+            flat = engines.get("mpi", "", ops.lib, None)
+        else:
+            cross = cross_set.get(inner or "staged", "alg", ops.lib, dev)
+            flat = engines.get(inner or "staged", "alg", ops.lib, dev)
+        return cls(s, ops, node, cross, flat, local, per_node, nodes)
+
+    def close(self) -> None:
+        self.node.close()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _scratch(self, n: int, like: Any) -> Any:
+        return self.ops.empty(max(1, n), like)[:n]
+
+    def _settle(self) -> None:
+        """The node engine's kernels are on the reduction stream: finish them before MPI."""
+        self.ops.fence()
+
+    def _node_split(self, n: int) -> list[int]:
+        q, r = divmod(n, self.per_node)
+        return [q + (1 if i < r else 0) for i in range(self.per_node)]
+
+    # ------------------------------------------------------------------ hierarchical
+
+    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+        core = "sum" if op == "avg" else op
+        counts = self._node_split(int(xf.shape[0]))
+        part = self._scratch(counts[self.local], xf)
+        self.node.reduce_scatterv(xf, part, counts, core, dtype)
+        self._settle()
+        self.cross.allreduce(part, part, core, dtype)
+        self.node.allgatherv(part, of, counts)
+        self.finish_avg(of, op, dtype)
+
+    def reduce_scatterv(
+        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+    ) -> None:
+        core = "sum" if op == "avg" else op
+        L, me = self.per_node, self.local
+        mine = [counts[m * L + me] for m in range(self.nodes)]
+        part = self._scratch(sum(mine), xf)
+        lo = pos = 0
+        for m in range(self.nodes):
+            block = counts[m * L : (m + 1) * L]
+            self.node.reduce_scatterv(
+                xf[lo : lo + sum(block)], part[pos : pos + block[me]], block, core, dtype
+            )
+            lo, pos = lo + sum(block), pos + block[me]
+        self._settle()
+        self.cross.reduce_scatterv(part, of, mine, core, dtype, scratch=True)
+        self.finish_avg(of, op, dtype)
+
+    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+        L = self.per_node
+        sums = [sum(counts[m * L : (m + 1) * L]) for m in range(self.nodes)]
+        me = self.setting.rank // L
+        lo = sum(sums[:me])
+        self.node.allgatherv(xf, of[lo : lo + sums[me]], counts[me * L : (me + 1) * L])
+        part = self._scratch(sums[me], xf)
+        self.ops.copy(part, of[lo : lo + sums[me]])
+        self._settle()
+        self.cross.allgatherv(part, of, sums)
+
+    # ------------------------------------------------------------------ flat
+
+    def reduce(
+        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+    ) -> None:
+        self.flat.reduce(xf, of, op, dtype, root, scratch=scratch)
+
+    def broadcast(self, xf: Any, root: int) -> None:
+        self.flat.broadcast(xf, root)
+
+    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+        self.flat.gatherv(xf, of, counts, root)
+
+    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+        self.flat.scatterv(xf, of, counts, root)
+
+    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+        self.flat.alltoallv(xf, send_counts, of, recv_counts)
+
+    def send(self, f: Any, dest: int, tag: int) -> None:
+        self.flat.send(f, dest, tag)
+
+    def recv(self, f: Any, source: int, tag: int) -> None:
+        self.flat.recv(f, source, tag)
+
+    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+        return self.flat.isend(f, dest, tag)
+
+    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+        return self.flat.irecv(f, source, tag)
+
+
+def _stream_ptr(ops: ArrayOps) -> int:
+    """The raw pointer of ``ops``' reduction stream (torch or CuPy)."""
+    stream: Any = getattr(ops, "stream", None)  # not on the ArrayOps base
+    return int(stream.cuda_stream if ops.lib == "torch" else stream.ptr)
