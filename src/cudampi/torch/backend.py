@@ -18,6 +18,7 @@ run in call order on one thread per group instead, overlapping the caller's work
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
 import sys
@@ -32,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 from cudampi.config import Config
-from cudampi.errors import CommError, ConfigError
+from cudampi.errors import CommError, ConfigError, MismatchError
+from cudampi.torch.debug import DetailChecker, detail_enabled
 from cudampi.torch.join import join_world, needs_join
 from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
 from cudampi.torch.rendezvous import singleton_message
@@ -240,7 +242,11 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
             )
         runner = AsyncRunner(f"cudampi-torch-{group_id or 'world'}")
     comm = Communicator(mpi_comm, path=options.path, config=options.config)
-    return CudampiProcessGroup(comm, mpi_comm, rank, size, ranks, group_id, runner=runner)
+    pg = CudampiProcessGroup(comm, mpi_comm, rank, size, ranks, group_id, runner=runner)
+    if detail_enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch's wrapper skips Python groups
+        pg._detail = DetailChecker(mpi_comm, ranks or list(range(size)))
+        weakref.finalize(pg, pg._detail.close)
+    return pg
 
 
 def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -249,6 +255,8 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def run(self: CudampiProcessGroup, *args: Any, **kwargs: Any) -> Any:
         self._check_open()
+        if self._detail is not None:
+            self._detail.check(method.__name__, args, kwargs)
         if self._runner is None:
             return completed_work(method(self, *args, **kwargs))
         return self._runner.submit(lambda: method(self, *args, **kwargs), args)
@@ -288,6 +296,7 @@ class CudampiProcessGroup(_ProcessGroup):
     supports_splitting = False
     supports_coalescing = False
     supports_time_estimate = False
+    _detail: DetailChecker | None = None  # set under TORCH_DISTRIBUTED_DEBUG=DETAIL
 
     def __init__(
         self,
@@ -381,12 +390,53 @@ class CudampiProcessGroup(_ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for t in tensors:
+            if t.layout == torch.sparse_coo:
+                self._allreduce_sparse(t, spec)
+                continue
             check_dtype(spec, t.dtype)
             buf = _contiguous(t)
             _premul(buf, spec.premul, in_place=True)
             self._comm.allreduce(buf, spec.op, out=buf)
             _write_back(t, buf)
         return tensors
+
+    def _allreduce_sparse(self, t: torch.Tensor, spec: Any) -> None:
+        """Sum sparse COO tensors as gloo does: gather every rank's indices and values, add them
+        up (``coalesce``) and put the result, coalesced, in ``t`` on every rank. SUM only."""
+        if spec.torch_name != "SUM":
+            raise CommError(
+                f"all_reduce of a sparse tensor with ReduceOp.{spec.torch_name}: sparse "
+                "all_reduce supports ReduceOp.SUM only (as gloo). Fix: use SUM, or reduce "
+                "t.to_dense()."
+            )
+        x = t.coalesce()
+        nnz, sparse_dim = x._nnz(), x.sparse_dim()
+        mine = [sparse_dim, *x.shape]
+        metas = self._comm.allgather(torch.tensor([nnz, *mine], dtype=torch.int64))
+        if any(m[1:].tolist() != mine for m in metas):
+            odd = next(i for i, m in enumerate(metas) if m[1:].tolist() != mine)
+            raise MismatchError(
+                f"all_reduce of sparse tensors: rank {self._rank} has shape {list(x.shape)} "
+                f"with {sparse_dim} sparse dims, rank {odd} shape {metas[odd][2:].tolist()} "
+                f"with {int(metas[odd][1])}. Every rank must pass a sparse tensor of the same "
+                "shape and sparse dims."
+            )
+        nnzs = [int(m[0]) for m in metas]
+        row = math.prod(x.shape[sparse_dim:])  # elements per entry (dense dims of a hybrid)
+        # Every rank's entries, one after another (nnz-major, so allgatherv concatenates them).
+        idx = self._comm.allgatherv(
+            x.indices().t().contiguous().view(-1), [n * sparse_dim for n in nnzs]
+        )
+        vals = self._comm.allgatherv(x.values().contiguous().view(-1), [n * row for n in nnzs])
+        total = sum(nnzs)
+        summed = torch.sparse_coo_tensor(
+            idx.view(total, sparse_dim).t(),
+            vals.view(total, *x.shape[sparse_dim:]),
+            x.shape,
+            dtype=x.dtype,
+            device=x.device,
+        ).coalesce()
+        t.copy_(summed)
 
     @_collective
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -462,13 +512,25 @@ class CudampiProcessGroup(_ProcessGroup):
                 o.copy_(flat[offset : offset + c].view(o.shape))
                 offset += c
 
+    @_collective
     def allgather_coalesced(
         self,
         output_lists: list[list[torch.Tensor]],
         input_list: list[torch.Tensor],
         opts: Any = None,
     ) -> Any:
-        return self.allgather(output_lists, input_list, opts)
+        # torch's layout is by rank, then tensor: output_lists[r][i] receives rank r's
+        # input_list[i] (allgather's is by tensor, then rank).
+        if len(output_lists) != self._size or any(len(o) != len(input_list) for o in output_lists):
+            raise CommError(
+                f"all_gather_coalesced: output_tensor_lists has {len(output_lists)} lists of "
+                f"{sorted({len(o) for o in output_lists})} tensors for a group of {self._size} "
+                f"and {len(input_list)} input tensors. Fix: pass one list per rank, each with "
+                "one tensor per input tensor."
+            )
+        for i, inp in enumerate(input_list):
+            self._allgather_list([outs[i] for outs in output_lists], inp)
+        return output_lists
 
     @_collective
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
