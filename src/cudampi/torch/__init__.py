@@ -10,12 +10,16 @@ srun::
     dist.init_process_group("cudampi")  # rank and size from MPI: no MASTER_ADDR needed
 
 Importing this package imports torch (that is its purpose); it starts no MPI and no CUDA: MPI
-starts when the first group is created.
+starts when the first group is created. Where cudampi is pip-installed, torch imports it at
+``import torch`` (the ``torch.backends`` entry point, :mod:`cudampi._torch_autoload`), so
+``init_process_group("cudampi")`` works without the import too. It also prints the fix after the
+traceback of torch's errors for ``init_process_group("mpi")`` (:mod:`cudampi.torch.hints`).
 """
 
 from __future__ import annotations
 
 from cudampi.torch.backend import BACKEND_NAME, CudampiProcessGroup, Options, register
+from cudampi.torch.hints import install_excepthook
 from cudampi.torch.rendezvous import INIT_METHOD, mpi_launcher
 
 __all__ = [
@@ -28,3 +32,4 @@ __all__ = [
 ]
 
 register()
+install_excepthook()
