@@ -96,7 +96,7 @@ def _open_world(options: Options, rank: int, size: int, dist_opts: Any = None) -
 
         mpi_comm = MPI.COMM_WORLD
     if mpi_comm.size == 1 and size > 1:
-        raise ConfigError(singleton_message(size))
+        raise ConfigError(singleton_message(size, sys.modules))
     # Sizes are the same on every rank; ranks may differ on some only: agree before raising, so
     # no rank is left waiting in the next collective.
     mismatch = mpi_comm.size != size or bool(mpi_comm.allreduce(int(mpi_comm.rank != rank)))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -118,7 +119,7 @@ def _rendezvous(url: str, timeout: timedelta, *, env_ranks: bool) -> Iterator[tu
     host = socket.gethostname()
     asked = max(want_size, _env_int(os.environ, "WORLD_SIZE"))
     if comm.size == 1 and asked > 1:
-        raise ConfigError(singleton_message(asked))
+        raise ConfigError(singleton_message(asked, sys.modules))
     problem = ""
     if (want_rank != -1 and want_rank != comm.rank) or (want_size != -1 and want_size != comm.size):
         problem = (
@@ -173,8 +174,12 @@ def _env_int(env: Mapping[str, str], name: str) -> int:
         return -1
 
 
-def singleton_message(world_size: int) -> str:
-    """Why a 1-process MPI job cannot be a group of ``world_size``, and what to do instead."""
+def singleton_message(world_size: int, modules: Iterable[str] = ()) -> str:
+    """Why a 1-process MPI job cannot be a group of ``world_size``, and what to do instead.
+
+    ``modules``: the names of the loaded modules (``sys.modules``); where Lightning is among
+    them, the message names its fix too.
+    """
     return (
         f"torch asks for a group of {world_size} processes, but this process is a 1-process MPI "
         "job (an MPI singleton): no mpirun/mpiexec/srun started it, and MPI was already running "
@@ -183,6 +188,22 @@ def singleton_message(world_size: int) -> str:
         f"{world_size} script.py` or `mpirun -n {world_size} python script.py` (no MASTER_ADDR "
         "needed); under torchrun, import mpi4py.MPI only after init_process_group('cudampi') "
         "and use an MPICH-family MPI (see docs/torch.md); or use backend 'gloo'/'nccl'."
+        + lightning_hint(modules)
+    )
+
+
+def lightning_hint(modules: Iterable[str]) -> str:
+    """The fix under Lightning's own launcher, if Lightning is among ``modules``, else ``""``."""
+    if not any(m in ("lightning", "pytorch_lightning", "lightning_fabric") for m in modules):
+        return ""
+    return (
+        " Lightning is loaded: under its own launcher (`python train.py` with devices=N) its "
+        "MPIEnvironment detection calls MPI.COMM_WORLD.Get_size(), which starts MPI in every "
+        "process before cudampi can join them. Fix: pass the environment explicitly, "
+        "Trainer(..., plugins=[LightningEnvironment()]) (from lightning.pytorch.plugins."
+        "environments; then cudampi joins the processes as under torchrun: MPICH-family MPI), "
+        "or start the script with `cudampi launch`/mpirun, where Lightning's MPIEnvironment is "
+        "right."
     )
 
 
