@@ -11,9 +11,16 @@ processes (tests/mpi/test_torch_backend.py's helpers):
 - ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: a collective whose ranks pass tensors of the same size but
   different shapes raises on every rank, as gloo's wrapper does, naming each rank's shapes; the
   legal uneven forms (all_gather, all_to_all) still pass.
+
+And what docs/torch.md's "works with" table claims beyond DDP/FSDP2 (test_torch_ddp.py):
+torch.distributed.checkpoint save/load, DeviceMesh + tensor parallel (colwise/rowwise), and
+pipelining (GPipe, one stage per rank), each against gloo.
 """
 
 from __future__ import annotations
+
+import shutil
+import tempfile
 
 import pytest
 
@@ -190,6 +197,83 @@ def check_detail(ck, dist, gloo, rank, n):
     ck.close(out, torch.ones(sum(recv)), "uneven all_to_all_single under DETAIL")
 
 
+def _mlp(seed, width=12):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
+
+
+def check_dcp(ck, dist, gloo, rank, tmp):
+    """torch.distributed.checkpoint: save and load through each group, the same tensors back."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    src = _mlp(seed=5).state_dict()
+    for name, group in (("cudampi", None), ("gloo", gloo)):
+        path = f"{tmp}/dcp-{name}"
+        dcp.save(src, checkpoint_id=path, process_group=group)
+        dst = {k: torch.zeros_like(v) for k, v in src.items()}
+        dcp.load(dst, checkpoint_id=path, process_group=group)
+        for k in src:
+            ck.close(dst[k], src[k], f"DCP {name} round trip {k}", gloo=name == "gloo")
+
+
+def check_tensor_parallel(ck, dist, gloo, rank, n):
+    """DeviceMesh + tensor parallel (colwise then rowwise): output and gradients = gloo's."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+    x = torch.randn(4, 12, generator=torch.Generator().manual_seed(3))
+    got = {}
+    for name, mesh in (
+        ("cudampi", init_device_mesh("cpu", (n,))),
+        ("gloo", DeviceMesh.from_group(gloo, "cpu")),
+    ):
+        model = parallelize_module(_mlp(seed=7), mesh, plan)
+        out = model(x)
+        out.sum().backward()
+        grads = [p.grad.full_tensor() for p in model.parameters()]
+        got[name] = (out.detach(), grads)
+    ck.close(got["cudampi"][0], got["gloo"][0], "TP output vs gloo", gloo=True)
+    for i, (a, b) in enumerate(zip(got["cudampi"][1], got["gloo"][1])):
+        ck.close(a, b, f"TP gradient {i} vs gloo", gloo=True)
+    ref = _mlp(seed=7)
+    ck.close(got["cudampi"][0], ref(x).detach(), "TP output vs one process")
+
+
+def check_pipelining(ck, dist, gloo, rank, n):
+    """torch.distributed.pipelining, one Linear stage per rank, GPipe: gradients = gloo's."""
+    import torch
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(4))
+    y = torch.randn(8, 6, generator=torch.Generator().manual_seed(5))
+    grads = {}
+    for name, group in (("cudampi", None), ("gloo", gloo)):
+        torch.manual_seed(100 + rank)
+        layer = nn.Linear(6, 6)
+        stage = PipelineStage(layer, rank, n, torch.device("cpu"), group=group)
+        sched = ScheduleGPipe(stage, n_microbatches=2, loss_fn=nn.functional.mse_loss)
+        if rank == 0:
+            sched.step(x)
+        elif rank == n - 1:
+            sched.step(target=y)
+        else:
+            sched.step()
+        grads[name] = [p.grad.clone() for p in layer.parameters()]
+    for i, (a, b) in enumerate(zip(grads["cudampi"], grads["gloo"])):
+        ck.close(a, b, f"pipelining stage {rank} gradient {i} vs gloo", gloo=True)
+
+
 def rank_conformance(comm, detail="0"):
     """Items 1 and 2 against gloo; with ``detail``, under TORCH_DISTRIBUTED_DEBUG=DETAIL, item 5
     and items 1-2 again (the check must pass every legal call). DDP is left out under DETAIL:
@@ -207,6 +291,15 @@ def rank_conformance(comm, detail="0"):
     check_sparse_all_reduce(ck, dist, gloo, rank, n)
     if detail != "1":
         check_sparse_ddp(ck, dist, gloo)
+        tmp = [tempfile.mkdtemp(prefix="cudampi-dcp-") if rank == 0 else None]
+        dist.broadcast_object_list(tmp, src=0)  # one folder for every rank (one host)
+        check_dcp(ck, dist, gloo, rank, tmp[0])
+        check_tensor_parallel(ck, dist, gloo, rank, n)
+        check_pipelining(ck, dist, gloo, rank, n)
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(tmp[0], ignore_errors=True)
+    assert ck.vs_gloo >= (50 if detail == "1" else 65), ck.vs_gloo  # no gloo side skipped
     dist.destroy_process_group()
     if rank == 0:
         print(f"conformance: {ck.total} checks, {ck.vs_gloo} against gloo", flush=True)

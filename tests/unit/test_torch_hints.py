@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cudampi.torch.hints import hint_for
+from cudampi.torch.rendezvous import lightning_hint, singleton_message
 
 
 def test_mpi_backend_from_a_stock_wheel():
@@ -22,3 +23,10 @@ def test_unregistered_cudampi_backend():
 def test_other_errors_get_no_hint():
     assert hint_for("AssertionError: Unknown backend type nccl") == ""
     assert hint_for("ValueError: something else") == ""
+
+
+def test_singleton_message_names_lightnings_fix_when_lightning_is_loaded():
+    assert lightning_hint(["torch", "mpi4py"]) == ""
+    msg = singleton_message(2, ["torch", "lightning", "mpi4py.MPI"])
+    assert "plugins=[LightningEnvironment()]" in msg and "cudampi launch -n 2" in msg
+    assert "LightningEnvironment" not in singleton_message(2)
