@@ -22,7 +22,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def build(seed: int = 0):  # type: ignore[no-untyped-def]
@@ -69,6 +69,7 @@ def trainer(args: argparse.Namespace, steps: int):  # type: ignore[no-untyped-de
     return pl.Trainer(
         accelerator="cpu",
         devices=args.devices,
+        num_nodes=args.num_nodes,
         strategy=DDPStrategy(process_group_backend=args.backend),
         plugins=plugins,
         max_steps=steps,
@@ -80,19 +81,33 @@ def trainer(args: argparse.Namespace, steps: int):  # type: ignore[no-untyped-de
     )
 
 
+def launcher_sizes(env: Mapping[str, str]) -> tuple[int, int]:
+    """(ranks in the job, ranks on this node) from the MPI launcher's variables, else (1, 1):
+    Lightning wants devices per node and num_nodes, and checks them against MPI's world size."""
+
+    def first(*names: str) -> int:
+        for name in names:
+            if env.get(name, "").isdigit():
+                return int(env[name])
+        return 0
+
+    world = first("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+    local = first("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE")
+    return world or 1, local or world or 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="cudampi")
-    p.add_argument(
-        "--devices", type=int, default=int(os.environ.get("OMPI_COMM_WORLD_SIZE", 0)) or None
-    )
+    p.add_argument("--devices", type=int, help="ranks per node (default: the MPI launcher's)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--lightning-env", action="store_true", help="plugins=[LightningEnvironment()]")
     p.add_argument("--out", default="lightning-out", help="checkpoint folder")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    if args.devices is None:
-        args.devices = int(os.environ.get("PMI_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
+    world, local = launcher_sizes(os.environ)
+    args.devices = args.devices or local
+    args.num_nodes = world // local if world % local == 0 else 1
 
     import torch
     import torch.distributed as dist

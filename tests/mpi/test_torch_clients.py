@@ -60,6 +60,7 @@ def _same_as_gloo(script, tmp_path, n=2):
     return ours
 
 
+@pytest.mark.slow  # ~35 s on an idle 2-core machine: Lightning's import and two Trainers per job
 def test_lightning_ddp_strategy_matches_gloo(tmp_path):
     pytest.importorskip("lightning")
     for d in ("c", "g"):
