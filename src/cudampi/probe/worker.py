@@ -18,7 +18,15 @@ import time
 import traceback
 from typing import Any
 
-TESTS = ("host_p2p", "host_allreduce", "device_p2p", "device_allreduce", "host_staged", "copy")
+TESTS = (
+    "host_p2p",
+    "host_allreduce",
+    "device_p2p",
+    "device_allreduce",
+    "host_staged",
+    "device_ipc",
+    "copy",
+)
 MARKER = "CUDAMPI_PROBE "
 STAGE = "CUDAMPI_STAGE "
 WARMUP = 2
@@ -147,6 +155,33 @@ def _p2p(comm: Any, test: str, x: Any, y: Any, iters: int, sync: Any) -> float:
     return _timed(comm, iters, body, sync) / 2
 
 
+def _ipc(
+    comm: Any, dev: _Device, x: Any, n: int, iters: int, extra: dict[str, Any]
+) -> tuple[float, bool]:
+    """cudampi's ipc engine: allreduce and allgather checked, the latency of a 4 KiB allreduce
+    (stream-ordered calls back to back, as a training loop makes them) and the seconds of an
+    allreduce of ``x``. No MPI call touches device memory."""
+    from cudampi.comm import Communicator
+    from cudampi.comm.ipc.workspace import mps_active
+
+    size = comm.size
+    with Communicator(comm, path="ipc") as c:
+        _stage("device_ipc", "ipc allreduce")
+        y = c.allreduce(x)
+        ok = dev.equal(y, dev.arange(n, 0.0) * size + float(sum(range(size))))
+        m = min(n, 4099)
+        g = c.allgather(x[:m])
+        c.synchronize()
+        for r in range(size):
+            ok = ok and dev.equal(g[r], dev.arange(m, float(r)))
+        small, out = dev.arange(1024, float(comm.rank)), dev.empty(1024)
+        lat = _timed(comm, max(50, iters * 20), lambda: c.allreduce(small, out=out), dev.sync)
+        secs = _timed(comm, iters, lambda: c.allreduce(x, out=y), dev.sync)
+        c.synchronize()
+    extra.update(latency_us=lat * 1e6, mps=mps_active())
+    return secs, bool(ok)
+
+
 def run_test(comm: Any, test: str, nbytes: int, backend: str | None, iters: int) -> dict[str, Any]:
     """Run one test on ``comm``; every rank returns the same dict (ok, gbps, ...)."""
     import numpy as np
@@ -206,6 +241,8 @@ def run_test(comm: Any, test: str, nbytes: int, backend: str | None, iters: int)
             _stage(test, "MPI_Allreduce (host buffers)")
             secs = _timed(comm, iters, body, dev.sync)
             local_ok = dev.equal(y, dev.arange(n, 0.0) * size + float(sum(range(size))))
+        elif test == "device_ipc":
+            secs, local_ok = _ipc(comm, dev, x, n, iters, extra)
         else:
             raise ValueError(f"unknown probe test {test!r}; known: {', '.join(TESTS)}")
     all_ok = bool(comm.allreduce(int(local_ok)) == size)
