@@ -43,10 +43,10 @@ def test_kernels_compile(arch: str) -> None:
 
 
 def test_a_layout_the_kernels_do_not_follow_fails_to_compile(monkeypatch) -> None:
-    monkeypatch.setattr(L, "HEADER_PEERS", L.HEADER_PEERS + 8)
+    monkeypatch.setattr(L, "HEADER_BYTES", L.HEADER_BYTES + 8)
     L.source.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match=r"Header\.peers"):
+        with pytest.raises(RuntimeError, match="Header size differs"):
             L.compile_cubin([L.exchange_name(2)], "sm_90")
     finally:
         L.source.cache_clear()

@@ -43,36 +43,35 @@ struct Slot {          // 64 bytes; written by the peer whose rank indexes it
 };
 
 struct Header {
-  Slot slots[2][MAX_BLOCKS][MAX_RANKS];
-  u64 launches[MAX_BLOCKS];     // per-block launch count (local)
-  u64 barriers[MAX_BLOCKS];     // per-block barrier count (local)
-  u64 peers[MAX_RANKS];         // every rank's workspace in this process's address space
+  u64 peers[MAX_RANKS];         // every rank's workspace in this process's address space (first:
+                                // the host writes it at offset 0)
   u32 abort;                    // set by a rank that failed: stop waiting
   u32 claim;                    // the first failing thread of this rank takes it
   u32 pad[14];
+  u64 launches[MAX_BLOCKS];     // per-block launch count (local)
+  u64 barriers[MAX_BLOCKS];     // per-block barrier count (local)
+  Slot slots[2][MAX_BLOCKS][MAX_RANKS];
 };
 
 struct ErrorRecord {   // host-mapped; the first failing thread of this rank fills it
+  u32 host_abort;      // written by the host watchdog (first: the host finds it at offset 0)
   u32 code;            // ERR_* (layout.py)
   u32 ready;           // 1 once every field below is written
   u32 peer;
   u32 block;
+  u32 pad;
   u64 epoch;
   u64 mine[SIG_WORDS];
   u64 theirs[SIG_WORDS];
   i64 expected;
   i64 got;
-  u32 host_abort;      // written by the host watchdog
-  u32 pad[3];
 };
 
 struct Params { i64 v[NPARAM]; };
 
-static_assert(sizeof(Slot) == 64, "Slot");
+static_assert(sizeof(Slot) == 64, "Slot size differs from layout.py");
 static_assert(sizeof(Header) == HEADER_BYTES, "Header size differs from layout.py");
-static_assert(__builtin_offsetof(Header, peers) == HEADER_PEERS, "Header.peers");
 static_assert(sizeof(ErrorRecord) == ERROR_BYTES, "ErrorRecord size differs from layout.py");
-static_assert(__builtin_offsetof(ErrorRecord, host_abort) == ERROR_HOST_ABORT, "host_abort");
 
 // ---------------------------------------------------------------- memory-model helpers
 

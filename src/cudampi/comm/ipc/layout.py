@@ -20,12 +20,14 @@ PACK = 16
 """Bytes of the unit a thread owns in the data buffers."""
 
 SLOT_BYTES = 64
-HEADER_PEERS = 2 * MAX_BLOCKS * MAX_RANKS * SLOT_BYTES + 2 * 8 * MAX_BLOCKS
-HEADER_BYTES = HEADER_PEERS + 8 * MAX_RANKS + 64
+HEADER_PEERS = 0
+"""The peers table opens the header (kernels.cu ``struct Header``)."""
+HEADER_BYTES = 8 * MAX_RANKS + 64 + 2 * 8 * MAX_BLOCKS + 2 * MAX_BLOCKS * MAX_RANKS * SLOT_BYTES
 DATA_OFFSET = -(-HEADER_BYTES // 4096) * 4096
 """Where data buffer 0 starts in a workspace; buffer 1 follows at DATA_OFFSET + capacity."""
-ERROR_HOST_ABORT = 16 + 8 + 8 * SIG_WORDS * 2 + 16
-ERROR_BYTES = ERROR_HOST_ABORT + 16
+ERROR_HOST_ABORT = 0
+"""The host's abort word opens the error record (kernels.cu ``struct ErrorRecord``)."""
+ERROR_BYTES = 32 + 8 * SIG_WORDS * 2 + 16
 
 # Parameter slots (kernels.cu: struct Params { i64 v[NPARAM]; }).
 P_WS, P_ERR, P_RANK, P_IN, P_OUT = 0, 1, 2, 3, 4
@@ -72,8 +74,8 @@ def kernel_op(op: str, dtype: str) -> str:
 
 def _defines() -> dict[str, int]:
     names = [
-        "MAX_RANKS MAX_BLOCKS NTHREADS SIG_WORDS HEADER_BYTES HEADER_PEERS ERROR_BYTES",
-        "ERROR_HOST_ABORT NPARAM P_WS P_ERR P_RANK P_IN P_OUT P_TIMEOUT P_CAP P_DATA P_MODE",
+        "MAX_RANKS MAX_BLOCKS NTHREADS SIG_WORDS HEADER_BYTES ERROR_BYTES",
+        "NPARAM P_WS P_ERR P_RANK P_IN P_OUT P_TIMEOUT P_CAP P_DATA P_MODE",
         "P_ROOT P_STAGE P_SIG P_A P_B P_C P_D P_E P_STAGEOFF MODE_ONESHOT MODE_TWOSHOT",
         "MODE_SCATTER MODE_ROOT XMODE_SHARED XMODE_EACH ERR_MISMATCH ERR_TIMEOUT ERR_ABORTED",
         "ERR_HOST ERR_RECV ERR_SEND",

@@ -27,17 +27,17 @@ log = logging.getLogger("cudampi.ipc")
 
 ERROR_DTYPE = numpy.dtype(
     [
+        ("host_abort", numpy.uint32),
         ("code", numpy.uint32),
         ("ready", numpy.uint32),
         ("peer", numpy.uint32),
         ("block", numpy.uint32),
+        ("pad", numpy.uint32),
         ("epoch", numpy.uint64),
         ("mine", numpy.uint64, (L.SIG_WORDS,)),
         ("theirs", numpy.uint64, (L.SIG_WORDS,)),
         ("expected", numpy.int64),
         ("got", numpy.int64),
-        ("host_abort", numpy.uint32),
-        ("pad", numpy.uint32, (3,)),
     ]
 )
 assert ERROR_DTYPE.itemsize == L.ERROR_BYTES
