@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from cudampi.launch.detect import query_gpus
 from tests.mpirun import bring_up
 
 pytestmark = pytest.mark.mpi
@@ -168,7 +169,9 @@ def test_dry_run_inside_an_allocation_is_srun(slurm: Slurm):
     assert p.returncode == 0, p.stderr
     line = p.stdout.strip().splitlines()[-1]
     assert "CUDAMPI_LAUNCHER=slurm" in line and f"MASTER_ADDR={slurm.host}" in line
-    assert "srun -n 2 --cpu-bind=none --kill-on-bad-exit=1 --mpi=pmix" in line
+    # No GPU here decides the ranks' cores: Slurm binds each task to cores.
+    bind = "none" if query_gpus() else "cores"
+    assert f"srun -n 2 --cpu-bind={bind} --kill-on-bad-exit=1 --mpi=pmix" in line
     assert "-n 2: the allocation's tasks (SLURM_NTASKS)" in p.stdout
 
 
