@@ -161,3 +161,22 @@ def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(tmp_path):
     caps = doc["data"]["capabilities"]
     assert caps["device_p2p"]["status"] == "ok" and caps["device_allreduce"]["status"] == "crash"
     assert caps["silent_staging"] is False and caps["env"]["OMPI_MCA_pml"] == "ucx"
+
+
+def test_wheels_plain_doctor_probes_the_libucx_recipe_by_itself(tmp_path):
+    """libucx-cu13 installed but not preloaded: the plain doctor used to FAIL device p2p and
+    tell the user to add --preload-ucx. It now probes the recipe `cudampi launch` applies."""
+    python = _wheel_python()
+    proc, doc = _doctor(python, "--size", "64M", cache=tmp_path)
+    assert "Open MPI 5." in _c(doc, "MPI library")["detail"]
+    recipe = doc["data"]["recipe"]
+    assert recipe is not None and recipe["package"].endswith("libucx"), recipe
+    assert recipe["probes"]["device_p2p"]["status"] == "ok", recipe
+    p2p = _c(doc, "device p2p")
+    assert p2p["status"] == "ok", p2p
+    assert "works with the libucx recipe, which `cudampi launch` applies" in p2p["detail"]
+    assert "without it (plain mpirun, no preload) FAIL" in p2p["detail"]
+    assert _c(doc, "UCX transports")["status"] == "ok"
+    assert _c(doc, "CUDA-aware MPI")["detail"].startswith("with the libucx recipe")
+    assert proc.returncode == 0, [c for c in doc["checks"] if c["status"] == "fail"]
+    assert len(doc["data"]["cache"]["keys"]) == 2  # the plain stack and the recipe's
