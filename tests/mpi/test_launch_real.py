@@ -92,6 +92,16 @@ def test_module_mode_and_raw_launcher_flags():
             ],
         ),
         (
+            ["deep", "1"],
+            1,
+            [
+                "json.decoder.JSONDecodeError: Expecting property name",
+                '_launch_target.py", line',
+                "in parse_config",
+                "return json.loads(text)  # the user's line the summary must keep",
+            ],
+        ),
+        (
             ["exit", "1", "3"],
             3,
             ["rank 1 on host {h} exited with code 3", "SystemExit: exited with code 3"],
@@ -106,7 +116,7 @@ def test_module_mode_and_raw_launcher_flags():
             ],
         ),
     ],
-    ids=["raise", "exit", "kill", "segv"],
+    ids=["raise", "deep", "exit", "kill", "segv"],
 )
 def test_a_failing_rank_ends_the_job_with_a_summary(mode, code, words):
     start = time.monotonic()
