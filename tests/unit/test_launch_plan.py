@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudampi.errors import ConfigError
+from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch.plan import (
     Host,
     Launcher,
@@ -13,7 +13,6 @@ from cudampi.launch.plan import (
     PlanRequest,
     UcxRecipe,
     build_command,
-    expand_nodelist,
     hostfile_text,
     make_plan,
     parse_hostfile,
@@ -56,9 +55,27 @@ def test_parse_hosts_and_hostfiles_in_both_formats():
 
 
 def test_expand_slurm_nodelist():
-    assert expand_nodelist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]
-    assert expand_nodelist("n1") == ["n1"]
-    assert expand_nodelist("a[8-10]-ib") == ["a8-ib", "a9-ib", "a10-ib"]
+    from cudampi.launch.detect import expand_nodelist
+
+    outside = {"PATH": "/nonexistent"}  # no scontrol, no allocation: python-hostlist
+    assert expand_nodelist("gpu[01-03,7],login1", outside) == [
+        "gpu01",
+        "gpu02",
+        "gpu03",
+        "gpu7",
+        "login1",
+    ]
+    assert expand_nodelist("n1", outside) == ["n1"]
+    assert expand_nodelist("a[8-10]-ib", outside) == ["a8-ib", "a9-ib", "a10-ib"]
+    # two bracket groups: 4 names (the hand-written parser gave 2, feeding -N and MASTER_ADDR)
+    assert expand_nodelist("rack[1-2]-node[01-02]", outside) == [
+        "rack1-node01",
+        "rack1-node02",
+        "rack2-node01",
+        "rack2-node02",
+    ]
+    with pytest.raises(LaunchError, match="cannot read the Slurm node list 'n\\[1-'"):
+        expand_nodelist("n[1-", outside)
 
 
 def test_openmpi_single_host_argv_is_exact():

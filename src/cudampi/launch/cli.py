@@ -29,7 +29,6 @@ from cudampi.launch.plan import (
     LaunchPlan,
     Machine,
     PlanRequest,
-    expand_nodelist,
     make_plan,
     parse_hostfile,
     parse_hosts,
@@ -322,7 +321,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
     slurm_ntasks = None
     if launcher.flavour == "slurm":
         nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-        slurm_nodes = tuple(expand_nodelist(nodelist))
+        slurm_nodes = tuple(detect.expand_nodelist(nodelist))
         ntasks = os.environ.get("SLURM_NTASKS", "")
         slurm_ntasks = int(ntasks) if ntasks.isdigit() else None
     machine = Machine(

@@ -110,6 +110,48 @@ def in_slurm_allocation(env: Mapping[str, str]) -> bool:
     return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
 
 
+def parse_hostnames(text: str) -> list[str]:
+    """The output of ``scontrol show hostnames LIST``: one host name per line."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """A Slurm node list (``rack[1-2]-node[01-02],login1``) -> host names, by python-hostlist
+    (the parser LLNL's pdsh/Slurm tools use), where no scontrol is at hand."""
+    import hostlist
+
+    try:
+        return list(hostlist.expand_hostlist(text))
+    except hostlist.BadHostlist as exc:
+        raise LaunchError(
+            f"cannot read the Slurm node list {text!r} ({exc}); check SLURM_JOB_NODELIST"
+        ) from None
+
+
+def expand_nodelist(text: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """Host names of a Slurm node list: Slurm's own reading (``scontrol show hostnames``)
+    inside an allocation, python-hostlist elsewhere (or when scontrol cannot say)."""
+    env = os.environ if env is None else env
+    if not text:
+        return []
+    scontrol = shutil.which("scontrol", path=env.get("PATH"))
+    if scontrol and in_slurm_allocation(env):
+        try:
+            out = subprocess.run(
+                [scontrol, "show", "hostnames", text],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env=dict(env),
+            )
+            names = parse_hostnames(out.stdout) if out.returncode == 0 else []
+            if names:
+                return names
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return expand_hostlist(text)
+
+
 def _version_of(path: str) -> tuple[str, str, str]:
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)

@@ -240,27 +240,6 @@ def total_slots(hosts: Sequence[Host]) -> int | None:
     return sum(h.slots or 0 for h in hosts)
 
 
-def expand_nodelist(text: str) -> list[str]:
-    """Expand a Slurm node list such as ``gpu[01-03,7],login1`` into host names."""
-    out: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
-        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not m:
-            if part:
-                out.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            if not hi:
-                out.append(f"{prefix}{lo}{suffix}")
-                continue
-            width = len(lo)
-            for i in range(int(lo), int(hi) + 1):
-                out.append(f"{prefix}{i:0{width}d}{suffix}")
-    return out
-
-
 # --------------------------------------------------------------------------- argv
 
 
