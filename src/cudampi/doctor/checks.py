@@ -471,21 +471,20 @@ def check_cuda_aware(
 
 
 def check_gpus(system: GpuSystem, py: PythonGpu) -> Check:
-    names = [g.name for g in system.gpus] or list(py.torch_devices) or list(py.nvml_devices)
+    nvml = system.nvml
+    names = [g.name for g in nvml.gpus] or list(py.torch_devices)
     if not names:
-        where = (
-            "nvidia-smi not found"
-            if system.nvidia_smi is None
-            else f"{system.nvidia_smi} lists none"
-        )
-        if system.error:
-            where = system.error
+        where = nvml.error or "NVML lists none"
         return Check("GPUs", "n/a", f"no NVIDIA GPU ({where}; torch.cuda/CuPy see none)", "", GPU)
     models = sorted(set(names))
-    topo = f"; topology: {system.topology.summary}" if system.topology else ""
-    drv = f"; driver {py.nvml_driver}" if py.nvml_driver else ""
-    detail = f"{len(names)} x {', '.join(models)}{topo}{drv}"
-    if system.gpus and py.gpu_count == 0 and (py.torch_version or py.cupy_version):
+    topo = f"; topology: {nvml.summary}" if nvml.gpus else ""
+    p2p_bad = sorted({f"GPU{a}->GPU{b}: {w}" for (a, b), w in nvml.p2p.items() if w != "OK"})
+    p2p = f"; P2P not supported: {', '.join(p2p_bad)}" if p2p_bad else ""
+    drv = f"; driver {nvml.driver}" if nvml.driver else ""
+    nics = f"; NICs: {', '.join(system.nics)}" if system.nics else ""
+    links = "; " + "; ".join(nvml.gpu_lines()) if nvml.gpus else ""
+    detail = f"{len(names)} x {', '.join(models)}{topo}{p2p}{drv}{nics}{links}"
+    if nvml.gpus and py.gpu_count == 0 and (py.torch_version or py.cupy_version):
         return Check(
             "GPUs",
             "warn",
