@@ -175,6 +175,27 @@ class Config:
             "raises on every rank that waits (the ipc engine's kernels give up after it too)",
         ),
     )
+    log: str = field(
+        default="",
+        metadata=_meta(
+            _choice("", "off", "info", "debug"),
+            "info: once per new (op, size, dtype), the path chosen and why; debug: every call "
+            "with its time (standard logging, logger 'cudampi', lines prefixed with host and "
+            "rank); empty or off: nothing",
+        ),
+    )
+    log_ranks: str = field(
+        default="0",
+        metadata=_meta(_choice("0", "all"), "which ranks log: rank 0 or every rank"),
+    )
+    trace: str = field(
+        default="",
+        metadata=_meta(
+            str,
+            "a folder: every rank writes its calls there as a Chrome-trace timeline "
+            "(cudampi-trace-rank<R>.json; `cudampi trace merge` joins them); empty: off",
+        ),
+    )
 
     @classmethod
     def fields(cls) -> dict[str, dataclasses.Field[Any]]:
