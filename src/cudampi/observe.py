@@ -144,6 +144,20 @@ class TraceRecorder:
         return path
 
 
+_RECORDERS: dict[tuple[str, int], TraceRecorder] = {}
+_RECORDERS_LOCK = threading.Lock()
+
+
+def recorder(folder: str, rank: int, host: str) -> TraceRecorder:
+    """The one recorder of this process for ``folder`` (every Communicator of a rank shares it:
+    one file per rank)."""
+    key = (os.path.abspath(os.path.expanduser(folder)), rank)
+    with _RECORDERS_LOCK:
+        if key not in _RECORDERS:
+            _RECORDERS[key] = TraceRecorder(key[0], rank, host)
+        return _RECORDERS[key]
+
+
 def merge_traces(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """Every rank's file in ``folder`` as one Chrome trace (chrome://tracing, Perfetto)."""
     events: list[dict[str, Any]] = []
@@ -188,10 +202,10 @@ class Observer:
         self.size = ws if size is None else size
         self.host = socket.gethostname()
         self.logger = rank_logger(config, wr, ws, self.host)
+        self.logs = self.logger.isEnabledFor(logging.INFO)
+        """Read once: the logging set up when the Communicator was made (CUDAMPI_LOG)."""
         self.seen: set[tuple[str, int, str]] = set()
-        self.trace = (
-            TraceRecorder(os.path.expanduser(config.trace), wr, self.host) if config.trace else None
-        )
+        self.trace = recorder(config.trace, wr, self.host) if config.trace else None
 
     def close(self) -> None:
         if self.trace is not None:
@@ -202,7 +216,7 @@ class Observer:
         name = f"cudampi.{op} {human_bytes(nbytes)} {dtype} {path}"
         logger = self.logger
         key = (op, nbytes, dtype)
-        if key not in self.seen and logger.isEnabledFor(logging.INFO):
+        if key not in self.seen and self.logs:
             self.seen.add(key)
             logger.info("%s %s %s: path %s (%s)", op, human_bytes(nbytes), dtype, path, why)
         torch = _torch_profiling()
@@ -217,7 +231,7 @@ class Observer:
             t0 = time.perf_counter()
             yield
             dur = (time.perf_counter() - t0) * 1e6
-        if logger.isEnabledFor(logging.DEBUG):
+        if self.logs and logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s %s %s %s %.1f us", op, human_bytes(nbytes), dtype, path, dur)
         if self.trace is not None:
             self.trace.add(
@@ -231,9 +245,12 @@ class Observer:
         """The context one call runs in (a no-op context when nothing observes)."""
         if (
             self.trace is None
-            and not self.logger.isEnabledFor(logging.INFO)
+            and not self.logs
             and _torch_profiling() is None
             and _torch_nvtx() is None
         ):
-            return contextlib.nullcontext()
+            return _NOTHING
         return self._observed(op, nbytes, dtype, path, why)
+
+
+_NOTHING = contextlib.nullcontext()

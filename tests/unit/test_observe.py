@@ -85,7 +85,7 @@ def test_a_program_that_set_up_the_logger_keeps_its_handlers():
 def test_timeline_events_and_the_merge(tmp_path):
     for rank in (1, 0):
         obs = Observer(cfg(trace=str(tmp_path)), rank, 2)
-        obs.trace.rank = rank  # two ranks of one job, in one test process
+        obs.trace = TraceRecorder(str(tmp_path), rank, "h")  # two ranks of one job, here
         with obs.call("allreduce", 64, "float32", "host", "host memory"):
             pass
         with obs.call("barrier", 0, "none", "mpi", ""):
@@ -133,3 +133,9 @@ def test_human_bytes():
         "1000 B",
         "3 GiB",
     )
+
+
+def test_every_communicator_of_a_rank_shares_one_file(tmp_path):
+    a = Observer(cfg(trace=str(tmp_path)), 0, 2)
+    b = Observer(cfg(trace=str(tmp_path / ".")), 0, 4)
+    assert a.trace is b.trace
