@@ -65,7 +65,9 @@ def test_every_collective_on_every_host_path_is_correct(n, factor, tmp_path):
     )
     data = json.loads(js.read_text())
     assert data["meta"]["ranks"] == n
-    assert data["verdict"] == {"ok": True, "wrong": 0, "min_busbw": None, "below_min_busbw": []}
+    verdict = {k: data["verdict"][k] for k in ("ok", "wrong", "min_busbw", "below_min_busbw")}
+    assert verdict == {"ok": True, "wrong": 0, "min_busbw": None, "below_min_busbw": []}
+    assert data["verdict"]["one_rank"] is False and data["verdict"]["noisy_rows"] >= 0
     ran = {(r["op"], r["path"]) for r in data["results"]}
     for op in OPS:
         for path in PATHS:
