@@ -7,11 +7,11 @@ if [ -n "$_cudampi_ucx" ] && [ -d "$_cudampi_ucx/lib/ucx" ]; then
   CUDAMPI_UCX_PRELOAD="$_cudampi_ucx/lib/libucs.so.0:$_cudampi_ucx/lib/libucm.so.0:$_cudampi_ucx/lib/libuct.so.0:$_cudampi_ucx/lib/libucp.so.0"
   UCX_MODULE_DIR="$_cudampi_ucx/lib/ucx"
   export CUDAMPI_UCX_PRELOAD UCX_MODULE_DIR
+  export OMPI_MCA_pml=ucx
+  export OMPI_MCA_osc=ucx
 else
-  echo "cudampi-env.sh: no libucx-cu13 in $_cudampi_py: device buffers will not take UCX's cuda transports (pip install libucx-cu13==1.22.0)" >&2
+  echo "cudampi-env.sh: no libucx-cu13 in $_cudampi_py: device buffers will not take UCX's cuda transports (OMPI_MCA_pml, OMPI_MCA_osc left unset) (pip install libucx-cu13==1.22.0)" >&2
 fi
 unset _cudampi_py _cudampi_ucx
-export OMPI_MCA_pml='ucx'
-export OMPI_MCA_osc='ucx'
-export OMPI_MCA_plm_rsh_agent='ssh'
+export OMPI_MCA_plm_rsh_agent=ssh
 export NCCL_SOCKET_IFNAME='^lo,docker'

@@ -18,8 +18,8 @@ else
   # 3+4. torch and the extras (the MPI pins above are already satisfied).
   "$py" -m pip install --only-binary mpi4py 'torch==2.11.0' 'jupyterlab==4.6.6'
 fi
-# cudampi itself: this repository (CUDAMPI_SOURCE: a checkout, a wheel or an sdist).
-"$py" -m pip install "${CUDAMPI_SOURCE:-$here/..}"
+# cudampi itself (its wheel, beside this script); the MPI stack pinned above already satisfies its dependencies.
+"$py" -m pip install "$here"/cudampi-0.1.0-py3-none-any.whl
 # mpi4py must have bound the wheel's libmpi, not a system one:
 "$py" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
 echo "next: . $here/cudampi-env.sh && $venv/bin/cudampi doctor"

@@ -17,9 +17,10 @@ from cudampi.errors import ConfigError, CudampiError
 
 SUBCOMMANDS = {
     "doctor": ("cudampi.doctor.cli", "diagnose the MPI/CUDA/NCCL/torch stack, with fixes"),
-    "launch": ("cudampi.launch.cli", "run a script on N ranks with mpirun, mpiexec or srun"),
+    "launch": ("cudampi.launch.cli", "run a program on N ranks with mpirun, mpiexec or srun"),
     "bench": ("cudampi.bench.cli", "benchmark collectives, p2p and DDP on every path"),
     "env": ("cudampi.env.cli", "write conda/pip/Dockerfile/Slurm/Kubernetes files for the stack"),
+    "trace": ("cudampi.trace_cli", "run a job and write a Chrome-trace timeline of its calls"),
 }
 
 

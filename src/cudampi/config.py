@@ -175,6 +175,27 @@ class Config:
             "raises on every rank that waits (the ipc engine's kernels give up after it too)",
         ),
     )
+    log: str = field(
+        default="",
+        metadata=_meta(
+            _choice("", "off", "info", "debug"),
+            "info: once per new (op, size, dtype), the path chosen and why; debug: every call "
+            "with its time (standard logging, logger 'cudampi', lines prefixed with host and "
+            "rank); empty or off: nothing",
+        ),
+    )
+    log_ranks: str = field(
+        default="0",
+        metadata=_meta(_choice("0", "all"), "which ranks log: rank 0 or every rank"),
+    )
+    trace: str = field(
+        default="",
+        metadata=_meta(
+            str,
+            "a folder: every rank writes its calls there as a Chrome-trace timeline "
+            "(cudampi-trace-rank<R>.json; `cudampi trace merge` joins them); empty: off",
+        ),
+    )
 
     @classmethod
     def fields(cls) -> dict[str, dataclasses.Field[Any]]:
@@ -212,7 +233,8 @@ class Config:
                 raise ConfigError(
                     f"unknown environment variable(s) {', '.join(unknown_env)}; cudampi knows "
                     f"{', '.join(sorted(cls.env_name(n) for n in known))} "
-                    f"(and {', '.join(sorted(EXTERNAL_ENV))}). Fix the name or unset it."
+                    f"(and {', '.join(sorted(EXTERNAL_ENV))}, which are not settings). "
+                    "Fix the name or unset it."
                 )
         for name, f in known.items():
             var = cls.env_name(name)
@@ -240,21 +262,59 @@ class Config:
         return dataclasses.asdict(self)
 
 
-EXTERNAL_ENV = frozenset(
-    {
-        # Set by `cudampi launch` for the ranks it starts; read by cudampi.init().
-        "CUDAMPI_LAUNCHER",
-        "CUDAMPI_GPUS_PER_NODE",
-        "CUDAMPI_BIND_GPU",
-        "CUDAMPI_BIND_CPU",
-        "CUDAMPI_DEVICE",
-        "CUDAMPI_REPORT_DIR",
-    }
-)
-"""CUDAMPI_* variables that are not settings but messages from the launcher to its ranks."""
+# ---------------------------------------------------------------------------------------------
+# The registry of every CUDAMPI_* environment variable name. Settings are the Config fields above
+# (CUDAMPI_<FIELD>); the names below are not settings but messages between cudampi's own parts.
+# Code that writes or reads one of them uses these constants; tests/unit/test_config_registry.py
+# checks that every CUDAMPI_* name in src/, docs/ and the files `cudampi env` writes is known here.
+
+# From `cudampi launch` to the ranks it starts (read by the rank bootstrap and cudampi.init()).
+LAUNCHER = "CUDAMPI_LAUNCHER"
+GPUS_PER_NODE = "CUDAMPI_GPUS_PER_NODE"
+BIND_GPU = "CUDAMPI_BIND_GPU"
+BIND_CPU = "CUDAMPI_BIND_CPU"
+DEVICE = "CUDAMPI_DEVICE"
+REPORT_DIR = "CUDAMPI_REPORT_DIR"
+
+LAUNCHER_ENV: Mapping[str, str] = {
+    LAUNCHER: "the launcher flavour that started the ranks (openmpi, mpich, slurm)",
+    GPUS_PER_NODE: "--gpus-per-node of the launch",
+    BIND_GPU: "how a rank gets its GPU: local, visible or none (--gpu-bind)",
+    BIND_CPU: "gpu: the rank binds itself to its GPU's NUMA cores; none: the launcher decides",
+    DEVICE: "the CUDA ordinal the bootstrap chose for the rank (cudampi.init() selects it)",
+    REPORT_DIR: "where ranks write fault reports for the launch supervisor",
+}
+"""CUDAMPI_* variables that `cudampi launch` sets for its ranks."""
+
+# Written or read by the files `cudampi env write` generates (cudampi-env.sh, job.sbatch, the
+# Dockerfile and its entrypoint, the MPIJob); the ranks and the image inherit them.
+UCX_PRELOAD = "CUDAMPI_UCX_PRELOAD"
+PYTHON = "CUDAMPI_PYTHON"
+VENV = "CUDAMPI_VENV"
+ENV_SH = "CUDAMPI_ENV_SH"
+
+GENERATED_ENV: Mapping[str, str] = {
+    UCX_PRELOAD: "the LD_PRELOAD value of the CUDA-enabled libucx wheel (cudampi-env.sh and the "
+    "image export it; the job files pass it to the ranks only)",
+    PYTHON: "the python whose libucx cudampi-env.sh looks for (job.sbatch sets the venv's)",
+    VENV: "the venv job.sbatch activates (default ~/.venvs/<name>)",
+    ENV_SH: "the cudampi-env.sh job.sbatch sources (default: the one beside the job script)",
+}
+"""CUDAMPI_* variables of the generated environment files."""
+
+EXTERNAL_ENV = frozenset(LAUNCHER_ENV) | frozenset(GENERATED_ENV)
+"""Every CUDAMPI_* variable that is not a setting (Config accepts them and reads none)."""
 
 TEST_ENV_PREFIX = "CUDAMPI_TEST_"
 """The test suite's own variables (which mpiexec or interpreter to use); ranks inherit them."""
+
+
+def known_env() -> dict[str, str]:
+    """Every CUDAMPI_* name cudampi knows, with what it is: settings, launcher and generated."""
+    out = {Config.env_name(name): f.metadata["doc"] for name, f in Config.fields().items()}
+    out.update(LAUNCHER_ENV)
+    out.update(GENERATED_ENV)
+    return out
 
 
 def _parse_field(f: dataclasses.Field[Any], raw: str, where: str) -> Any:

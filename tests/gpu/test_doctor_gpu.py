@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cudampi.probe.gpu import parse_nvidia_smi_L, parse_topo_m
+from cudampi.probe.nvml import query_nvml, sysfs_bus_id
 from cudampi.probe.ucx import preload_env
 
 pytestmark = pytest.mark.gpu
@@ -69,19 +69,36 @@ def _c(doc: dict, name: str) -> dict:
     return next(c for c in doc["checks"] if c["name"] == name)
 
 
-def test_nvidia_smi_parsers_on_this_machine():
+def test_nvml_on_this_machine_agrees_with_nvidia_smi_and_sysfs():
+    """The real NVML (nvidia-ml-py): the same GPUs, UUIDs and PCI ids as nvidia-smi, and the CPU
+    affinity the kernel gives each GPU (sysfs local_cpulist)."""
     smi = shutil.which("nvidia-smi")
     assert smi
+    system = query_nvml()
+    assert system.error is None and system.gpus, system
     listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60).stdout
-    gpus = parse_nvidia_smi_L(listed)
-    assert gpus and all(g.uuid and g.uuid.startswith("GPU-") for g in gpus), listed
-    topo_text = subprocess.run(
-        [smi, "topo", "-m"], capture_output=True, text=True, timeout=60
+    assert len(system.gpus) == listed.count("\nGPU ") + listed.startswith("GPU ")
+    for g in system.gpus:
+        assert g.uuid and g.uuid in listed, (g, listed)
+    query = subprocess.run(
+        [smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     ).stdout
-    topo = parse_topo_m(topo_text)
-    assert len(topo.gpus) == len(gpus), topo_text
-    for g in topo.gpus:
-        assert topo.gpu_link(g, g) == "X", topo_text
+    smi_bus = [sysfs_bus_id(line.split(",")[1]) for line in query.splitlines() if "," in line]
+    assert [g.bus_id for g in system.gpus] == smi_bus
+    for g in system.gpus:
+        local = Path("/sys/bus/pci/devices") / g.bus_id / "local_cpulist"
+        if local.exists():
+            text = local.read_text().strip()
+            cpus = set()
+            for part in text.split(","):
+                lo, _, hi = part.partition("-")
+                cpus |= set(range(int(lo), int(hi or lo) + 1))
+            assert g.cpus == cpus, (g.bus_id, text)
+        assert g.pcie_gen and g.pcie_width, g
+    assert system.driver and system.summary
 
 
 def test_system_open_mpi_segfaults_are_caught_and_reported(tmp_path):
@@ -161,3 +178,22 @@ def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(tmp_path):
     caps = doc["data"]["capabilities"]
     assert caps["device_p2p"]["status"] == "ok" and caps["device_allreduce"]["status"] == "crash"
     assert caps["silent_staging"] is False and caps["env"]["OMPI_MCA_pml"] == "ucx"
+
+
+def test_wheels_plain_doctor_probes_the_libucx_recipe_by_itself(tmp_path):
+    """libucx-cu13 installed but not preloaded: the plain doctor used to FAIL device p2p and
+    tell the user to add --preload-ucx. It now probes the recipe `cudampi launch` applies."""
+    python = _wheel_python()
+    proc, doc = _doctor(python, "--size", "64M", cache=tmp_path)
+    assert "Open MPI 5." in _c(doc, "MPI library")["detail"]
+    recipe = doc["data"]["recipe"]
+    assert recipe is not None and recipe["package"].endswith("libucx"), recipe
+    assert recipe["probes"]["device_p2p"]["status"] == "ok", recipe
+    p2p = _c(doc, "device p2p")
+    assert p2p["status"] == "ok", p2p
+    assert "works with the libucx recipe, which `cudampi launch` applies" in p2p["detail"]
+    assert "without it (plain mpirun, no preload) FAIL" in p2p["detail"]
+    assert _c(doc, "UCX transports")["status"] == "ok"
+    assert _c(doc, "CUDA-aware MPI")["detail"].startswith("with the libucx recipe")
+    assert proc.returncode == 0, [c for c in doc["checks"] if c["status"] == "fail"]
+    assert len(doc["data"]["cache"]["keys"]) == 2  # the plain stack and the recipe's

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,25 @@ def test_env_sh_preload_makes_device_sendrecv_work(tmp_path):
         check_settings(relevant, gpus=True, multi_node=False, ompi_major=5, built_with_cuda=False)
         == []
     )
+
+
+def test_sourced_env_with_the_preload_then_doctor_and_two_ranks(tmp_path):
+    """Where cudampi-env.sh finds libucx it exports CUDAMPI_UCX_PRELOAD: the doctor, the
+    Communicator and the torch backend must take it (they once refused it as unknown)."""
+    if importlib.util.find_spec("libucx") is None:
+        pytest.skip(f"needs {DEFAULT.ucx_package} in this venv (pip install {DEFAULT.ucx_package})")
+    files.write_files(files.generate(DEFAULT, ("pip",)), tmp_path)
+    rank = Path(__file__).parents[1] / "integration" / "_env_rank.py"
+    script = (
+        f'export CUDAMPI_PYTHON="{sys.executable}"; . "{tmp_path}/cudampi-env.sh"; '
+        f'test -n "$CUDAMPI_UCX_PRELOAD" || exit 9; '
+        f'"{sys.executable}" -m cudampi doctor --json > "{tmp_path}/doctor.json" || exit $?; '
+        f'exec "{sys.executable}" -m cudampi launch -n 2 "{rank}"'
+    )
+    env = {k: v for k, v in mpi_env().items() if not k.startswith("CUDAMPI_")}
+    env["CUDAMPI_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=env, timeout=400
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("ENV-OK rank") == 2 and "CUDAMPI_UCX_PRELOAD" in proc.stdout

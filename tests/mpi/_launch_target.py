@@ -9,6 +9,12 @@ import sys
 import time
 
 
+def parse_config(text: str) -> object:
+    import json
+
+    return json.loads(text)  # the user's line the summary must keep
+
+
 def main() -> int:
     mode, *args = sys.argv[1:]
     rank = int(os.environ["RANK"])
@@ -51,6 +57,8 @@ def main() -> int:
     if rank == target:
         if mode == "raise":
             raise ValueError(f"planted failure on rank {rank}")
+        if mode == "deep":  # a failure three library frames below the user's own line
+            parse_config("{not json")
         if mode == "exit":
             sys.exit(int(args[1]))
         if mode == "kill":

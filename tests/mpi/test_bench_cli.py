@@ -65,7 +65,9 @@ def test_every_collective_on_every_host_path_is_correct(n, factor, tmp_path):
     )
     data = json.loads(js.read_text())
     assert data["meta"]["ranks"] == n
-    assert data["verdict"] == {"ok": True, "wrong": 0, "min_busbw": None, "below_min_busbw": []}
+    verdict = {k: data["verdict"][k] for k in ("ok", "wrong", "min_busbw", "below_min_busbw")}
+    assert verdict == {"ok": True, "wrong": 0, "min_busbw": None, "below_min_busbw": []}
+    assert data["verdict"]["one_rank"] is False and data["verdict"]["noisy_rows"] >= 0
     ran = {(r["op"], r["path"]) for r in data["results"]}
     for op in OPS:
         for path in PATHS:
@@ -262,3 +264,19 @@ def test_ddp_trains_and_ranks_agree(tmp_path):
         "1",
     )
     assert bad.returncode == 1 and "parameters diverged across ranks on 1 tensors" in bad.stdout
+
+
+def test_started_plainly_it_says_one_rank_and_how_to_run_more(tmp_path):
+    js = tmp_path / "one.json"
+    argv = [sys.executable, "-m", "cudampi", "bench", "allreduce", "--paths", "mpi"]
+    argv += ["-b", "8", "-e", "64", "--device", "cpu", "--json", str(js)]
+    proc = ok(
+        subprocess.run(argv, capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=ROOT)
+    )
+    assert "started without a launcher: 1 rank: nothing crosses ranks" in proc.stderr
+    assert "--np 2" in proc.stderr
+    assert "# 1 rank: nothing crosses ranks, so busbw is 0" in proc.stdout
+    assert "1 rank only: nothing crossed ranks (--np 2 for more)" in proc.stdout
+    data = json.loads(js.read_text())
+    assert data["verdict"]["one_rank"] is True
+    assert all(r["spread"] >= 1.0 and "noisy" in r for r in data["results"])

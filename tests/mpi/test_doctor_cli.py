@@ -124,11 +124,13 @@ def test_doctor_json_on_the_wheels(isolated_cache):
     # no GPU here: device probes are n/a, not failures, and the MPI is honestly not CUDA-aware
     for name in ("device p2p", "device allreduce", "host-staged allreduce", "GPUs"):
         assert _check(doc, name)["status"] == "n/a"
+    # ... and with no GPU, nothing about CUDA is a warning; --json keeps every detail and fix
+    assert doc["data"]["no_gpu"] is True and doc["summary"]["warn"] == 0
     build = _check(doc, "CUDA build")
-    assert build["status"] == "warn" and "built_with_cuda_support=false" in build["detail"]
+    assert build["status"] == "n/a" and "built_with_cuda_support=false" in build["detail"]
     assert "MPIX_Query_cuda_support()=0 in a rank" in build["detail"]
     aware = _check(doc, "CUDA-aware MPI")
-    assert aware["status"] == "warn" and aware["detail"].startswith("no")
+    assert aware["status"] == "n/a" and aware["detail"].startswith("no")
     assert "libucx-cu13" in aware["fix"] and "conda-forge" in aware["fix"]
     # the cache entry is where a rank launched the same way will look for it
     caps = doc["data"]["capabilities"]
@@ -148,8 +150,9 @@ def test_doctor_text_no_runtime(isolated_cache, tmp_path):
     assert not (isolated_cache / "capabilities.json").exists()  # nothing probed, nothing cached
     saved = json.loads((tmp_path / "r.json").read_text())  # the same report, as JSON
     assert [c["name"] for c in saved["checks"]][:3] == ["python", "mpi4py", "MPI library"]
+    folded = saved["data"]["no_gpu"]  # without a GPU the GPU-only rows fold into one line
     for c in saved["checks"]:
-        assert c["name"] in out
+        assert c["name"] in out or (folded and c["status"] == "n/a"), c["name"]
 
 
 def test_mpirun_on_path_is_a_different_mpi(mpich_prefix, isolated_cache):
@@ -298,3 +301,49 @@ def test_four_probe_ranks(isolated_cache):
         c = _check(doc, name)
         assert c["status"] == "ok" and c["detail"].startswith("4 ranks, correct data"), c
     assert doc["data"]["runtime"]["probes"]["host_allreduce"]["report"]["size"] == 4
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the one-line GPU summary is for machines without a GPU")
+def test_without_a_gpu_the_text_report_has_one_short_gpu_line(isolated_cache):
+    proc = _doctor("--no-runtime")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    gpu = [ln for ln in lines if ln.startswith("GPU ")]
+    assert len(gpu) == 1 and "none here: host buffers only" in gpu[0], lines
+    for name in ("CUDA-aware MPI", "UCX transports", "GPUDirect RDMA", "device p2p"):
+        assert not any(ln.startswith(name) for ln in lines), name
+    assert "fix: (1) PyPI wheels" not in proc.stdout  # no GPU recipes for a machine without one
+    assert len(lines) < 40, len(lines)
+
+
+def test_progress_lines_on_a_terminal(isolated_cache):
+    """One line per probe on stderr while it works, when stderr is a terminal; none in a pipe."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cudampi", "doctor", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env={**os.environ, "CUDAMPI_CACHE_DIR": str(isolated_cache)},
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out, _ = proc.communicate(timeout=240)
+    os.close(master)
+    assert proc.returncode == 0, seen.decode(errors="replace")
+    progress = [ln for ln in seen.decode().splitlines() if "doctor [" in ln]
+    assert any("probing the MPI library mpi4py loads" in ln for ln in progress), progress
+    assert any("probing host point-to-point, 2 ranks" in ln for ln in progress), progress
+    assert any("probing host allreduce, 2 ranks" in ln for ln in progress), progress
+    json.loads(out)  # stdout is still the report alone
+    piped = _doctor("--no-runtime")
+    assert "doctor [" not in piped.stderr

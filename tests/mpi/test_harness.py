@@ -35,3 +35,19 @@ def test_one_failing_rank_fails_the_job_without_hanging():
     assert proc.returncode != 0
     assert "planted failure" in proc.stderr
     assert "rank 1 of 2 failed" in proc.stderr
+
+
+def test_two_host_tests_skip_with_the_reason_without_openssh(monkeypatch):
+    """README command 2 on a fresh machine without sshd: the two-host tests skip and say how to
+    install it (they used to error in setup)."""
+    import os
+
+    import tests.netns.test_launch_two_hosts as two
+
+    if os.geteuid() != 0 or two.shutil.which("ip") is None:
+        pytest.skip("the reason given first here is root or iproute2, not OpenSSH")
+    monkeypatch.setattr(two, "SSHD", "/nonexistent/sshd")
+    why = two._why_skip()
+    assert why is not None and "OpenSSH is not installed (sshd missing)" in why
+    assert "apt-get install openssh-server openssh-client" in why
+    assert two._why_skip(need_ssh=False) is None or "OpenSSH" not in two._why_skip(need_ssh=False)

@@ -92,6 +92,16 @@ def test_module_mode_and_raw_launcher_flags():
             ],
         ),
         (
+            ["deep", "1"],
+            1,
+            [
+                "json.decoder.JSONDecodeError: Expecting property name",
+                '_launch_target.py", line',
+                "in parse_config",
+                "return json.loads(text)  # the user's line the summary must keep",
+            ],
+        ),
+        (
             ["exit", "1", "3"],
             3,
             ["rank 1 on host {h} exited with code 3", "SystemExit: exited with code 3"],
@@ -106,7 +116,7 @@ def test_module_mode_and_raw_launcher_flags():
             ],
         ),
     ],
-    ids=["raise", "exit", "kill", "segv"],
+    ids=["raise", "deep", "exit", "kill", "segv"],
 )
 def test_a_failing_rank_ends_the_job_with_a_summary(mode, code, words):
     start = time.monotonic()
@@ -122,7 +132,8 @@ def test_a_failing_rank_ends_the_job_with_a_summary(mode, code, words):
 def test_json_result_of_a_failed_job():
     p = launch("-n", "2", "--json", TARGET, "exit", "0", "5")
     assert p.returncode == 5
-    res = json.loads(p.stdout[p.stdout.index("{") :])
+    assert "{" not in p.stdout  # the JSON goes to stderr, never among the ranks' stdout
+    res = json.loads(p.stderr[p.stderr.index("\n{\n") + 1 :])
     assert res["ok"] is False and res["failures"][0]["rank"] == 0
     assert res["failures"][0]["host"] == HOST and res["failures"][0]["exit_code"] == 5
 
@@ -187,7 +198,7 @@ def test_an_unresolvable_host_is_named_before_anything_starts():
 
 def test_usage_errors_exit_2():
     p = launch("-n", "2", "no_such_script.py")
-    assert p.returncode == 2 and "does not exist" in p.stderr
+    assert p.returncode == 2 and "neither a script nor a program" in p.stderr
     p = launch("-n", "2", "--launcher", "lamrun", TARGET)
     assert p.returncode == 2 and "--launcher 'lamrun'" in p.stderr
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from cudampi.launch.detect import query_gpus
 from tests.mpirun import bring_up
 
 pytestmark = pytest.mark.mpi
@@ -168,7 +169,9 @@ def test_dry_run_inside_an_allocation_is_srun(slurm: Slurm):
     assert p.returncode == 0, p.stderr
     line = p.stdout.strip().splitlines()[-1]
     assert "CUDAMPI_LAUNCHER=slurm" in line and f"MASTER_ADDR={slurm.host}" in line
-    assert "srun -n 2 --cpu-bind=none --kill-on-bad-exit=1 --mpi=pmix" in line
+    # No GPU here decides the ranks' cores: Slurm binds each task to cores.
+    bind = "none" if query_gpus() else "cores"
+    assert f"srun -n 2 --cpu-bind={bind} --kill-on-bad-exit=1 --mpi=pmix" in line
     assert "-n 2: the allocation's tasks (SLURM_NTASKS)" in p.stdout
 
 
@@ -212,3 +215,24 @@ def test_init_under_plain_srun(slurm: Slurm):
         ["1", "2", "1", "slurm", "1"],
     ]
     assert len({(ln[6], ln[7]) for ln in lines}) == 1  # one MASTER_ADDR:PORT for the job
+
+
+def test_nodelists_are_read_by_scontrol_inside_an_allocation(slurm: Slurm, tmp_path: Path):
+    # python-hostlist made unimportable: the names must come from `scontrol show hostnames`.
+    (tmp_path / "hostlist.py").write_text("raise ImportError('not here: scontrol must answer')\n")
+    code = (
+        "from cudampi.launch.detect import expand_nodelist; "
+        "print('NAMES', ' '.join(expand_nodelist('rack[1-2]-node[01-02],login1')))"
+    )
+    env = dict(slurm.env)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    p = subprocess.run(
+        ["salloc", "-Q", "-n", "1", "--immediate=60", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "NAMES rack1-node01 rack1-node02 rack2-node01 rack2-node02 login1" in p.stdout

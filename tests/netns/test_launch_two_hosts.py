@@ -30,11 +30,19 @@ NAMES = ("cm-host1", "cm-host2")
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
-def _why_skip() -> str | None:
+def _why_skip(*, need_ssh: bool = True) -> str | None:
     if os.geteuid() != 0:
         return "needs root (creates network namespaces)"
     if shutil.which("ip") is None:
-        return "needs iproute2's ip"
+        return "needs iproute2's ip: apt-get install iproute2 (see .ci/run)"
+    missing = [t for t in ("ssh", "ssh-keygen") if shutil.which(t) is None]
+    if not Path(SSHD).exists():
+        missing.insert(0, "sshd")
+    if need_ssh and missing:
+        return (
+            f"OpenSSH is not installed ({', '.join(missing)} missing): apt-get install "
+            "openssh-server openssh-client (see .ci/run)"
+        )
     probe = f"cudampi-probe-{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
@@ -62,8 +70,6 @@ class TwoHosts:
         )
 
     def up(self) -> None:
-        if not Path(SSHD).exists():
-            raise AssertionError("sshd not found: apt-get install openssh-server (see .ci/run)")
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.tmp / "hostkey"))
         shutil.copy(f"{self.key}.pub", self.tmp / "authorized_keys")

@@ -114,7 +114,9 @@ class Hosts(TwoHosts):
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory):
-    yield from bring_up(lambda: Hosts(tmp_path_factory.mktemp("torchrun-hosts")), _why_skip())
+    yield from bring_up(
+        lambda: Hosts(tmp_path_factory.mktemp("torchrun-hosts")), _why_skip(need_ssh=False)
+    )
 
 
 _WORKER = """

@@ -1,42 +1,29 @@
-"""Parsers of the topology the physical-limit line comes from.
-
-The samples follow the layout nvidia-smi prints (`nvidia-smi nvlink --status`: a `GPU i: name
-(UUID: ...)` line, then one `Link k: <rate> GB/s` or `Link k: <inactive>` line per link; the csv
-query: `gen, width`)."""
+"""The physical-limit line from NVML's facts of one GPU: NVLink (active links x speed), else
+PCIe (generation x width)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cudampi.bench.limits import PCIE_LANE_GBPS, parse_nvlink_status, parse_pcie_query
-
-NVLINK_2GPU = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa)
-\t Link 0: 26.562 GB/s
-\t Link 1: 26.562 GB/s
-\t Link 2: 26.562 GB/s
-GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-bbbb)
-\t Link 0: 26.562 GB/s
-"""
-
-INACTIVE = """GPU 0: NVIDIA H200 (UUID: GPU-cccc)
-\t Link 0: <inactive>
-\t Link 1: <inactive>
-"""
+from cudampi.bench.limits import PCIE_LANE_GBPS, link_limit
+from cudampi.probe.nvml import GpuInfo, NvLink
 
 
-def test_nvlink_sums_the_links_of_the_asked_gpu():
-    assert parse_nvlink_status(NVLINK_2GPU, 0) == pytest.approx(3 * 26.562)
-    assert parse_nvlink_status(NVLINK_2GPU, 1) == pytest.approx(26.562)
-    assert parse_nvlink_status(NVLINK_2GPU, 5) is None
+def gpu(**kw):
+    return GpuInfo(0, "NVIDIA H100 80GB HBM3", None, "0000:18:00.0", **kw)
 
 
-def test_inactive_or_absent_links_give_none():
-    assert parse_nvlink_status(INACTIVE, 0) is None
-    assert parse_nvlink_status("", 0) is None
+def test_nvlink_is_the_active_links_times_their_speed():
+    links = tuple(NvLink(i, i < 16, 4, "0000:28:00.0") for i in range(18))
+    limit = link_limit(gpu(nvlinks=links, nvlink_mbps=25781, pcie_gen=5, pcie_width=16))
+    assert limit is not None and limit.kind == "nvlink"
+    assert limit.gbps == pytest.approx(16 * 25.781)
+    assert "16 active NVLinks x 25.781 GB/s" in limit.source
 
 
-def test_pcie_rate_is_lane_rate_times_width():
-    assert parse_pcie_query("5, 16\n") == pytest.approx(PCIE_LANE_GBPS[5] * 16)
-    assert parse_pcie_query("4, 8") == pytest.approx(PCIE_LANE_GBPS[4] * 8)
-    assert parse_pcie_query("[N/A], [N/A]") is None
-    assert parse_pcie_query("") is None
+def test_without_active_links_the_pcie_rate_is_lane_rate_times_width():
+    inactive = tuple(NvLink(i, False) for i in range(18))
+    limit = link_limit(gpu(nvlinks=inactive, pcie_gen=4, pcie_width=16, pcie_max_gen=5))
+    assert limit is not None and limit.kind == "pcie"
+    assert limit.gbps == pytest.approx(PCIE_LANE_GBPS[5] * 16)  # the link's maximum
+    assert link_limit(gpu()) is None  # NVML said nothing usable

@@ -143,6 +143,7 @@ def test_numpy_has_no_bfloat16_but_torch_does():
 
     with pytest.raises(Unsupported, match="bfloat16"):
         NumpyLib().check_dtype("bfloat16")
+    pytest.importorskip("torch")
     t = TorchLib("cpu")
     x = t.pattern(16, 2, "sum", "bfloat16")
     assert t.count_wrong(x, t.pattern64(16, 2, "sum"), "bfloat16") == 0

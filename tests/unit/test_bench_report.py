@@ -117,3 +117,38 @@ def test_plot_writes_a_png(tmp_path):
     out = plot_collectives(result(), tmp_path / "bw.png")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_a_size_whose_repeated_timings_disagree_is_marked_noise_not_quoted():
+    steady = result()
+    assert steady.noisy() == [] and "Noise" not in report.render_text(steady)
+    noisy_row = dataclasses.replace(row("mpi", 8, 457.0), spread=320.0)
+    r = dataclasses.replace(steady, rows=(*steady.rows, noisy_row))
+    text = report.render_text(r)
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("8 ") and "noisy" in ln)
+    assert line.endswith("noisy(320.0x)")
+    assert "1 of 6 rows (marked noisy) varied more than 2x" in text
+    assert "worst 320.0x: allreduce on mpi at 8 B" in text
+    assert text.rstrip().endswith("(1 noisy row(s))") and "# Verdict: OK" in text
+    data = json.loads(report.render_json(r))
+    assert data["verdict"]["noisy_rows"] == 1 and data["results"][-1]["noisy"] is True
+    rows = list(csv.DictReader(io.StringIO(report.render_csv(r))))
+    assert rows[-2]["noisy"] == "True" and float(rows[-2]["spread"]) == 320.0
+
+
+def test_one_rank_says_so_and_how_to_run_more():
+    one = result(meta={"ranks": 1, "device": "cpu", "warmup": 5, "iters": 20, "check": True})
+    text = report.render_text(one)
+    assert "# 1 rank: nothing crosses ranks, so busbw is 0; run more with --np 2" in text
+    assert "1 rank only: nothing crossed ranks (--np 2 for more)" in text.splitlines()[-1]
+    assert json.loads(report.render_json(one))["verdict"]["one_rank"] is True
+    assert "1 rank" not in report.render_text(result())
+
+
+def test_timed_calls_split_into_rounds():
+    from cudampi.bench.runner import split_rounds
+
+    assert split_rounds(20, 5) == [4, 4, 4, 4, 4]
+    assert split_rounds(7, 5) == [2, 2, 1, 1, 1]
+    assert split_rounds(2, 5) == [1, 1]
+    assert split_rounds(1, 5) == [1]

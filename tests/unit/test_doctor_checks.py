@@ -221,3 +221,40 @@ def test_report_exit_code_and_renderers():
     assert doc["exit_code"] == 1 and doc["summary"]["fail"] == 1
     assert [c["name"] for c in doc["checks"]] == ["a", "b", "c", "d"]
     assert set(doc["checks"][0]) == {"name", "section", "status", "detail", "fix"}
+
+
+def test_the_recipe_probed_by_itself_turns_a_failed_device_p2p_into_how_to_run():
+    plain = Check("device p2p", "fail", "crash: MPI_Send segfaults in btl sm", "fix it", C.CUDA)
+    good = C.with_recipe(plain, ProbeOutcome("ok", "correct", gbps=812.0), None)
+    assert good.status == "ok" and good.fix == ""
+    assert good.detail.startswith(
+        "works with the libucx recipe, which `cudampi launch` applies: correct data, 812.0 GB/s"
+    )
+    assert "without it (plain mpirun, no preload) FAIL: crash: MPI_Send segfaults" in good.detail
+    bad = C.with_recipe(plain, ProbeOutcome("crash", "segfault in ucp"), None)
+    assert bad.status == "fail" and bad.fix == "fix it"
+    assert "with the libucx recipe, which `cudampi launch` applies, crash too" in bad.detail
+    ucx = Check("UCX transports", "warn", "libucx UCX 1.22: cuda_copy, cuda_ipc", "add it", C.CUDA)
+    assert C.ucx_with_recipe(ucx, ProbeOutcome("ok", "")).status == "ok"
+    assert C.ucx_with_recipe(ucx, ProbeOutcome("crash", "")) is ucx
+
+
+def test_without_a_gpu_the_text_report_folds_gpu_checks_into_one_line():
+    checks = [
+        Check("python", "ok", "3.11", "", "MPI"),
+        Check("CUDA build", "n/a", "not built with CUDA", "see below", C.CUDA),
+        Check("CUDA-aware MPI", "n/a", "no", "(1) PyPI wheels ... (2) conda-forge ...", C.CUDA),
+        Check("GPUs", "n/a", "no NVIDIA GPU", "", C.GPU),
+        Check("torch", "ok", "torch 2.13.0+cpu", "", C.GPU),
+        Check("NCCL", "n/a", "no GPU", "", C.GPU),
+    ]
+    text = render_text(Report.of(checks, {"no_gpu": True}), width=100)
+    assert text.count("none here: host buffers only") == 1
+    names = [ln.split("  ")[0] for ln in text.splitlines()]
+    assert "CUDA-aware MPI" not in names and "NCCL" not in names and "torch" in names
+    assert "conda-forge" not in text
+    full = render_text(Report.of(checks, {"no_gpu": False}), width=100)
+    assert "CUDA-aware MPI" in full and "none here" not in full
+    assert json.loads(render_json(Report.of(checks, {"no_gpu": True})))["checks"][2]["name"] == (
+        "CUDA-aware MPI"
+    )  # --json keeps every check

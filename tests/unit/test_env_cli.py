@@ -82,3 +82,18 @@ def test_settings_and_check(tmp_path):
         "env", "check", env={"NCCL_SOCKET_IFNAME": "^lo,docker", "UCX_TLS": "rc,cuda"}
     )
     assert good.returncode == 0 and "no known-wrong" in good.stdout
+
+
+def test_write_fails_when_the_folder_would_not_work_on_its_own(tmp_path):
+    """No package index: the lock install.sh and the Dockerfile need cannot be resolved (nor the
+    wheel built), so env write says so and exits 1 instead of 0 with a broken folder."""
+    offline = {
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(tmp_path / "none"),
+        "PIP_CONFIG_FILE": "/dev/null",
+    }
+    r = cudampi_cli("env", "write", "--out", str(tmp_path / "gen"), "--only", "pip", env=offline)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "requirements.lock: missing, and it could not be resolved" in r.stderr
+    assert "fix: run `cudampi env lock" in r.stderr
+    assert (tmp_path / "gen" / "install.sh").exists()  # the rest is written

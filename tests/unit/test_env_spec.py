@@ -75,6 +75,17 @@ def test_yaml_and_toml_files_and_flags_override(tmp_path):
     assert load_spec(t) == spec  # the written TOML reads back to the same description
 
 
+@pytest.mark.parametrize(
+    "arg",
+    ["line one\nline two", 'say "hi"', "back\\slash", "tab\there", "unicode \u00e9\u2713", "'"],
+)
+def test_any_command_argument_survives_the_toml_round_trip(tmp_path, arg):
+    spec = spec_from_mapping({"command": ["python", "train.py", arg]})
+    t = tmp_path / "env.toml"
+    t.write_text(spec_to_toml(spec))
+    assert load_spec(t).command == ("python", "train.py", arg)
+
+
 def test_comma_separated_extras_from_a_flag():
     assert spec_from_mapping({"extras": "cupy, plot"}).extras == ("cupy", "plot")
     assert spec_from_mapping({"extras": ""}).extras == ()

@@ -44,10 +44,7 @@ def test_find_launcher_prefers_the_one_beside_python():
         detect.find_launcher("srun", env={"PATH": "/nonexistent"})
 
 
-def test_gpu_cpu_parsers():
-    smi = "0, 00000000:19:00.0\n1, 00000000:3B:00.0\n"
-    assert detect.parse_gpu_list(smi) == [(0, "0000:19:00.0"), (1, "0000:3b:00.0")]
-    assert detect.parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+def test_cpu_parsers():
     ht = "".join(f"processor\t: {i}\nphysical id\t: 0\ncore id\t\t: {i % 2}\n\n" for i in range(4))
     assert detect.parse_physical_cores(ht) == 2
     assert detect.parse_physical_cores("processor : 0\n\nprocessor : 1\n") == 2
@@ -62,11 +59,6 @@ def test_interfaces_and_routes_on_this_host():
     assert net.route_interface("no-such-host.invalid", ifaces) is None
     names = net.local_names(ifaces)
     assert net.is_local("localhost", names) and not net.is_local("no-such-host.invalid", names)
-
-
-def test_gpu_list_of_the_h200_machine(fixtures_dir):
-    csv = (fixtures_dir / "device-h200-1gpu" / "nvidia-smi-query.csv").read_text()
-    assert detect.parse_gpu_list(csv) == [(0, "0000:00:06.0")]
 
 
 def test_slurm_version_of_the_debian_package():

@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from cudampi.launch.faults import HostFailure, RankFailure, build_result, parse_launcher_output
-from cudampi.launch.report import format_report, parse_reports, summarize_exception
+from cudampi.launch.report import (
+    SUMMARY_LINES,
+    format_report,
+    is_user_file,
+    parse_reports,
+    summarize_exception,
+)
 
 LAUNCH = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 
@@ -117,3 +123,31 @@ def test_build_result_merges_reports_launcher_and_fault_files():
         build_result(-2, [], parse_launcher_output("", "openmpi"), interrupted=True).exit_code
         == 130
     )
+
+
+def test_the_summary_keeps_the_users_frames_when_the_error_is_deep_in_libraries():
+    libs = ("/usr/lib/python3.11", "/v/lib/python3.11/site-packages")
+    tb = [
+        "Traceback (most recent call last):\n",
+        '  File "/home/u/train.py", line 40, in <module>\n    main()\n',
+        '  File "/home/u/train.py", line 31, in main\n    loss = step(model, batch)\n',
+        '  File "/home/u/train.py", line 12, in step\n    out = model(batch)\n',
+    ]
+    tb += [
+        f'  File "/v/lib/python3.11/site-packages/torch/nn/mod{i}.py", line {i}, in f{i}\n'
+        f"    return self.g{i}(x)\n"
+        for i in range(6)
+    ]
+    tb.append("RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)\n")
+    lines = summarize_exception(tb, libs=libs)
+    assert len(lines) <= SUMMARY_LINES
+    assert lines[0].startswith("RuntimeError: mat1 and mat2")
+    assert '  File "/home/u/train.py", line 12, in step' in lines  # the user's own line
+    assert "    out = model(batch)" in lines
+    assert lines[1] == '  File "/v/lib/python3.11/site-packages/torch/nn/mod5.py", line 5, in f5'
+    # innermost first: where it raised, then the user's frames outward
+    files = [ln for ln in lines if ln.startswith("  File ")]
+    assert files.index(lines[1]) < files.index('  File "/home/u/train.py", line 12, in step')
+    assert is_user_file("/home/u/train.py", libs)
+    assert not is_user_file("/usr/lib/python3.11/json/decoder.py", libs)
+    assert not is_user_file("<frozen runpy>", libs)

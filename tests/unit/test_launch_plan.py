@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudampi.errors import ConfigError
+from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch.plan import (
     Host,
     Launcher,
@@ -13,7 +13,6 @@ from cudampi.launch.plan import (
     PlanRequest,
     UcxRecipe,
     build_command,
-    expand_nodelist,
     hostfile_text,
     make_plan,
     parse_hostfile,
@@ -56,9 +55,27 @@ def test_parse_hosts_and_hostfiles_in_both_formats():
 
 
 def test_expand_slurm_nodelist():
-    assert expand_nodelist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]
-    assert expand_nodelist("n1") == ["n1"]
-    assert expand_nodelist("a[8-10]-ib") == ["a8-ib", "a9-ib", "a10-ib"]
+    from cudampi.launch.detect import expand_nodelist
+
+    outside = {"PATH": "/nonexistent"}  # no scontrol, no allocation: python-hostlist
+    assert expand_nodelist("gpu[01-03,7],login1", outside) == [
+        "gpu01",
+        "gpu02",
+        "gpu03",
+        "gpu7",
+        "login1",
+    ]
+    assert expand_nodelist("n1", outside) == ["n1"]
+    assert expand_nodelist("a[8-10]-ib", outside) == ["a8-ib", "a9-ib", "a10-ib"]
+    # two bracket groups: 4 names (the hand-written parser gave 2, feeding -N and MASTER_ADDR)
+    assert expand_nodelist("rack[1-2]-node[01-02]", outside) == [
+        "rack1-node01",
+        "rack1-node02",
+        "rack2-node01",
+        "rack2-node02",
+    ]
+    with pytest.raises(LaunchError, match="cannot read the Slurm node list 'n\\[1-'"):
+        expand_nodelist("n[1-", outside)
 
 
 def test_openmpi_single_host_argv_is_exact():
@@ -69,13 +86,13 @@ def test_openmpi_single_host_argv_is_exact():
         "-n",
         "2",
         "--bind-to",
-        "none",
+        "core",  # no GPU here decides the ranks' cores
         "-x",
         "CUDAMPI_LAUNCHER=openmpi",
         "-x",
         "CUDAMPI_BIND_GPU=local",
         "-x",
-        "CUDAMPI_BIND_CPU=gpu",
+        "CUDAMPI_BIND_CPU=none",
         "-x",
         "MASTER_ADDR=127.0.0.1",
         "-x",
@@ -240,3 +257,60 @@ def test_plan_validation_and_json():
         Launcher("lam", "/x")
     d = plan(nprocs=2).to_json()
     assert d["nprocs"] == 2 and d["launcher"]["flavour"] == "openmpi"
+
+
+# ----------------------------------------------------------------------- the field's habits
+
+
+@pytest.mark.parametrize(
+    ("launcher", "flag"),
+    [(OMPI, "--bind-to core"), (MPICH, "-bind-to core"), (SRUN, "--cpu-bind=cores")],
+)
+def test_without_a_gpu_ranks_are_bound_to_cores_and_the_plan_says_why(launcher, flag):
+    mpi = "mpich" if launcher is MPICH else "openmpi"
+    p = plan(launcher, Machine(cores=8), mpi, nprocs=4)
+    assert p.bind == "core" and dict(p.env)["CUDAMPI_BIND_CPU"] == "none"
+    assert flag in " ".join(build_command(p).argv)
+    assert any(n.startswith("--bind-to core: no GPU here decides") for n in p.notes), p.notes
+
+
+def test_binding_without_a_gpu_backs_off_where_cores_cannot_be_had():
+    over = plan(machine=Machine(cores=2), nprocs=4)
+    assert over.bind == "none" and over.oversubscribe
+    assert any("4 ranks cannot each have one of this host's 2 core(s)" in n for n in over.notes)
+    remote = plan(
+        machine=Machine(cores=8, local_names=frozenset({"me"})),
+        nprocs=2,
+        hosts=(Host("h1", 1), Host("h2", 1)),
+    )
+    assert remote.bind == "gpu"  # the other hosts' ranks bind to their own GPUs
+    with_gpu = plan(machine=Machine(cores=8, gpus=2), nprocs=2)
+    assert with_gpu.bind == "gpu" and "--bind-to none" in " ".join(build_command(with_gpu).argv)
+    explicit = plan(machine=Machine(cores=8), nprocs=2, bind="none")
+    assert explicit.bind == "none"
+
+
+@pytest.mark.parametrize(
+    ("launcher", "flag"), [(OMPI, "--tag-output"), (MPICH, "-l"), (SRUN, "--label")]
+)
+def test_tag_output_is_each_launchers_own_flag(launcher, flag):
+    mpi = "mpich" if launcher is MPICH else "openmpi"
+    argv = build_command(plan(launcher, None, mpi, nprocs=2, tag_output=True)).argv
+    assert flag in argv and argv.index(flag) < argv.index(CMD[0])
+    assert flag not in build_command(plan(launcher, None, mpi, nprocs=2)).argv
+
+
+def test_torchrun_nnodes_and_nproc_per_node():
+    hosts = (Host("h1"), Host("h2"))
+    p = plan(machine=Machine(cores=8), gpus_per_node=4, nnodes=2, hosts=hosts)
+    assert p.nprocs == 8 and "-n 8: 4 GPU(s) per node x 2 node(s)" in p.notes
+    with pytest.raises(ConfigError, match="--nnodes 3 but the hosts name 2 node"):
+        plan(gpus_per_node=4, nnodes=3, hosts=hosts)
+    with pytest.raises(ConfigError, match="needs the hosts"):
+        plan(gpus_per_node=4, nnodes=2)
+    one = plan(gpus_per_node=2, nnodes=1)
+    assert one.nprocs == 2
+    srun = plan(SRUN, Machine(cores=8, slurm_nodes=("a", "b", "c")), gpus_per_node=2, nnodes=2)
+    assert srun.nprocs == 4 and "-N 2" in " ".join(build_command(srun).argv)
+    with pytest.raises(ConfigError, match="allocation has 3 node"):
+        plan(SRUN, Machine(cores=8, slurm_nodes=("a", "b", "c")), gpus_per_node=2, nnodes=4)

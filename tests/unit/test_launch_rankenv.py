@@ -142,9 +142,13 @@ def test_init_under_plain_python_and_env_and_torchrun_vars():
 
 
 def test_select_in_rank_cuts_visible_devices_and_binds_to_the_gpu_numa_cpus(tmp_path):
-    from cudampi.launch.gpu import bind_cpus, gpu_cpus, select_in_rank
+    from cudampi.launch.gpu import bind_cpus, select_in_rank
+    from cudampi.probe.nvml import GpuInfo
 
-    gpus = [(0, "0000:19:00.0"), (1, "0000:3b:00.0")]
+    gpus = [
+        GpuInfo(0, "H200", None, "0000:19:00.0", 0, frozenset({1})),
+        GpuInfo(1, "H200", None, "0000:3b:00.0", 0, frozenset({0})),
+    ]
     env = {"CUDAMPI_BIND_GPU": "visible", "CUDAMPI_BIND_CPU": "none"}
     choice = select_in_rank(1, env, gpus)
     assert choice.bus_id == "0000:3b:00.0"
@@ -155,12 +159,13 @@ def test_select_in_rank_cuts_visible_devices_and_binds_to_the_gpu_numa_cpus(tmp_
     assert "CUDA_VISIBLE_DEVICES" not in env and env["CUDAMPI_DEVICE"] == "1"
     none = {}
     assert select_in_rank(0, none, []).device is None and none == {}
-    # sysfs as the kernel lays it out: /sys/bus/pci/devices/<bus id>/local_cpulist
-    (tmp_path / "0000:3b:00.0").mkdir()
-    (tmp_path / "0000:3b:00.0" / "local_cpulist").write_text("0\n")
-    assert gpu_cpus("0000:3b:00.0", tmp_path) == {0}
-    assert gpu_cpus("0000:99:00.0", tmp_path) == set()
     before = os.sched_getaffinity(0)
+    try:
+        # bound to the CPUs NVML gives as the chosen GPU's affinity (GPU 1: CPU 0)
+        select_in_rank(1, {"CUDAMPI_BIND_CPU": "gpu"}, gpus)
+        assert os.sched_getaffinity(0) == {0}
+    finally:
+        os.sched_setaffinity(0, before)
     try:
         got = bind_cpus({0})
         assert got in ({0}, None)  # None when this process already runs on CPU 0 only

@@ -197,8 +197,8 @@ def test_gpu_system_query_on_this_machine_is_empty_not_an_error():
     system = query_gpu_system()
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi: covered by tests/gpu")
-    assert system.nvidia_smi is None and system.gpus == () and system.topology is None
-    assert system.peermem_loaded is False and system.error is None
+    assert system.gpus == () and system.nics == () and system.error  # NVML says why
+    assert system.peermem_loaded is False
 
 
 def test_ip_o_addr(fixtures_dir):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from cudampi.errors import CommError
-from cudampi.torch.ops import REDUCE_OPS, check_dtype, element_counts, reduce_spec
-from cudampi.torch.rendezvous import mpi_launcher, needs_mpi_rendezvous, singleton_message
-
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
+
+from cudampi.errors import CommError  # noqa: E402  (after the skip: cudampi.torch needs torch)
+from cudampi.torch.ops import REDUCE_OPS, check_dtype, element_counts, reduce_spec  # noqa: E402
+from cudampi.torch.rendezvous import (  # noqa: E402
+    mpi_launcher,
+    needs_mpi_rendezvous,
+    singleton_message,
+)
 
 pytestmark = pytest.mark.torch
 

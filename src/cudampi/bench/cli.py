@@ -107,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
+    if size is None and world.size == 1 and not o.quiet:
+        from cudampi.bench.report import ONE_RANK
+
+        print(f"# cudampi bench: started without a launcher: {ONE_RANK}", file=sys.stderr)
     if o.np is not None and o.np != world.size:
         raise ConfigError(
             f"--np {o.np} but this MPI job has {world.size} ranks; drop --np when you start "

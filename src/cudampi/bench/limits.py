@@ -2,19 +2,16 @@
 
 - ranks sharing one GPU: every byte they exchange crosses that GPU's HBM, so the limit is the
   HBM copy rate, measured here (one rank copying alone, device to device);
-- one GPU per rank on one node: the GPU's NVLink rate (sum of its active links, from
-  ``nvidia-smi nvlink --status``), else its PCIe link rate (generation x width);
+- one GPU per rank on one node: the GPU's NVLink rate (its active links times their speed, from
+  NVML), else its PCIe link rate (generation x width, from NVML);
 - the CPU machine: the host memory copy rate, measured the same way.
 
-``parse_*`` are pure; :func:`physical_limit` is the thin collective wrapper (rank 0 measures and
-queries, every rank gets the same answer).
+:func:`link_limit` is pure (NVML's facts of one GPU in); :func:`physical_limit` is the thin
+collective wrapper (rank 0 measures and queries, every rank gets the same answer).
 """
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,79 +20,36 @@ from cudampi.bench.results import Limit
 if TYPE_CHECKING:
     from cudampi.bench.arrays import ArrayLib
     from cudampi.bench.runner import Runner
+    from cudampi.probe.nvml import GpuInfo
 
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 """Usable GB/s per lane and direction after line encoding, per PCIe generation."""
 
-_LINK = re.compile(r"^\s*Link\s+(\d+)\s*:\s*([0-9.]+)\s*GB/s", re.MULTILINE)
-_GPU = re.compile(r"^GPU\s+(\d+)\s*:", re.MULTILINE)
 
-
-def parse_nvlink_status(text: str, gpu: int = 0) -> float | None:
-    """Sum of the active link rates of ``gpu`` in ``nvidia-smi nvlink --status`` output.
-
-    None when the GPU has no active link (lines such as ``Link 0: <inactive>`` or no links).
-    """
-    blocks = list(_GPU.finditer(text))
-    body = text
-    for i, m in enumerate(blocks):
-        if int(m.group(1)) == gpu:
-            end = blocks[i + 1].start() if i + 1 < len(blocks) else len(text)
-            body = text[m.end() : end]
-            break
-    else:
-        if blocks:
-            return None
-    rates = [float(m.group(2)) for m in _LINK.finditer(body)]
-    total = sum(rates)
-    return total if total > 0 else None
-
-
-def parse_pcie_query(text: str) -> float | None:
-    """GB/s of ``nvidia-smi --query-gpu=pcie.link.gen.max,pcie.link.width.max
-    --format=csv,noheader,nounits`` (first line: ``5, 16``)."""
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-            gen, width = int(parts[0]), int(parts[1])
-            if gen in PCIE_LANE_GBPS and width > 0:
-                return PCIE_LANE_GBPS[gen] * width
+def link_limit(gpu: GpuInfo) -> Limit | None:
+    """NVLink rate of ``gpu`` when it has active links, else its PCIe rate; None if unknown."""
+    if gpu.active_nvlinks and gpu.nvlink_mbps:
+        rate = gpu.active_nvlinks * gpu.nvlink_mbps / 1000
+        return Limit(
+            "nvlink",
+            rate,
+            f"NVML: GPU{gpu.index} {gpu.active_nvlinks} active NVLinks x "
+            f"{gpu.nvlink_mbps / 1000:g} GB/s",
+        )
+    gen, width = gpu.pcie_max_gen or gpu.pcie_gen, gpu.pcie_max_width or gpu.pcie_width
+    if gen in PCIE_LANE_GBPS and width:
+        return Limit(
+            "pcie", PCIE_LANE_GBPS[gen] * width, f"NVML: GPU{gpu.index} PCIe gen {gen} x{width}"
+        )
     return None
-
-
-def _nvidia_smi(args: list[str]) -> str | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
 
 
 def query_link_limit(gpu: int) -> Limit | None:
-    """NVLink rate of ``gpu`` when it has active links, else its PCIe rate; None if unknown."""
-    text = _nvidia_smi(["nvlink", "--status", "-i", str(gpu)])
-    if text:
-        rate = parse_nvlink_status(text, gpu)
-        if rate:
-            return Limit(
-                "nvlink", rate, f"nvidia-smi nvlink --status -i {gpu}: active links summed"
-            )
-    text = _nvidia_smi(
-        [
-            "--query-gpu=pcie.link.gen.max,pcie.link.width.max",
-            "--format=csv,noheader,nounits",
-            "-i",
-            str(gpu),
-        ]
-    )
-    if text:
-        rate = parse_pcie_query(text)
-        if rate:
-            return Limit("pcie", rate, f"nvidia-smi PCIe gen x width of GPU {gpu}: {text.strip()}")
-    return None
+    """:func:`link_limit` of this machine's GPU ``gpu`` (NVML's numbering: PCI order)."""
+    from cudampi.probe.nvml import query_nvml
+
+    gpus = query_nvml().gpus
+    return link_limit(gpus[gpu]) if 0 <= gpu < len(gpus) else None
 
 
 def measure_copy_gbps(lib: ArrayLib, nbytes: int, iters: int = 10) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 from cudampi.bench.arrays import NCCL_TYPENAME
 from cudampi.bench.paths import DESCRIPTION
-from cudampi.bench.results import BenchResult, Row, SkipNote
+from cudampi.bench.results import NOISE, BenchResult, Row, SkipNote
 
 PEER_ORDER = ("torch-gloo", "mpi", "copy", "torch-nccl")
 """The paths the ratios are taken against, when they ran in the same run."""
@@ -32,6 +32,8 @@ CSV_FIELDS = (
     "algbw",
     "busbw",
     "wrong",
+    "spread",
+    "noisy",
     "skipped",
 )
 
@@ -91,6 +93,7 @@ def row_line(r: Row) -> str:
         f"  {r.size:>10d}  {r.count:>12d}  {NCCL_TYPENAME.get(r.dtype, r.dtype):>8s}  "
         f"{r.redop or 'none':>6s}  {r.root:>6d}  {fmt(r.time_us, 9)}  {fmt(r.time_min_us, 9)}  "
         f"{fmt(r.time_max_us, 9)}  {fmt(r.algbw, 7)}  {fmt(r.busbw, 7)}  {wrong:>6s}"
+        + (f"  noisy({r.spread:.1f}x)" if r.noisy else "")
     )
 
 
@@ -144,6 +147,8 @@ def render_text(result: BenchResult) -> str:
         + (f"  time-limit {m.get('time_limit')} s" if m.get("time_limit") else ""),
         f"# MPI: {m.get('mpi_library', '?')}",
     ]
+    if m.get("ranks") == 1:
+        lines.append(f"# {ONE_RANK}")
     if m.get("torch"):
         lines.append(f"# torch {m['torch']}")
     lines.append("#")
@@ -217,6 +222,12 @@ def _ratio_lines(result: BenchResult) -> list[str]:
     return lines
 
 
+ONE_RANK = (
+    "1 rank: nothing crosses ranks, so busbw is 0; run more with --np 2 (cudampi bench ... "
+    "--np 2) or under a launcher (cudampi launch -n 2 cudampi bench ...)"
+)
+
+
 def footer(result: BenchResult) -> list[str]:
     """nccl-tests' footer (out-of-bounds count, average busbw) and cudampi's verdict."""
     lines = [
@@ -241,10 +252,27 @@ def footer(result: BenchResult) -> list[str]:
         problems.append(
             f"{op} on {path} ({dtype}) peaked at {peak:.3g} GB/s < --min-busbw {result.min_busbw:g}"
         )
+    noisy = result.noisy()
+    if noisy:
+        worst = max(noisy, key=lambda r: r.spread)
+        lines.append(
+            f"# {'Noise':<20s} : {len(noisy)} of {len(result.rows)} rows (marked noisy) varied "
+            f"more than {NOISE:g}x between repeated timings (worst {worst.spread:.1f}x: {worst.op} "
+            f"on {worst.path} at {worst.size} B): not a figure to quote. Rerun on an idle "
+            "machine, with more iterations (-n), ranks bound to cores (cudampi launch binds "
+            "them where no GPU does)"
+        )
     ran = len({r.path for r in result.rows})
+    notes = []
+    if noisy:
+        notes.append(f"{len(noisy)} noisy row(s)")
+    if result.meta.get("ranks") == 1:
+        notes.append("1 rank only: nothing crossed ranks (--np 2 for more)")
     lines.append(
         f"# Verdict: {'OK' if not problems else 'FAILED'}: {len(result.rows)} rows on {ran} path(s), "
-        f"{len(result.skips)} skipped" + ("" if not problems else "; " + "; ".join(problems))
+        f"{len(result.skips)} skipped"
+        + ("" if not problems else "; " + "; ".join(problems))
+        + ("" if not notes else " (" + "; ".join(notes) + ")")
     )
     return lines
 

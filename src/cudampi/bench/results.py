@@ -27,9 +27,27 @@ class Row:
     busbw: float
     wrong: int | None
     """Wrong elements summed over ranks; None when the data were not checked."""
+    spread: float = 1.0
+    """Slowest over fastest of the repeated timings of this size (the timed calls are taken in
+    :data:`REPEATS` rounds; the worst rank's ratio). Above :data:`NOISE` the row is noise."""
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISE
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["noisy"] = self.noisy
+        return d
+
+
+REPEATS = 5
+"""Rounds the timed calls of one size are split into (each timed on its own)."""
+
+NOISE = 2.0
+"""A size whose rounds differ by more than this factor is marked noisy, not reported as one
+confident figure (a shared or unbound CPU: here an 8-byte allreduce took 1.4 us in one run and
+457 us in the next)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,10 @@ class BenchResult:
     def ok(self) -> bool:
         return self.wrong == 0 and not self.below_min()
 
+    def noisy(self) -> list[Row]:
+        """Rows whose repeated timings varied more than :data:`NOISE` times."""
+        return [r for r in self.rows if r.noisy]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": "cudampi-bench-collectives",
@@ -111,6 +133,8 @@ class BenchResult:
                     {"op": k[0], "path": k[1], "dtype": k[2], "redop": k[3], "peak_busbw": v}
                     for k, v in self.below_min()
                 ],
+                "noisy_rows": len(self.noisy()),
+                "one_rank": self.meta.get("ranks") == 1,
             },
             **self.extra,
         }

@@ -21,7 +21,7 @@ from cudampi.bench.arrays import ITEMSIZE, ArrayLib, Unsupported, make_lib
 from cudampi.bench.metrics import algbw, busbw, collective_layout
 from cudampi.bench.paths import PathAdapter, Skip, describe_error, open_path
 from cudampi.bench.registry import UNITS, Case
-from cudampi.bench.results import BenchResult, Row, SkipNote
+from cudampi.bench.results import REPEATS, BenchResult, Row, SkipNote
 from cudampi.bench.session import Session
 
 
@@ -240,12 +240,20 @@ class Runner:
             unit.call(adapter, bufs, case)
         lib.sync()
         s.barrier()
+        # The timed calls in rounds, each timed on its own: their spread tells noise apart from
+        # a figure (nccl-tests prints one number however much the runs disagreed).
+        rounds = [n for n in split_rounds(iters, REPEATS) if n]
+        per_round: list[float] = []
         t0 = time.perf_counter()
-        for _ in range(iters):
-            unit.call(adapter, bufs, case)
-        lib.sync()
+        for n in rounds:
+            r0 = time.perf_counter()
+            for _ in range(n):
+                unit.call(adapter, bufs, case)
+            lib.sync()
+            per_round.append((time.perf_counter() - r0) / n)
         per_call = (time.perf_counter() - t0) / iters
         tmin, tavg, tmax = s.stats(per_call)
+        spread = s.agree_max(max(per_round) / min(per_round) if min(per_round) > 0 else 1.0)
         wrong: int | None = None
         if spec.check:
             del bufs
@@ -276,7 +284,15 @@ class Runner:
             algbw=algbw(L.size, tavg),
             busbw=busbw(unit.name, L.size, tavg, s.size),
             wrong=wrong,
+            spread=spread,
         )
+
+
+def split_rounds(iters: int, rounds: int) -> list[int]:
+    """``iters`` calls as ``rounds`` near-equal rounds (fewer when there are fewer calls)."""
+    rounds = max(1, min(rounds, iters))
+    base, extra = divmod(iters, rounds)
+    return [base + (1 if i < extra else 0) for i in range(rounds)]
 
 
 def run_collectives(session: Session, spec: Spec) -> BenchResult:

@@ -27,6 +27,7 @@ from cudampi.comm.paths import DeviceSupport, PathChoice, check_path, choose, de
 from cudampi.comm.validate import Signature, check
 from cudampi.config import Config
 from cudampi.errors import CommError, CudampiError, DeviceError
+from cudampi.observe import Observer
 
 
 @dataclass
@@ -83,6 +84,9 @@ class Communicator:
         self._worker: Worker | None = None
         self._device: int | None = None
         self._closed = False
+        self._observer = Observer(self.config, self.rank, self.size)
+        self._chosen: tuple[PathChoice, int, str] | None = None
+        """The last path choice of the call being built (read by the dispatch, for logs)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -95,6 +99,7 @@ class Communicator:
             self._worker.close()
             self._worker = None
         self._engines.close()
+        self._observer.close()
         for c in (self._coll, self.mpi_comm):
             try:
                 c.Free()
@@ -142,15 +147,18 @@ class Communicator:
 
     def _choose(self, call: str, b: Buf, path: str | None, nbytes: int | None = None) -> PathChoice:
         requested = check_path(path, "path") or self._path
-        return choose(
+        n = b.nbytes if nbytes is None else nbytes
+        choice = choose(
             call,
             requested,
             b.on_device,
             b.dtype,
-            b.nbytes if nbytes is None else nbytes,
+            n,
             self._support,
             mpi_reduces=can_reduce(b.dtype),
         )
+        self._chosen = (choice, n, b.dtype)
+        return choice
 
     # ------------------------------------------------------------------ helpers
 
@@ -181,6 +189,7 @@ class Communicator:
     def _collective(self, build: Callable[[], _Plan], what: str, async_op: bool) -> Any:
         if self._closed:
             raise CommError(f"{what}: this Communicator was closed")
+        self._chosen = None
         try:
             plan = build()
             if plan.ops is not None and not plan.ordered:
@@ -189,25 +198,40 @@ class Communicator:
             if self._reject_ordered(what):
                 raise
             plan = _Plan(Signature(what), error=exc)
+        # Every collective is observed here, whatever engine runs it: the log line (path and
+        # why), the profiler/NVTX range and the timeline event (cudampi.observe).
+        chosen = self._chosen
+        if chosen is None:
+            observed = self._observer.call(what, 0, "none", "mpi", "no data")
+        else:
+            choice, nbytes, dtype = chosen
+            observed = self._observer.call(what, nbytes, dtype, choice.label, choice.reason)
         if plan.ordered:
             # the engine orders its work on the caller's stream and checks across ranks itself:
             # it runs in this thread, after the calls queued before it
-            assert plan.run is not None
+            run = plan.run
+            assert run is not None
             if self._worker is not None:
                 self._worker.drain()
-            return _inline(plan.run, what, async_op)
+
+            def inline() -> Any:
+                with observed:
+                    return run()
+
+            return _inline(inline, what, async_op)
         debug = self.config.debug
 
         def execute() -> Any:
             check(self._coll, plan.sig, plan.error, debug=debug)
             assert plan.run is not None
-            if plan.ops is None:
-                return plan.run()
-            with plan.ops.device_ctx():
-                plan.ops.begin(plan.token)
-                result = plan.run()
-                plan.ops.fence()
-            return result
+            with observed:
+                if plan.ops is None:
+                    return plan.run()
+                with plan.ops.device_ctx():
+                    plan.ops.begin(plan.token)
+                    result = plan.run()
+                    plan.ops.fence()
+                return result
 
         return self._submit(execute, what, async_op)
 

@@ -471,21 +471,20 @@ def check_cuda_aware(
 
 
 def check_gpus(system: GpuSystem, py: PythonGpu) -> Check:
-    names = [g.name for g in system.gpus] or list(py.torch_devices) or list(py.nvml_devices)
+    nvml = system.nvml
+    names = [g.name for g in nvml.gpus] or list(py.torch_devices)
     if not names:
-        where = (
-            "nvidia-smi not found"
-            if system.nvidia_smi is None
-            else f"{system.nvidia_smi} lists none"
-        )
-        if system.error:
-            where = system.error
+        where = nvml.error or "NVML lists none"
         return Check("GPUs", "n/a", f"no NVIDIA GPU ({where}; torch.cuda/CuPy see none)", "", GPU)
     models = sorted(set(names))
-    topo = f"; topology: {system.topology.summary}" if system.topology else ""
-    drv = f"; driver {py.nvml_driver}" if py.nvml_driver else ""
-    detail = f"{len(names)} x {', '.join(models)}{topo}{drv}"
-    if system.gpus and py.gpu_count == 0 and (py.torch_version or py.cupy_version):
+    topo = f"; topology: {nvml.summary}" if nvml.gpus else ""
+    p2p_bad = sorted({f"GPU{a}->GPU{b}: {w}" for (a, b), w in nvml.p2p.items() if w != "OK"})
+    p2p = f"; P2P not supported: {', '.join(p2p_bad)}" if p2p_bad else ""
+    drv = f"; driver {nvml.driver}" if nvml.driver else ""
+    nics = f"; NICs: {', '.join(system.nics)}" if system.nics else ""
+    links = "; " + "; ".join(nvml.gpu_lines()) if nvml.gpus else ""
+    detail = f"{len(names)} x {', '.join(models)}{topo}{p2p}{drv}{nics}{links}"
+    if nvml.gpus and py.gpu_count == 0 and (py.torch_version or py.cupy_version):
         return Check(
             "GPUs",
             "warn",
@@ -720,6 +719,78 @@ def check_cache(path: str | None, keys: Sequence[str], runtime_ran: bool, note: 
     )
 
 
+RECIPE_WORDS = "the libucx recipe, which `cudampi launch` applies"
+
+NO_GPU_QUIET = frozenset(
+    {
+        "CUDA build",
+        "UCX transports",
+        "device p2p",
+        "device allreduce",
+        "host-staged allreduce",
+        "silent host staging",
+        "CUDA-aware MPI",
+        "GPUs",
+        "GPUDirect RDMA",
+        "NCCL",
+        "CuPy",
+        "local rank -> GPU",
+    }
+)
+"""The checks the text report folds into one line on a machine without a GPU (--json keeps
+them)."""
+
+NO_GPU_LINE = Check(
+    "GPU",
+    "n/a",
+    "none here: host buffers only, so CUDA-awareness, GPUDirect, NCCL and CuPy do not apply "
+    "(cudampi doctor --json keeps those checks; run the doctor on the GPU machine for them)",
+    "",
+    CUDA,
+)
+
+
+def no_gpu(f: Facts) -> bool:
+    """No GPU anywhere the doctor looked, and no --preload-ucx asked for."""
+    gpus_present = bool(f.gpu_system.gpus) or f.python_gpu.gpu_count > 0
+    return not gpus_present and f.ucx_package is None
+
+
+def with_recipe(plain: Check, outcome: ProbeOutcome, run: ProbeRun | None) -> Check:
+    """The device p2p row when the doctor also probed the libucx recipe by itself."""
+    if outcome.ok:
+        rate = f", {outcome.gbps:.1f} GB/s" if outcome.gbps else ""
+        return Check(
+            plain.name,
+            "ok",
+            f"works with {RECIPE_WORDS}: correct data{rate}; without it (plain mpirun, no "
+            f"preload) {plain.status.upper()}: {plain.detail}",
+            "",
+            CUDA,
+        )
+    argv = f" [argv: {' '.join(run.argv)}]" if run else ""
+    return Check(
+        plain.name,
+        plain.status,
+        f"{plain.detail}; with {RECIPE_WORDS}, {outcome.status} too: {outcome.detail}{argv}",
+        plain.fix,
+        CUDA,
+    )
+
+
+def ucx_with_recipe(ucx: Check, outcome: ProbeOutcome) -> Check:
+    if not outcome.ok:
+        return ucx
+    return Check(
+        ucx.name,
+        "ok",
+        f"{ucx.detail}; the doctor probed {RECIPE_WORDS}: device p2p correct (for plain "
+        "mpirun add it yourself: cudampi doctor --preload-ucx shows the flags)",
+        "",
+        CUDA,
+    )
+
+
 def all_checks(f: Facts) -> list[Check]:
     """Every check, in report order."""
     runtime = f.runtime
@@ -763,16 +834,31 @@ def all_checks(f: Facts) -> list[Check]:
     p2p = runtime.outcome("device_p2p") if runtime else skipped
     allreduce = runtime.outcome("device_allreduce") if runtime else skipped
     staged = runtime.outcome("host_staged") if runtime else skipped
-    checks += [
+    p2p_check = check_device_probe(
+        "device p2p", "device_p2p", p2p, runtime.runs.get("device_p2p") if runtime else None
+    )
+    copy_run = runtime.runs.get("copy") if runtime else None
+    recipe = f.recipe
+    if recipe is not None:
+        rp2p = recipe.outcome("device_p2p")
+        p2p_check = with_recipe(p2p_check, rp2p, recipe.runs.get("device_p2p"))
+        ucx = ucx_with_recipe(ucx, rp2p)
+        if rp2p.ok:  # the stack as `cudampi launch` runs it
+            p2p, allreduce = rp2p, recipe.outcome("device_allreduce")
+            copy_run = recipe.runs.get("copy") or copy_run
+    aware = check_cuda_aware(build, ucx, p2p, allreduce, runtime is not None)
+    if recipe is not None and recipe.outcome("device_p2p").ok:
+        aware = Check(
+            aware.name, aware.status, f"with {RECIPE_WORDS}: " + aware.detail, aware.fix, CUDA
+        )
+    cuda_checks = [
         build,
         ucx,
-        check_device_probe(
-            "device p2p", "device_p2p", p2p, runtime.runs.get("device_p2p") if runtime else None
-        ),
+        p2p_check,
         check_device_probe(
             "device allreduce",
             "device_allreduce",
-            allreduce,
+            runtime.outcome("device_allreduce") if runtime else skipped,
             runtime.runs.get("device_allreduce") if runtime else None,
         ),
         check_device_probe(
@@ -781,8 +867,17 @@ def all_checks(f: Facts) -> list[Check]:
             staged,
             runtime.runs.get("host_staged") if runtime else None,
         ),
-        check_silent_staging(p2p, runtime.runs.get("copy") if runtime else None),
-        check_cuda_aware(build, ucx, p2p, allreduce, runtime is not None),
+        check_silent_staging(p2p, copy_run),
+        aware,
+    ]
+    if no_gpu(f):
+        # Nothing about CUDA applies: none of it is a warning (the renderer shows one line).
+        cuda_checks = [
+            Check(c.name, "n/a", c.detail, c.fix, c.section) if c.status == "warn" else c
+            for c in cuda_checks
+        ]
+    checks += [
+        *cuda_checks,
         check_gpus(f.gpu_system, f.python_gpu),
         check_gpudirect(f.gpu_system, gpus_present),
         check_nccl(f.python_gpu, gpus_present),

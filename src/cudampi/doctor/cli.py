@@ -96,6 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _facts_data(facts: Any) -> dict[str, Any]:
+    from cudampi.doctor.checks import no_gpu
+
     runtime = facts.runtime
     probes: dict[str, Any] = {}
     if runtime is not None:
@@ -139,7 +141,40 @@ def _facts_data(facts: Any) -> dict[str, Any]:
         },
         "capabilities": facts.capabilities.to_json() if facts.capabilities else None,
         "cache": {"path": facts.cache_path, "keys": list(facts.cache_keys)},
+        "recipe": _recipe_data(facts),
+        "no_gpu": no_gpu(facts),
     }
+
+
+def _recipe_data(facts: Any) -> dict[str, Any] | None:
+    if facts.recipe is None:
+        return None
+    return {
+        "package": facts.recipe_package,
+        "probes": {
+            test: {
+                "status": run.outcome.status,
+                "detail": run.outcome.detail,
+                "gbps": run.outcome.gbps,
+            }
+            for test, run in facts.recipe.runs.items()
+        },
+    }
+
+
+def _progress_printer() -> Any:
+    """One line per probe on stderr while the doctor works, when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    import time
+
+    start = time.monotonic()
+
+    def show(text: str) -> None:
+        sys.stderr.write(f"  doctor [{time.monotonic() - start:4.1f} s] probing {text} ...\n")
+        sys.stderr.flush()
+
+    return show
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         timeout=config.probe_timeout,
         cache_dir=config.cache_dir,
     )
-    facts = gather(options)
+    facts = gather(options, progress=_progress_printer())
     report = Report.of(all_checks(facts), _facts_data(facts))
     if args.save_json:
         from pathlib import Path

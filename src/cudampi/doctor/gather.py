@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +93,10 @@ class Facts:
     capabilities: Capabilities | None = None
     cache_path: str | None = None
     cache_keys: tuple[str, ...] = field(default_factory=tuple)
+    recipe: RuntimeResult | None = None
+    """The same probes again with the libucx recipe `cudampi launch` applies, run by itself when
+    the libucx wheel is importable, ``--preload-ucx`` was not given and plain device p2p failed."""
+    recipe_package: str | None = None
 
 
 def resolve_ucx_package(choice: str | None) -> str | None:
@@ -160,10 +164,36 @@ def _build_info(library: MpiLibrary) -> tuple[OmpiInfo | None, MpichInfo | None,
     return None, None, None
 
 
-def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Facts:
-    """Probe everything (see the module docstring); never raises for a broken stack."""
+PROBE_WORDS = {
+    "host_p2p": "host point-to-point",
+    "host_allreduce": "host allreduce",
+    "device_p2p": "device point-to-point",
+    "device_allreduce": "device allreduce",
+    "host_staged": "host-staged allreduce",
+    "copy": "host<->device copy rate",
+}
+
+
+def gather(
+    options: DoctorOptions,
+    env: Mapping[str, str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Facts:
+    """Probe everything (see the module docstring); never raises for a broken stack.
+
+    ``progress(line)`` hears one line as each probe starts (the CLI prints them on a terminal).
+    """
     env = dict(os.environ if env is None else env)
+
+    def say(text: str) -> None:
+        if progress is not None:
+            progress(text)
+
+    def job(where: str) -> Callable[[str], None]:
+        return lambda test: say(f"{PROBE_WORDS.get(test, test)}, {options.ranks} ranks{where}")
+
     ucx_package = resolve_ucx_package(options.preload_ucx)
+    say("the MPI library mpi4py loads, and the GPUs torch/CuPy see")
     python_gpu_probe = PythonGpuProbe(sys.executable, env)  # slow torch import: overlap it
     library = query_mpi_library(sys.executable, env)
     installations = tuple(find_installations(env, sys.prefix, library.path))
@@ -171,9 +201,12 @@ def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Fact
     matching = matching_mpiexec(library) if library.ok else None
     probe_mpiexec = options.mpiexec or (str(matching) if matching else None)
     probe_version = query_mpiexec_version(probe_mpiexec) if probe_mpiexec else (None, None)
+    say("the MPI build (ompi_info / mpichversion)")
     ompi, mpich, build_error = _build_info(library)
     mpi_prefix = str(prefix_of(library.path)) if library.path else None
+    say("UCX transports")
     ucx = tuple(find_ucx(mpi_prefix, ucx_package, env))
+    say("GPUs and topology")
     gpu_system = query_gpu_system(env)
     launcher = query_launcher_env(env)
 
@@ -188,8 +221,10 @@ def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Fact
     host_runs: RuntimeResult | None = None
     runnable = options.runtime and library.ok and probe_mpiexec is not None
     if runnable:
-        host_runs = run_probes(spec, None, "", env, tests=HOST_TESTS)
+        host_runs = run_probes(spec, None, "", env, tests=HOST_TESTS, on_test=job(""))
     python_gpu = python_gpu_probe.result()
+    recipe: RuntimeResult | None = None
+    recipe_package: str | None = None
     if not options.runtime:
         note = "skipped (--no-runtime)"
     elif not library.ok:
@@ -211,12 +246,29 @@ def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Fact
                     f"torch: {python_gpu.torch_error or python_gpu.torch_cuda_available}, "
                     f"cupy: {python_gpu.cupy_error or python_gpu.cupy_devices}"
                 )
-        device = run_probes(spec, backend, reason, env, tests=(*DEVICE_TESTS, "copy"))
+        device = run_probes(
+            spec, backend, reason, env, tests=(*DEVICE_TESTS, "copy"), on_test=job("")
+        )
         assert host_runs is not None
         runtime = RuntimeResult(
             {**host_runs.runs, **device.runs}, {**host_runs.skipped, **device.skipped}
         )
         capabilities, cache_path, keys = _save_capabilities(runtime, options)
+        found = libucx_package_dir()
+        if (
+            ucx_package is None
+            and backend is not None
+            and found is not None
+            and not runtime.outcome("device_p2p").ok
+        ):
+            # The libucx wheel is here but not preloaded: try the recipe `cudampi launch`
+            # applies, so the report can say whether the stack works the way it will be run.
+            recipe_package = str(found)
+            rspec = build_spec(options, spec.mpiexec, vendor, recipe_package)
+            recipe = run_probes(rspec, backend, reason, env, on_test=job(" with the libucx recipe"))
+            rcaps, rpath, rkeys = _save_capabilities(recipe, options)
+            if rcaps is not None:
+                cache_path, keys = rpath, (*keys, *rkeys)
     return Facts(
         python_version=platform.python_version(),
         python=sys.executable,
@@ -248,6 +300,8 @@ def gather(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Fact
         capabilities=capabilities,
         cache_path=cache_path,
         cache_keys=keys,
+        recipe=recipe,
+        recipe_package=recipe_package,
     )
 
 

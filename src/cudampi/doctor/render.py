@@ -9,7 +9,7 @@ import textwrap
 from typing import Any
 
 from cudampi import __version__
-from cudampi.doctor.report import Report
+from cudampi.doctor.report import Check, Report
 
 _MARK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "n/a": "n/a"}
 
@@ -19,17 +19,35 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
 
 
+def shown_checks(report: Report) -> list[Check]:
+    """The rows of the text report: on a machine without a GPU the GPU-only checks fold into
+    one line (they are all n/a there; --json keeps each of them)."""
+    if not report.data.get("no_gpu"):
+        return list(report.checks)
+    from cudampi.doctor.checks import NO_GPU_LINE, NO_GPU_QUIET
+
+    out: list[Check] = []
+    for c in report.checks:
+        if c.name in NO_GPU_QUIET and c.status == "n/a":
+            if NO_GPU_LINE not in out:
+                out.append(NO_GPU_LINE)
+            continue
+        out.append(c)
+    return out
+
+
 def render_text(report: Report, width: int | None = None) -> str:
     """A table grouped by section; every non-ok row is followed by its fix."""
     width = width or max(80, min(160, shutil.get_terminal_size((120, 24)).columns))
-    name_w = max([len(c.name) for c in report.checks] + [5])
+    checks = shown_checks(report)
+    name_w = max([len(c.name) for c in checks] + [5])
     lead = name_w + 2 + 6 + 2
     body_w = max(30, width - lead)
     lines: list[str] = [f"cudampi doctor {__version__}", ""]
     lines.append(f"{'check'.ljust(name_w)}  {'status'.ljust(6)}  detail")
     lines.append("-" * min(width, lead + body_w))
     section = None
-    for c in report.checks:
+    for c in checks:
         if c.section != section:
             section = c.section
             lines.append(f"[{section}]")

@@ -36,6 +36,12 @@ SPEC_FLAGS = {
     "--image": ("image", str, "image name:tag the Dockerfile builds and the jobs run"),
     "--partition": ("partition", str, "Slurm partition"),
     "--time": ("time_limit", str, "Slurm time limit [days-]HH:MM:SS"),
+    "--source": (
+        "source",
+        str,
+        "where the files install cudampi from: a requirement, URL or path (relative to --out); "
+        "default: this cudampi, bundled into --out as its wheel",
+    ),
 }
 
 
@@ -121,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace) -> int:
+    """Write the files; the folder must work on its own wherever it is moved, so the lock
+    install.sh and the Dockerfile need is resolved when missing or stale, and cudampi's own
+    wheel is bundled (exit 1 with the fix when either cannot be made)."""
+    from cudampi.env import source
     from cudampi.env.files import (
         LOCK,
         TARGETS,
@@ -140,12 +150,29 @@ def _write(args: argparse.Namespace) -> int:
     needs_lock = any(t in targets for t in ("pip", "docker"))
     lock_text = lock_path.read_text() if lock_path.exists() else None
     status = lock_status(spec, lock_text) if needs_lock else "not needed"
-    if needs_lock and args.lock and not args.check:
-        files[LOCK] = resolve_lock(spec)
-        status = "ok (resolved)"
+    problems: list[str] = []
+    if needs_lock and not args.check and (args.lock or status != "ok"):
+        try:
+            files[LOCK] = resolve_lock(spec)
+            status = "ok (resolved)"
+        except EnvGenError as exc:
+            problems.append(
+                f"{lock_path}: {status}, and it could not be resolved: {exc}\n  fix: run "
+                f"`cudampi env lock --spec {out / 'env.toml'} --out {out}` where the package "
+                "index is reachable (install.sh and the Dockerfile need it)"
+            )
+    needs_wheel = any(t in targets for t in ("conda", "pip", "docker", "slurm"))
+    bundle = source.bundle_status(spec, out) if needs_wheel else "not needed"
     results = write_files(files, out, check=args.check)
+    if bundle != "not needed" and not args.check:
+        try:
+            bundle = "ok (" + source.write_bundle(out) + ")"
+        except EnvGenError as exc:
+            problems.append(f"{out / source.WHEEL}: {exc}")
+            bundle = "missing"
     changed = [r.name for r in results if r.changed]
     lock_bad = needs_lock and not status.startswith("ok")
+    wheel_bad = bundle == "missing"
     if args.json:
         print(
             json.dumps(
@@ -153,8 +180,10 @@ def _write(args: argparse.Namespace) -> int:
                     "out": str(out),
                     "spec": spec.as_dict(),
                     "lock": status,
+                    "wheel": bundle,
                     "validated": validated,
                     "files": [dataclasses.asdict(r) for r in results],
+                    "problems": problems,
                 },
                 indent=2,
             )
@@ -166,14 +195,17 @@ def _write(args: argparse.Namespace) -> int:
             print(f"{out / r.name}: {mark}")
         if needs_lock:
             print(f"{lock_path}: {status}")
-            if lock_bad:
-                print(
-                    f"  fix: cudampi env lock --spec {out / 'env.toml'} --out {out}",
-                    file=sys.stderr,
-                )
+        if bundle != "not needed":
+            print(f"{out / source.WHEEL}: {bundle}")
+    for problem in problems:
+        print(f"cudampi env write: {problem}", file=sys.stderr)
+    if args.check and lock_bad:
+        print(f"  fix: cudampi env lock --spec {out / 'env.toml'} --out {out}", file=sys.stderr)
+    if args.check and wheel_bad:
+        print(f"  fix: cudampi env write --spec {out / 'env.toml'} --out {out}", file=sys.stderr)
     if args.check:
-        return 1 if changed or lock_bad else 0
-    return 0
+        return 1 if changed or lock_bad or wheel_bad else 0
+    return 1 if problems else 0
 
 
 def _lock(args: argparse.Namespace) -> int:

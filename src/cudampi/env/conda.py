@@ -20,6 +20,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from cudampi.env import source
 from cudampi.env.pip import HEADER, extra_requirements
 from cudampi.env.spec import EnvSpec
 from cudampi.errors import EnvGenError
@@ -55,7 +56,7 @@ def environment_yml(spec: EnvSpec, env: dict[str, str]) -> str:
         ]
     variables = "\n".join(f"  {k}: '{v}'" for k, v in env.items())
     pip_lines = [f"    - {r}" for r in extra_requirements(spec)]
-    pip_lines.append(f"    - {spec.source}  # cudampi itself")
+    pip_lines.append(f"    - {source.requirement(spec)}  # cudampi itself (relative to this file)")
     return (
         HEADER + note + f"# conda env create -f environment.yml && conda activate {spec.name}\n"
         f"name: {spec.name}\n"

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 
+from cudampi.config import UCX_PRELOAD
+from cudampi.env import source
 from cudampi.env.pip import HEADER, ucx_preload
 from cudampi.env.spec import EnvSpec
+from cudampi.errors import EnvGenError
 
 VENV = "/opt/venv"
 USER = "mpiuser"
@@ -38,22 +41,40 @@ def image_env(spec: EnvSpec, settings: dict[str, str]) -> dict[str, str]:
         # The NVIDIA container runtime injects the driver into images that ask for it.
         "NVIDIA_VISIBLE_DEVICES": "all",
         "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
-        "CUDAMPI_UCX_PRELOAD": ucx_preload(site_packages(spec)),
+        UCX_PRELOAD: ucx_preload(site_packages(spec)),
         "UCX_MODULE_DIR": f"{site_packages(spec)}/libucx/lib/ucx",
     }
     env.update(settings)
     return env
 
 
-def dockerfile(spec: EnvSpec, settings: dict[str, str], *, context_dir: str = "docker") -> str:
-    """The Dockerfile; build from the repository root: ``docker build -f docker/Dockerfile .``."""
+def cudampi_install(spec: EnvSpec) -> tuple[str, str]:
+    """``(COPY line or "", pip argument)`` that install cudampi in the build stage.
+
+    The build context is the generated folder itself, so a local source must be inside it."""
+    req = source.requirement(spec)
+    if not source.is_local_path(req):
+        return "", req
+    rel = req.removeprefix("./")
+    if req.startswith("/") or rel.startswith("..") or "/../" in rel:
+        raise EnvGenError(
+            f"source {spec.source!r} is outside the generated folder, which is the image's build "
+            "context: copy it into the folder and name it relative to it, give a URL or a "
+            "requirement, or leave source empty to bundle this cudampi's wheel"
+        )
+    return f"COPY {rel} ./\n", "./" + rel.rsplit("/", 1)[-1]
+
+
+def dockerfile(spec: EnvSpec, settings: dict[str, str]) -> str:
+    """The Dockerfile; its build context is its own folder: ``docker build -t IMAGE DIR``."""
     env = image_env(spec, settings)
+    copy_cudampi, cudampi_arg = cudampi_install(spec)
     env_lines = " \\\n    ".join(f"{k}={_quote(v)}" for k, v in env.items())
     cmd = json.dumps(list(spec.command))
     apt = "openssh-server openssh-client"
     return f"""# syntax=docker/dockerfile:1
-{HEADER}# Build from the repository root:
-#   docker build -f {context_dir}/Dockerfile -t {spec.image} .
+{HEADER}# Build with this folder as the context (it holds everything the image needs):
+#   docker build -t {spec.image} .
 # Run:  docker run --gpus all {spec.image}                       (MODE=train: the CMD below)
 #       docker run --gpus all -e MODE=ssh -v $HOME/.ssh/id.pub:/home/{USER}/.ssh/authorized_keys:ro {spec.image}
 #       docker run --gpus all -e MODE=jupyter -e JUPYTER_TOKEN=... -p 8888:8888 {spec.image}
@@ -64,14 +85,13 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv {VENV}
 ENV PATH={VENV}/bin:$PATH
 WORKDIR /src
-COPY {context_dir}/requirements.lock {context_dir}/requirements.txt ./
+COPY requirements.lock requirements.txt ./
 # 1+2+3. The MPI wheel, mpi4py's binary wheel, numpy and the CUDA UCX: exact files, hash-checked;
 # 4. then torch and the extras (the pins of 1-3 are already satisfied).
-RUN pip install --require-hashes --only-binary :all: --no-deps -r requirements.lock \
+RUN pip install --require-hashes --only-binary :all: --no-deps -r requirements.lock \\
     && pip install -r requirements.txt
-COPY pyproject.toml README.md ./
-COPY src ./src
-RUN pip install --no-deps . \\
+# cudampi itself; the pins above already satisfy its MPI dependencies.
+{copy_cudampi}RUN pip install {cudampi_arg} \\
     && python -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
 
 FROM ${{BASE_IMAGE}} AS runtime
@@ -85,9 +105,9 @@ RUN apt-get update \\
     && mkdir -p {spec.workdir} /home/{USER}/.ssh /home/{USER}/.sshd \\
     && chown {USER}:{USER} {spec.workdir} /home/{USER}/.ssh /home/{USER}/.sshd \\
     && chmod 700 /home/{USER}/.ssh /home/{USER}/.sshd
-COPY {context_dir}/ssh_config /etc/ssh/ssh_config.d/cudampi.conf
-COPY {context_dir}/sshd_config /etc/cudampi/sshd_config
-COPY --chmod=0755 {context_dir}/entrypoint.sh /usr/local/bin/cudampi-entrypoint
+COPY ssh_config /etc/ssh/ssh_config.d/cudampi.conf
+COPY sshd_config /etc/cudampi/sshd_config
+COPY --chmod=0755 entrypoint.sh /usr/local/bin/cudampi-entrypoint
 COPY --from=build {VENV} {VENV}
 ENV {env_lines}
 # Numeric, so Kubernetes' runAsNonRoot can verify it.
@@ -121,8 +141,8 @@ die() {{ echo "cudampi-entrypoint: $*" >&2; exit 2; }}
 case "${{MODE:-train}}" in
   train)
     [ "$#" -gt 0 ] || die "MODE=train needs a command (the image's CMD or docker run ... CMD)"
-    if [ -n "${{CUDAMPI_UCX_PRELOAD:-}}" ]; then
-      export LD_PRELOAD="${{CUDAMPI_UCX_PRELOAD}}${{LD_PRELOAD:+:$LD_PRELOAD}}"
+    if [ -n "${{{UCX_PRELOAD}:-}}" ]; then
+      export LD_PRELOAD="${{{UCX_PRELOAD}}}${{LD_PRELOAD:+:$LD_PRELOAD}}"
     fi
     exec "$@"
     ;;

@@ -23,6 +23,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from cudampi.config import UCX_PRELOAD
 from cudampi.env.docker import UID, USER, image_env
 from cudampi.env.pip import HEADER
 from cudampi.env.settings import mpirun_flags
@@ -40,7 +41,7 @@ def launcher_args(spec: EnvSpec, settings: dict[str, str]) -> list[str]:
     if spec.mpi == "openmpi":
         forward = [
             "-x",
-            "LD_PRELOAD=" + image_env(spec, settings)["CUDAMPI_UCX_PRELOAD"],
+            "LD_PRELOAD=" + image_env(spec, settings)[UCX_PRELOAD],
             "-x",
             "UCX_MODULE_DIR",
             "-x",

@@ -19,11 +19,14 @@ alone and ``cudampi doctor`` reports which library mpi4py bound.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cudampi.config import PYTHON, UCX_PRELOAD
+from cudampi.env import source
 from cudampi.env.spec import DEFAULT_PINS, EnvSpec
 from cudampi.errors import EnvGenError
 
@@ -103,6 +106,12 @@ def install_sh(spec: EnvSpec) -> str:
     torch_req, index = torch_requirement(spec)
     index_flag = f" --extra-index-url {index}" if index else ""
     extras = " ".join(f"'{r}'" for r in extra_requirements(spec))
+    req = source.requirement(spec)
+    if source.is_local_path(req) and not req.startswith("/"):
+        pip_arg = '"$here"/' + shlex.quote(req.removeprefix("./"))
+    else:
+        pip_arg = shlex.quote(req)
+    what = "its wheel, beside this script" if source.bundled(spec) else "the description's source"
     return f"""#!/bin/sh
 {HEADER}# The PyPI route, step by step. Usage: sh install.sh [VENV_DIR]   (default ./.venv)
 # Add --cpu as the second argument for the MPI stack only (no torch, no CUDA UCX).
@@ -122,8 +131,8 @@ else
   # 3+4. torch and the extras (the MPI pins above are already satisfied).
   "$py" -m pip install --only-binary mpi4py{index_flag} '{torch_req}' {extras}
 fi
-# cudampi itself: this repository (CUDAMPI_SOURCE: a checkout, a wheel or an sdist).
-"$py" -m pip install "${{CUDAMPI_SOURCE:-$here/..}}"
+# cudampi itself ({what}); the MPI stack pinned above already satisfies its dependencies.
+"$py" -m pip install {pip_arg}
 # mpi4py must have bound the wheel's libmpi, not a system one:
 "$py" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
 echo "next: . $here/cudampi-env.sh && $venv/bin/cudampi doctor"
@@ -143,20 +152,28 @@ def env_sh(spec: EnvSpec, env: dict[str, str]) -> str:
     (``mpirun -x LD_PRELOAD=$CUDAMPI_UCX_PRELOAD``, ``srun --export=ALL,LD_PRELOAD=...``): UCX's
     memory hooks do not belong in sshd, mpirun or the shell.
     """
-    exports = "\n".join(f"export {k}='{v}'" for k, v in env.items())
+    from cudampi.env.settings import UCX_RECIPE
+
+    def export(items: dict[str, str], indent: str = "") -> str:
+        return "\n".join(f"{indent}export {k}={shlex.quote(v)}" for k, v in items.items())
+
+    recipe = {k: v for k, v in env.items() if k in UCX_RECIPE}
+    rest = {k: v for k, v in env.items() if k not in UCX_RECIPE}
+    recipe_lines = ("\n" + export(recipe, "  ")) if recipe else ""
+    skipped = f" ({', '.join(recipe)} left unset)" if recipe else ""
     return f"""# shellcheck shell=sh
-{HEADER}# Source it: . ./cudampi-env.sh   (CUDAMPI_PYTHON picks the venv's python; default: python3)
-_cudampi_py=${{CUDAMPI_PYTHON:-python3}}
+{HEADER}# Source it: . ./cudampi-env.sh   ({PYTHON} picks the venv's python; default: python3)
+_cudampi_py=${{{PYTHON}:-python3}}
 _cudampi_ucx=$("$_cudampi_py" -c 'import importlib.util as u; s = u.find_spec("libucx"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null || true)
 if [ -n "$_cudampi_ucx" ] && [ -d "$_cudampi_ucx/lib/ucx" ]; then
-  CUDAMPI_UCX_PRELOAD="$_cudampi_ucx/lib/libucs.so.0:$_cudampi_ucx/lib/libucm.so.0:$_cudampi_ucx/lib/libuct.so.0:$_cudampi_ucx/lib/libucp.so.0"
+  {UCX_PRELOAD}="$_cudampi_ucx/lib/libucs.so.0:$_cudampi_ucx/lib/libucm.so.0:$_cudampi_ucx/lib/libuct.so.0:$_cudampi_ucx/lib/libucp.so.0"
   UCX_MODULE_DIR="$_cudampi_ucx/lib/ucx"
-  export CUDAMPI_UCX_PRELOAD UCX_MODULE_DIR
+  export {UCX_PRELOAD} UCX_MODULE_DIR{recipe_lines}
 else
-  echo "cudampi-env.sh: no {spec.ucx_package} in $_cudampi_py: device buffers will not take UCX's cuda transports (pip install {spec.ucx_package}=={spec.ucx})" >&2
+  echo "cudampi-env.sh: no {spec.ucx_package} in $_cudampi_py: device buffers will not take UCX's cuda transports{skipped} (pip install {spec.ucx_package}=={spec.ucx})" >&2
 fi
 unset _cudampi_py _cudampi_ucx
-{exports}
+{export(rest)}
 """
 
 

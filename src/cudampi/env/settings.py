@@ -191,6 +191,11 @@ SETTINGS: tuple[Setting, ...] = (
 """Every documented setting."""
 
 
+UCX_RECIPE = frozenset({"OMPI_MCA_pml", "OMPI_MCA_osc"})
+"""The settings that belong to the CUDA UCX recipe: exported with its preload only (pml ucx
+without the CUDA-enabled UCX, on a host with neither GPUs nor InfiniBand, aborts MPI_Init)."""
+
+
 def flavour_key(mpi: str, ompi_major: int | None) -> str:
     """``openmpi4`` / ``openmpi5`` / ``mpich``: the key of :attr:`Setting.applies_to`."""
     if mpi == "openmpi":

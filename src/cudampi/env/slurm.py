@@ -17,6 +17,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from cudampi.config import ENV_SH, PYTHON, UCX_PRELOAD, VENV
 from cudampi.env.pip import HEADER
 from cudampi.env.spec import EnvSpec
 from cudampi.errors import EnvGenError
@@ -110,13 +111,14 @@ def srun_argv(spec: EnvSpec) -> list[str]:
         f"--cpus-per-task={spec.cpus_per_task}",
         "--cpu-bind=cores",
         "--gpu-bind=none",
-        "--export=ALL,LD_PRELOAD=${CUDAMPI_UCX_PRELOAD:-}",
+        f"--export=ALL,LD_PRELOAD=${{{UCX_PRELOAD}:-}}",
         *spec.command,
     ]
 
 
 def sbatch_script(spec: EnvSpec, env: dict[str, str]) -> str:
-    """The batch script. The venv (pip route) is ``CUDAMPI_VENV``; ``cudampi-env.sh`` beside it."""
+    """The batch script. The venv (pip route) is ``CUDAMPI_VENV``; ``cudampi-env.sh`` is found
+    beside the script wherever its folder was moved (or named by ``CUDAMPI_ENV_SH``)."""
     opts = {
         "job-name": spec.name,
         "nodes": str(spec.nodes),
@@ -130,20 +132,34 @@ def sbatch_script(spec: EnvSpec, env: dict[str, str]) -> str:
     if spec.partition:
         opts["partition"] = spec.partition
     header = "\n".join(f"#SBATCH --{k}" + (f"={v}" if v else "") for k, v in opts.items())
-    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+    del env  # the settings come from cudampi-env.sh, which the script sources
     srun = " \\\n  ".join(_shell_word(a) for a in srun_argv(spec))
     return f"""#!/bin/bash
 {header}
 {HEADER}# {spec.nodes} node(s) x {spec.ranks_per_node_resolved} rank(s), one GPU each. Submit: sbatch job.sbatch
-# The PyPI route installed into CUDAMPI_VENV (sh install.sh "$CUDAMPI_VENV").
+# The PyPI route installed into {VENV} (sh install.sh "${VENV}").
 set -euo pipefail
-: "${{CUDAMPI_VENV:=$HOME/.venvs/{spec.name}}}"
+: "${{{VENV}:=$HOME/.venvs/{spec.name}}}"
 # shellcheck source=/dev/null
-. "$CUDAMPI_VENV/bin/activate"
-export CUDAMPI_PYTHON="$CUDAMPI_VENV/bin/python"
+. "${VENV}/bin/activate"
+# cudampi-env.sh: {ENV_SH}, else beside this script (sbatch runs a copy: Slurm knows the
+# original), else in the submit directory.
+if [ -z "${{{ENV_SH}:-}}" ]; then
+  _job_script=$(scontrol show job "${{SLURM_JOB_ID:-0}}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
+  for _dir in "$(dirname "$0")" "$(dirname "${{_job_script:-.}}")" "${{SLURM_SUBMIT_DIR:-.}}"; do
+    if [ -r "$_dir/cudampi-env.sh" ]; then {ENV_SH}="$_dir/cudampi-env.sh"; break; fi
+  done
+  if [ -z "${{{ENV_SH}:-}}" ]; then
+    echo "job.sbatch: no cudampi-env.sh beside the job script nor in ${{SLURM_SUBMIT_DIR:-.}}: set {ENV_SH}" >&2
+    exit 2
+  fi
+fi
+# The venv's python tells cudampi-env.sh where the libucx wheel is (a shell variable: not
+# passed to the ranks).
+# shellcheck disable=SC2034
+{PYTHON}="${VENV}/bin/python"
 # shellcheck source=/dev/null
-. "${{CUDAMPI_ENV_SH:-$SLURM_SUBMIT_DIR/cudampi-env.sh}}"
-{exports}
+. "${ENV_SH}"
 echo "cudampi: $SLURM_JOB_NUM_NODES node(s), $SLURM_NTASKS rank(s) on $SLURM_JOB_NODELIST"
 {srun}
 """

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cudampi import __version__
 from cudampi.errors import EnvGenError
 
 MPI_FLAVOURS = ("openmpi", "mpich")
@@ -84,7 +85,7 @@ class EnvSpec:
     cpus_per_task: int = 8
     time_limit: str = "01:00:00"
     partition: str = ""
-    image: str = "cudampi:0.1.0"
+    image: str = f"cudampi:{__version__}"
     base_image: str = ""
     """Empty: ``python:<python>-slim-bookworm`` (PyTorch's wheels bring the CUDA user-space
     libraries; the host's driver is injected by the NVIDIA container runtime)."""
@@ -92,8 +93,10 @@ class EnvSpec:
     """The training command ``MODE=train`` runs (argv, never a shell string)."""
     ssh_port: int = 2222
     workdir: str = "/workspace"
-    source: str = ".."
-    """Where pip installs cudampi from, relative to the generated files (or a wheel / URL)."""
+    source: str = ""
+    """Where pip installs cudampi from. Empty: this cudampi, bundled into the generated folder as
+    its wheel (the folder then works wherever it is moved); else a requirement, a URL, or a
+    path (relative paths are relative to the generated folder)."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -210,8 +213,10 @@ def _validate(s: EnvSpec) -> None:
         raise _fail("command", list(s.command), "must be a non-empty argv list of strings")
     if not (1024 <= s.ssh_port <= 65535):
         raise _fail("ssh_port", s.ssh_port, "must be 1024-65535: sshd runs as the non-root user")
-    if not s.source.strip():
-        raise _fail("source", s.source, "must name a path, wheel or URL to install cudampi from")
+    if s.source != s.source.strip() or "\n" in s.source:
+        raise _fail(
+            "source", s.source, "must be one path, wheel, URL or requirement without spaces around"
+        )
     if not s.workdir.startswith("/"):
         raise _fail("workdir", s.workdir, "must be an absolute path")
 
@@ -314,24 +319,14 @@ def load_spec(
 
 
 def spec_to_toml(spec: EnvSpec) -> str:
-    """The spec as the TOML file :func:`load_spec` reads back (every key, defaults included)."""
-    lines = [
-        "# cudampi env description: `cudampi env write --spec THIS_FILE` rebuilds every file.",
-        "[env]",
-    ]
-    for key, value in spec.as_dict().items():
-        if isinstance(value, list):
-            rendered = "[" + ", ".join(_toml_str(v) for v in value) + "]"
-        elif isinstance(value, int):
-            rendered = str(value)
-        else:
-            rendered = _toml_str(value)
-        lines.append(f"{key} = {rendered}")
-    return "\n".join(lines) + "\n"
+    """The spec as the TOML file :func:`load_spec` reads back (every key, defaults included),
+    written by tomli-w (any string survives: newlines, quotes, backslashes)."""
+    import tomli_w
 
-
-def _toml_str(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    header = (
+        "# cudampi env description: `cudampi env write --spec THIS_FILE` rebuilds every file.\n"
+    )
+    return header + tomli_w.dumps({"env": spec.as_dict()})
 
 
 DEFAULT = EnvSpec()

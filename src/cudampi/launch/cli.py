@@ -1,9 +1,11 @@
-"""``cudampi launch``: one command to run a script on N ranks with mpirun, mpiexec or srun.
+"""``cudampi launch``: one command to run a program on N ranks with mpirun, mpiexec or srun.
 
     cudampi launch [-n N] [--hosts h1:4,h2:4 | --hostfile F] [--gpus-per-node G]
-                   [options] (script.py | -m module) [args...] [-- raw launcher flags...]
+                   [options] (script.py | -m module | program) [args...] [-- raw launcher flags...]
 
-Everything after the first ``--`` that follows the script goes to the launcher unchanged.
+The flags people type from habit work too: mpirun's ``-np`` and ``-H``/``--host``, Hydra's
+``-f`` and ``-ppn``, torchrun's ``--nproc-per-node`` and ``--nnodes``. Everything after the first
+``--`` that follows the command goes to the launcher unchanged.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from cudampi.launch.plan import (
     LaunchPlan,
     Machine,
     PlanRequest,
-    expand_nodelist,
     make_plan,
     parse_hostfile,
     parse_hosts,
@@ -39,13 +40,44 @@ BOOTSTRAP = ("-m", "cudampi.launch.rank")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
         "cudampi launch [-n N] [--hosts H:S,... | --hostfile F] [--gpus-per-node G] [options] "
-        "(script.py | -m module) [args...] [-- launcher flags...]"
+        "(script.py | -m module | program) [args...] [-- launcher flags...]"
     )
-    parser.add_argument("-n", "--nprocs", type=int, default=None, help="number of ranks")
+    parser.add_argument(
+        "-n", "-np", "--nprocs", dest="nprocs", type=int, default=None, help="number of ranks"
+    )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--hosts", default=None, help="hosts and slots, e.g. h1:4,h2:4")
-    where.add_argument("--hostfile", default=None, help="hostfile (host slots=N or host:N lines)")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="ranks (GPUs) per node")
+    where.add_argument(
+        "--hosts",
+        "-H",
+        "--host",
+        dest="hosts",
+        default=None,
+        help="hosts and slots, e.g. h1:4,h2:4 (mpirun's -H/--host)",
+    )
+    where.add_argument(
+        "--hostfile",
+        "-f",
+        dest="hostfile",
+        default=None,
+        help="hostfile: 'host slots=N' or 'host:N' lines (Hydra's -f)",
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        "-ppn",
+        dest="gpus_per_node",
+        type=int,
+        default=None,
+        help="ranks per node, one per GPU (torchrun's --nproc-per-node, Hydra's -ppn)",
+    )
+    parser.add_argument(
+        "--nnodes",
+        type=_nnodes,
+        default=None,
+        help="nodes (torchrun's --nnodes): -n defaults to nodes x --nproc-per-node; the hosts "
+        "(or the Slurm allocation) must have this many",
+    )
     parser.add_argument(
         "--launcher",
         default="auto",
@@ -102,10 +134,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="export a variable to every rank (repeatable); NAME alone forwards its value here",
     )
     parser.add_argument(
+        "--tag-output",
+        action="store_true",
+        help="prefix every line of output with its rank (Open MPI --tag-output, Hydra -l, "
+        "srun --label)",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="print the exact command, run nothing"
     )
     parser.add_argument(
-        "--json", action="store_true", help="print the plan (--dry-run) or the result as JSON"
+        "--json",
+        action="store_true",
+        help="the plan (--dry-run: on stdout) or the result (after a run: on stderr, never mixed "
+        "with the ranks' stdout) as JSON",
+    )
+    parser.add_argument(
+        "--json-file", metavar="FILE", default=None, help="write that JSON to FILE instead"
     )
     parser.add_argument(
         "--grace",
@@ -124,13 +168,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="run a module as python -m does (the rest are its arguments)",
     )
-    parser.add_argument("target", nargs=argparse.REMAINDER, help="script.py and its arguments")
+    parser.add_argument(
+        "target",
+        nargs=argparse.REMAINDER,
+        help="script.py, or any program (python train.py, ./a.out, cudampi bench ...), and its "
+        "arguments",
+    )
+
+
+def _nnodes(text: str) -> int:
+    if ":" in text:
+        raise argparse.ArgumentTypeError(
+            f"--nnodes {text!r}: elastic MIN:MAX node counts are torchrun's; cudampi launches a "
+            "fixed job: give one number"
+        )
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--nnodes expects a number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--nnodes must be at least 1, got {text!r}")
+    return value
+
+
+EXEC = "--exec"
+"""The rank bootstrap's marker for a program that is not Python run in-process."""
 
 
 def split_target(
     module: list[str] | None, target: list[str]
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(rank command after the bootstrap, raw launcher flags) from the parsed remainder."""
+    """(rank command after the bootstrap, raw launcher flags) from the parsed remainder.
+
+    A script (``train.py``) or ``-m module`` runs inside the bootstrap, so its exceptions are
+    reported with their traceback; ``python script.py`` / ``python -m module`` with this very
+    python is the same thing. Any other program (``./a.out``, ``cudampi bench``, another python)
+    is executed by the bootstrap once the rank's environment and binding are set.
+    """
     # argparse hands a "--" after -m's arguments (and what follows) to the positional.
     rest = [*module, *target] if module is not None else list(target)
     if module is not None and not module:
@@ -140,18 +214,46 @@ def split_target(
         i = rest.index("--")
         rest, raw = rest[:i], rest[i + 1 :]
     if not rest:
-        raise ConfigError("nothing to run: give script.py or -m module")
+        raise ConfigError("nothing to run: give script.py, -m module or a program")
     if module is not None:
         return ("-m", *rest), tuple(raw)
-    script, *args = rest
-    if script.startswith("-"):
+    first, *args = rest
+    if first.startswith("-"):
         raise ConfigError(
-            f"unknown option {script!r} before the script (see cudampi launch --help)"
+            f"unknown option {first!r} before the command (see cudampi launch --help)"
         )
-    path = Path(script)
-    if not path.is_file():
-        raise ConfigError(f"script {script!r} does not exist (cwd {os.getcwd()!r}); give its path")
-    return (str(path.resolve()), *args), tuple(raw)
+    program = _program(first)
+    if program is not None and _is_this_python(program) and args:
+        if args[0] == "-m" and len(args) > 1:
+            return ("-m", *args[1:]), tuple(raw)
+        if not args[0].startswith("-"):
+            first, *args = args  # python script.py ...: the script, run in-process
+            program = None
+    path = Path(first)
+    if program is None or (path.suffix == ".py" and path.is_file()):
+        if not path.is_file():
+            raise ConfigError(
+                f"{first!r} is neither a script nor a program here (cwd {os.getcwd()!r}): give "
+                f"its path, or a program on PATH"
+            )
+        return (str(path.resolve()), *args), tuple(raw)
+    return (EXEC, program, *args), tuple(raw)
+
+
+def _program(name: str) -> str | None:
+    """The executable ``name`` names (a path with a slash, else a PATH lookup), or None."""
+    if os.sep in name:
+        path = Path(name)
+        if path.is_file() and os.access(path, os.X_OK):
+            return os.path.abspath(path)  # not resolved: a venv's python is a link
+        return None
+    return shutil.which(name)
+
+
+def _is_this_python(program: str) -> bool:
+    """Is ``program`` this interpreter of this environment (same bin folder, a python name)?"""
+    p, me = Path(program), Path(sys.executable)
+    return p.name.startswith("python") and p.parent.resolve() == me.parent.resolve()
 
 
 def _exports(items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -219,7 +321,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
     slurm_ntasks = None
     if launcher.flavour == "slurm":
         nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-        slurm_nodes = tuple(expand_nodelist(nodelist))
+        slurm_nodes = tuple(detect.expand_nodelist(nodelist))
         ntasks = os.environ.get("SLURM_NTASKS", "")
         slurm_ntasks = int(ntasks) if ntasks.isdigit() else None
     machine = Machine(
@@ -240,6 +342,8 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         nprocs=args.nprocs,
         hosts=hosts,
         gpus_per_node=args.gpus_per_node,
+        nnodes=args.nnodes,
+        tag_output=args.tag_output,
         bind=args.bind,
         gpu_bind=args.gpu_bind,
         cuda_aware=args.cuda_aware,
@@ -254,20 +358,36 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
     return make_plan(req, launcher, machine, mpi)
 
 
+def _emit_json(data: object, args: argparse.Namespace, *, dry_run: bool) -> None:
+    """JSON to --json-file, else stdout for a dry run (nothing else is there), else stderr."""
+    text = json.dumps(data, indent=2) + "\n"
+    if args.json_file:
+        try:
+            Path(args.json_file).write_text(text)
+        except OSError as exc:
+            raise ConfigError(f"--json-file {args.json_file!r}: {exc.strerror}") from None
+    elif dry_run:
+        sys.stdout.write(text)
+    else:
+        sys.stderr.write(text)
+
+
 def run(args: argparse.Namespace) -> int:
     from cudampi.launch.runner import command_for, execute, write_hostfile
 
     workdir = tempfile.mkdtemp(prefix="cudampi-launch-")
     keep = False
+    want_json = args.json or args.json_file is not None
     try:
         plan = prepare(args, workdir)
         if args.dry_run:
             cmd = command_for(plan, workdir)
             write_hostfile(cmd)
             keep = cmd.hostfile_path is not None
-            if args.json:
-                print(json.dumps({"plan": plan.to_json(), "command": cmd.to_json()}, indent=2))
-                return 0
+            if want_json:
+                _emit_json({"plan": plan.to_json(), "command": cmd.to_json()}, args, dry_run=True)
+                if not args.json_file:
+                    return 0
             for note in plan.notes:
                 print(f"# {note}")
             if cmd.hostfile_path:
@@ -279,8 +399,8 @@ def run(args: argparse.Namespace) -> int:
         result = execute(plan, workdir, grace=args.grace, timeout=args.timeout)
         if not result.ok:
             print(result.summary(), file=sys.stderr)
-        if args.json:
-            print(json.dumps(result.to_json(), indent=2))
+        if want_json:
+            _emit_json(result.to_json(), args, dry_run=False)
         return result.exit_code
     finally:
         if not keep:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch.plan import Launcher, UcxRecipe
+from cudampi.probe.nvml import GpuInfo
 
 CHOICES = ("auto", "mpirun", "mpiexec", "srun")
 """Preload order of the libucx wheel's libraries (the order device-wheels.sh prints)."""
@@ -48,31 +49,6 @@ def parse_launcher_version(text: str) -> tuple[str, str, str]:
     )
 
 
-def parse_gpu_list(text: str) -> list[tuple[int, str]]:
-    """``[(index, pci_bus_id)]`` from ``nvidia-smi --query-gpu=index,pci.bus_id
-    --format=csv,noheader`` (or any ``--format=csv`` query with a header naming ``index`` and
-    ``pci.bus_id``); the bus id is in sysfs form (``0000:19:00.0``)."""
-    col_index, col_bus = 0, 1
-    out = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if "pci.bus_id" in parts and "index" in parts:
-            col_index, col_bus = parts.index("index"), parts.index("pci.bus_id")
-            continue
-        if len(parts) > max(col_index, col_bus) and parts[col_index].isdigit():
-            out.append((int(parts[col_index]), sysfs_bus_id(parts[col_bus])))
-    return out
-
-
-def sysfs_bus_id(bus_id: str) -> str:
-    """nvidia-smi's ``00000000:19:00.0`` as sysfs names it: ``0000:19:00.0``."""
-    b = bus_id.strip().lower()
-    dom, _, rest = b.partition(":")
-    if rest and len(dom) > 4:
-        dom = dom[-4:]
-    return f"{dom}:{rest}" if rest else b
-
-
 def parse_physical_cores(cpuinfo: str) -> int:
     """Physical cores in ``/proc/cpuinfo`` (Open MPI's default slots); logical CPUs if the file
     does not say (VMs without topology)."""
@@ -95,19 +71,50 @@ def parse_physical_cores(cpuinfo: str) -> int:
     return len(pairs) or logical
 
 
-def parse_cpulist(text: str) -> set[int]:
-    """``0-3,8,10-11`` (sysfs ``local_cpulist``) -> the set of CPU numbers."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
 def in_slurm_allocation(env: Mapping[str, str]) -> bool:
     return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+
+
+def parse_hostnames(text: str) -> list[str]:
+    """The output of ``scontrol show hostnames LIST``: one host name per line."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """A Slurm node list (``rack[1-2]-node[01-02],login1``) -> host names, by python-hostlist
+    (the parser LLNL's pdsh/Slurm tools use), where no scontrol is at hand."""
+    import hostlist
+
+    try:
+        return list(hostlist.expand_hostlist(text))
+    except hostlist.BadHostlist as exc:
+        raise LaunchError(
+            f"cannot read the Slurm node list {text!r} ({exc}); check SLURM_JOB_NODELIST"
+        ) from None
+
+
+def expand_nodelist(text: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """Host names of a Slurm node list: Slurm's own reading (``scontrol show hostnames``)
+    inside an allocation, python-hostlist elsewhere (or when scontrol cannot say)."""
+    env = os.environ if env is None else env
+    if not text:
+        return []
+    scontrol = shutil.which("scontrol", path=env.get("PATH"))
+    if scontrol and in_slurm_allocation(env):
+        try:
+            out = subprocess.run(
+                [scontrol, "show", "hostnames", text],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env=dict(env),
+            )
+            names = parse_hostnames(out.stdout) if out.returncode == 0 else []
+            if names:
+                return names
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return expand_hostlist(text)
 
 
 def _version_of(path: str) -> tuple[str, str, str]:
@@ -199,21 +206,11 @@ def find_ucx_recipe() -> UcxRecipe | None:
     return UcxRecipe(tuple(env["LD_PRELOAD"].split(":")), env["UCX_MODULE_DIR"])
 
 
-def query_gpus() -> list[tuple[int, str]]:
-    """``[(index, bus id)]`` of this host's NVIDIA GPUs by nvidia-smi (no CUDA init); [] if none."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return parse_gpu_list(out.stdout) if out.returncode == 0 else []
+def query_gpus() -> list[GpuInfo]:
+    """This host's NVIDIA GPUs from NVML (no CUDA init), in PCI order; [] if none."""
+    from cudampi.probe.nvml import query_nvml
+
+    return list(query_nvml().gpus)
 
 
 def query_physical_cores() -> int:

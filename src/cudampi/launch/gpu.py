@@ -1,9 +1,9 @@
 """In-rank GPU choice and CPU binding, done before CUDA initializes (no CUDA call here).
 
 The rank's GPU is ``LOCAL_RANK % GPUs`` among the GPUs it may use (CUDA_VISIBLE_DEVICES, else
-every GPU nvidia-smi lists, in PCI order: CUDA_DEVICE_ORDER=PCI_BUS_ID is set so CUDA's numbering
-matches nvidia-smi's). Its CPUs are the cores of that GPU's NUMA node (sysfs ``local_cpulist``),
-intersected with what the rank was allowed to use.
+every GPU NVML lists, in PCI order: CUDA_DEVICE_ORDER=PCI_BUS_ID is set so CUDA's numbering
+matches NVML's and nvidia-smi's). Its CPUs are the cores NVML gives as the GPU's affinity (its
+NUMA node's), intersected with what the rank was allowed to use.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from cudampi.errors import ConfigError
-from cudampi.launch.detect import parse_cpulist, query_gpus
+from cudampi.launch.detect import query_gpus
 from cudampi.launch.plan import GPU_BINDS
+from cudampi.probe.nvml import GpuInfo
 
 
 @dataclass(frozen=True)
@@ -63,14 +63,6 @@ def choose_gpu(
     return GpuChoice(pos, entry, bus, None)
 
 
-def gpu_cpus(bus_id: str, sysfs: Path = Path("/sys/bus/pci/devices")) -> set[int]:
-    """CPUs local to the GPU at ``bus_id`` (empty when sysfs does not say)."""
-    try:
-        return parse_cpulist((sysfs / bus_id / "local_cpulist").read_text())
-    except (OSError, ValueError):
-        return set()
-
-
 def bind_cpus(cpus: set[int]) -> set[int] | None:
     """Bind this process to ``cpus`` ∩ its current set; the new set, or None if unchanged."""
     current = os.sched_getaffinity(0)
@@ -82,7 +74,7 @@ def bind_cpus(cpus: set[int]) -> set[int] | None:
 
 
 def select_in_rank(
-    local_rank: int, env: MutableMapping[str, str], gpus: Sequence[tuple[int, str]] | None = None
+    local_rank: int, env: MutableMapping[str, str], gpus: Sequence[GpuInfo] | None = None
 ) -> GpuChoice:
     """Apply CUDAMPI_BIND_GPU / CUDAMPI_BIND_CPU to this process's environment and affinity.
 
@@ -92,7 +84,9 @@ def select_in_rank(
     mode = env.get("CUDAMPI_BIND_GPU", "local")
     if gpus is None:
         gpus = query_gpus() if mode != "none" else []
-    choice = choose_gpu(local_rank, mode, env.get("CUDA_VISIBLE_DEVICES"), gpus)
+    choice = choose_gpu(
+        local_rank, mode, env.get("CUDA_VISIBLE_DEVICES"), [(g.index, g.bus_id) for g in gpus]
+    )
     if choice.device is None:
         return choice
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -100,7 +94,7 @@ def select_in_rank(
         env["CUDA_VISIBLE_DEVICES"] = choice.visible
     env["CUDAMPI_DEVICE"] = str(choice.device)
     if env.get("CUDAMPI_BIND_CPU", "gpu") == "gpu" and choice.bus_id:
-        bind_cpus(gpu_cpus(choice.bus_id))
+        bind_cpus(set(next((g.cpus for g in gpus if g.bus_id == choice.bus_id), ())))
     return choice
 
 

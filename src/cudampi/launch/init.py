@@ -183,10 +183,10 @@ def _init_env(env: MutableMapping[str, str], select_device: bool) -> RankInfo:
         elif re_.launcher == "slurm" and (
             env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
         ):
-            from cudampi.launch.plan import expand_nodelist
+            from cudampi.launch.detect import expand_nodelist
 
             nodes = expand_nodelist(
-                env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+                env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "", env
             )
             env.setdefault("MASTER_ADDR", nodes[0])
             env.setdefault("MASTER_PORT", str(_job_port(env)))

@@ -1,11 +1,14 @@
-"""The rank bootstrap: ``python -m cudampi.launch.rank [-m module | script] args...``.
+"""The rank bootstrap: ``python -m cudampi.launch.rank [-m module | script | --exec program]
+args...``.
 
 What every rank of ``cudampi launch`` runs first, before the user's code and before CUDA starts:
 
 1. RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from the launcher's own variables;
 2. the GPU (CUDA_VISIBLE_DEVICES or the CUDAMPI_DEVICE hint) and the CPU binding to its NUMA
    node; NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME from the route to MASTER_ADDR (if unset);
-3. the script, by :mod:`runpy`, as ``python script.py`` / ``python -m module`` would run it.
+3. the script, by :mod:`runpy`, as ``python script.py`` / ``python -m module`` would run it; or
+   any other program (``--exec``), which replaces this process once 1-2 are done (it keeps the
+   environment, the CPU binding and the death signal; the launcher reports how it ended).
 
 A failure (an exception, a non-zero ``sys.exit``) is reported as tagged stderr lines naming host
 and rank (see :mod:`cudampi.launch.report`); if MPI was initialized the job is aborted so the
@@ -26,7 +29,8 @@ from typing import IO, Any
 
 from cudampi.launch.report import format_report, summarize_exception
 
-USAGE = "usage: python -m cudampi.launch.rank [-m module | script.py] [args...]"
+USAGE = "usage: python -m cudampi.launch.rank [-m module | script.py | --exec program] [args...]"
+EXEC = "--exec"
 
 
 def export_rank_env(env: MutableMapping[str, str]) -> Any:
@@ -116,8 +120,13 @@ def run(argv: Sequence[str]) -> int:
         return 2
     if args[0] == "--":
         args = args[1:]
-    module = None
-    if args[0] == "-m":
+    module = program = None
+    if args[0] == EXEC:
+        if len(args) < 2:
+            print(USAGE, file=sys.stderr)
+            return 2
+        program, rest = args[1], args[2:]
+    elif args[0] == "-m":
         if len(args) < 2:
             print(USAGE, file=sys.stderr)
             return 2
@@ -134,7 +143,7 @@ def run(argv: Sequence[str]) -> int:
         if info.launcher in ("openmpi", "mpich"):
             # (Not under srun: slurmstepd forks tasks from threads that may end before them.)
             _die_with_parent()
-        fault = _fault_file(rank)
+        fault = _fault_file(rank) if program is None else None
         if fault is not None:
             import faulthandler
 
@@ -143,6 +152,8 @@ def run(argv: Sequence[str]) -> int:
 
         select_in_rank(info.local_rank, os.environ)
         choose_socket_ifname(os.environ)
+        if program is not None:
+            return _exec(host, rank, program, rest)
         if module is not None:
             sys.argv = [module, *rest]
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -170,6 +181,19 @@ def run(argv: Sequence[str]) -> int:
         _abort_mpi(1)
         return 1
     return 0
+
+
+def _exec(host: str, rank: int, program: str, args: list[str]) -> int:
+    """Replace this process with ``program`` (returns only if it cannot be started)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execvp(program, [program, *args])
+    except OSError as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        _report(host, rank, code, [f"cannot run {program!r} on {host}: {exc.strerror}"])
+        return code
+    return 0  # not reached
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:

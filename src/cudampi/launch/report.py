@@ -11,6 +11,7 @@ failing rank writes a few lines like::
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,9 +52,39 @@ def parse_reports(lines: Iterable[str]) -> list[RankReport]:
     return [RankReport(h, r, c, tuple(ls)) for (h, r), (c, ls) in found.items()]
 
 
-def summarize_exception(tb_lines: list[str], max_lines: int = MAX_LINES) -> list[str]:
-    """The first lines a person reads of a formatted traceback: the exception line(s), then the
-    innermost frames (innermost first, each with its source line), cut to ``max_lines``."""
+SUMMARY_LINES = 8
+"""Report lines the launch summary prints per rank (the exception, then the frames)."""
+
+_FILE = re.compile(r'^\s*File "([^"]+)"')
+
+
+def library_dirs() -> tuple[str, ...]:
+    """Folders whose code is not the user's: the standard library, site-packages and cudampi."""
+    import sysconfig
+
+    import cudampi
+
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.add(os.path.dirname(os.path.abspath(cudampi.__file__)))
+    return tuple(sorted(d for d in dirs if d))
+
+
+def is_user_file(path: str, libs: Iterable[str] | None = None) -> bool:
+    """Is ``path`` the user's own code (not Python's, an installed package's or cudampi's)?"""
+    if path.startswith("<") or "site-packages" in path or "dist-packages" in path:
+        return False
+    full = os.path.abspath(path)
+    return not any(full == d or full.startswith(d + os.sep) for d in (libs or library_dirs()))
+
+
+def summarize_exception(
+    tb_lines: list[str], max_lines: int = SUMMARY_LINES, libs: Iterable[str] | None = None
+) -> list[str]:
+    """The first lines a person reads of a formatted traceback: the exception line(s), then
+    frames, innermost first, cut to ``max_lines``. The user's own frames come before library
+    frames when not all fit: the innermost of the user's, then where it raised, then the rest
+    of the user's, then other library frames (a failure deep in torch keeps the user's line)."""
     lines = [ln.rstrip("\n") for chunk in tb_lines for ln in chunk.splitlines()]
     if not lines:
         return []
@@ -64,15 +95,29 @@ def summarize_exception(tb_lines: list[str], max_lines: int = MAX_LINES) -> list
     end = starts[-1] + 1
     while end < len(lines) and lines[end].startswith("    "):
         end += 1
-    head = [ln for ln in lines[end:] if ln.strip()] or lines[-1:]
+    head = ([ln for ln in lines[end:] if ln.strip()] or lines[-1:])[: max(1, max_lines // 4)]
     frames: list[list[str]] = []
     for i, s in enumerate(starts):
         stop = starts[i + 1] if i + 1 < len(starts) else end
         body = [ln for ln in lines[s:stop] if ln.strip() and set(ln.strip()) - set("^~ ")]
         frames.append(body[:2])
-    out = head[:max_lines]
-    for frame in reversed(frames):
-        if len(out) + len(frame) > max_lines:
-            break
-        out += frame
+    libs = tuple(libs) if libs is not None else library_dirs()
+
+    def user(i: int) -> bool:
+        m = _FILE.match(frames[i][0])
+        return m is not None and is_user_file(m.group(1), libs)
+
+    inner_first = list(range(len(frames) - 1, -1, -1))
+    users = [i for i in inner_first if user(i)]
+    others = [i for i in inner_first if not user(i)]
+    priority = [*users[:1], inner_first[0], *users[1:], *others]
+    picked: list[int] = []
+    room = max_lines - len(head)
+    for i in dict.fromkeys(priority):
+        if len(frames[i]) <= room:
+            picked.append(i)
+            room -= len(frames[i])
+    out = list(head)
+    for i in sorted(picked, reverse=True):
+        out += frames[i]
     return out

@@ -1,8 +1,10 @@
-"""GPUs and the software around them: nvidia-smi (count, model, NVLink/PCIe topology), NVML,
-GPUDirect RDMA (nvidia_peermem, /dev/infiniband), NCCL, torch and its distributed backends, CuPy.
+"""GPUs and the software around them: NVML (:mod:`cudampi.probe.nvml`: models, PCI ids, NVLink
+and PCIe topology, P2P, CPU affinity), the network cards ``nvidia-smi topo -m`` lists (which
+NVML does not), GPUDirect RDMA (nvidia_peermem, /dev/infiniband), NCCL, torch and its
+distributed backends, CuPy.
 
-torch, CuPy and NVML are imported in a child ``python`` (:func:`query_python_gpu`), so a broken
-CUDA install or a slow torch import cannot crash or stall the doctor itself.
+torch and CuPy are imported in a child ``python`` (:func:`query_python_gpu`), so a broken CUDA
+install or a slow torch import cannot crash or stall the doctor itself.
 """
 
 from __future__ import annotations
@@ -18,99 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudampi.probe.nvml import GpuInfo, NvmlSystem, query_nvml
 
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    uuid: str | None = None
-
-
-@dataclass(frozen=True)
-class Topology:
-    """``nvidia-smi topo -m``: the link type between every pair of GPUs."""
-
-    gpus: tuple[str, ...] = ()
-    links: dict[str, dict[str, str]] = field(default_factory=dict)
-    """``links["GPU0"]["GPU1"] == "NV18"``; NICs (``mlx5_0``...) appear as rows and columns too."""
-    cpu_affinity: dict[str, str] = field(default_factory=dict)
-    numa_affinity: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def nics(self) -> tuple[str, ...]:
-        return tuple(k for k in self.links if k not in self.gpus)
-
-    def gpu_link(self, a: str, b: str) -> str | None:
-        return self.links.get(a, {}).get(b)
-
-    @property
-    def summary(self) -> str:
-        """``NVLink (NV18) between all 8 GPUs`` / ``PCIe only (PHB, SYS)`` / ``1 GPU``."""
-        kinds = sorted(
-            {
-                self.links[a][b]
-                for a in self.gpus
-                for b in self.gpus
-                if a != b and b in self.links.get(a, {})
-            }
-        )
-        if len(self.gpus) <= 1:
-            return f"{len(self.gpus)} GPU"
-        nv = [k for k in kinds if k.startswith("NV")]
-        if nv and len(nv) == len(kinds):
-            return f"NVLink ({', '.join(nv)}) between all {len(self.gpus)} GPUs"
-        if nv:
-            return f"mixed: NVLink ({', '.join(nv)}) and PCIe ({', '.join(k for k in kinds if k not in nv)})"
-        return f"PCIe only ({', '.join(kinds)}): no NVLink"
-
-
-_GPU_L = re.compile(r"^GPU (\d+):\s*(.+?)(?:\s+\(UUID:\s*([^)]+)\))?\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NIC_LEGEND = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")
 
 
-def parse_nvidia_smi_L(text: str) -> list[Gpu]:
-    """``nvidia-smi -L`` lines ``GPU 0: NVIDIA H200 (UUID: GPU-...)`` (MIG lines are skipped)."""
-    out: list[Gpu] = []
-    for line in text.splitlines():
-        if m := _GPU_L.match(line.strip()):
-            out.append(Gpu(int(m.group(1)), m.group(2).strip(), m.group(3)))
-    return out
+def parse_topo_nics(text: str) -> tuple[str, ...]:
+    """The network cards of ``nvidia-smi topo -m`` (its only use here: NVML does not list them).
 
-
-def parse_topo_m(text: str) -> Topology:
-    """``nvidia-smi topo -m``: a tab-separated matrix, then a legend (ignored)."""
+    Newer drivers name them ``NIC0`` in the matrix and ``NIC0: mlx5_0`` in a legend; older ones
+    put ``mlx5_0`` in the header itself."""
     lines = [_ANSI.sub("", raw).rstrip() for raw in text.splitlines()]
-    header: list[str] | None = None
-    links: dict[str, dict[str, str]] = {}
-    cpu: dict[str, str] = {}
-    numa: dict[str, str] = {}
-    for line in lines:
-        if not line.strip():
-            if header is not None and links:
-                break
-            continue
-        # nvidia-smi separates columns with tabs; fall back to runs of spaces if a copy lost them
-        sep = "\t" if "\t" in line else r" {2,}"
-        cells = [c.strip() for c in re.split(sep, line)]
-        if header is None:
-            if "GPU0" in cells:
-                header = [c for c in cells if c]
-            continue
-        row, values = cells[0], cells[1:]
-        if not row or row.startswith("Legend"):
-            break
-        devices = [h for h in header if re.match(r"^(GPU\d+|NIC\d+|mlx\w+|\w+_\d+)$", h)]
-        links[row] = {dev: values[i] for i, dev in enumerate(devices) if i < len(values)}
-        rest = values[len(devices) :]
-        named = [h for h in header if h not in devices]
-        for i, name in enumerate(named):
-            if i < len(rest) and rest[i]:
-                if name == "CPU Affinity":
-                    cpu[row] = rest[i]
-                elif name == "NUMA Affinity":
-                    numa[row] = rest[i]
-    gpus = tuple(k for k in links if re.match(r"^GPU\d+$", k))
-    return Topology(gpus, links, cpu, numa)
+    legend = {m.group(1): m.group(2) for ln in lines if (m := _NIC_LEGEND.match(ln))}
+    header = next((ln for ln in lines if "GPU0" in ln.split()), "")
+    cells = [c.strip() for c in re.split(r"\t| {2,}", header) if c.strip()]
+    nics = [c for c in cells if re.match(r"^(NIC\d+|mlx\w+|\w+_\d+)$", c)]
+    return tuple(legend.get(c, c) for c in nics)
 
 
 def parse_proc_modules(text: str) -> set[str]:
@@ -135,7 +61,7 @@ def parse_nccl_version_code(code: int) -> str:
 
 @dataclass(frozen=True)
 class PythonGpu:
-    """What torch, CuPy and NVML report in a child interpreter."""
+    """What torch and CuPy report in a child interpreter."""
 
     torch_version: str | None = None
     torch_cuda: str | None = None
@@ -148,14 +74,12 @@ class PythonGpu:
     cupy_runtime: int | None = None
     cupy_devices: int | None = None
     cupy_error: str | None = None
-    nvml_driver: str | None = None
-    nvml_devices: tuple[str, ...] = ()
     libnccl: str | None = None
     error: str | None = None
 
     @property
     def gpu_count(self) -> int:
-        return max(len(self.torch_devices), self.cupy_devices or 0, len(self.nvml_devices))
+        return max(len(self.torch_devices), self.cupy_devices or 0)
 
     @property
     def device_backend(self) -> str | None:
@@ -209,18 +133,6 @@ except ImportError as exc:
 except Exception as exc:
     out["cupy_error"] = f"{type(exc).__name__}: {exc}"
 try:
-    import pynvml
-    pynvml.nvmlInit()
-    d = pynvml.nvmlSystemGetDriverVersion()
-    out["nvml_driver"] = d.decode() if isinstance(d, bytes) else str(d)
-    names = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-        names.append(n.decode() if isinstance(n, bytes) else str(n))
-    out["nvml_devices"] = names
-except Exception:
-    pass
-try:
     lib = ctypes.CDLL("libnccl.so.2")
     v = ctypes.c_int(0)
     if lib.ncclGetVersion(ctypes.byref(v)) == 0:
@@ -252,8 +164,6 @@ def parse_python_gpu(text: str) -> PythonGpu:
         cupy_runtime=d.get("cupy_runtime"),
         cupy_devices=d.get("cupy_devices"),
         cupy_error=d.get("cupy_error"),
-        nvml_driver=d.get("nvml_driver"),
-        nvml_devices=tuple(d.get("nvml_devices", ())),
         libnccl=parse_nccl_version_code(int(code)) if isinstance(code, int) and code > 0 else None,
     )
 
@@ -311,15 +221,22 @@ def query_python_gpu(
 
 @dataclass(frozen=True)
 class GpuSystem:
-    """nvidia-smi and kernel facts."""
+    """NVML's GPU facts, the network cards and the kernel's GPUDirect pieces."""
 
-    nvidia_smi: str | None = None
-    gpus: tuple[Gpu, ...] = ()
-    topology: Topology | None = None
+    nvml: NvmlSystem = field(default_factory=NvmlSystem)
+    nics: tuple[str, ...] = ()
+    """Network cards ``nvidia-smi topo -m`` lists (mlx5_0, ...)."""
     peermem_loaded: bool = False
     infiniband: tuple[str, ...] = ()
     """Entries of /dev/infiniband (uverbs0, rdma_cm...)."""
-    error: str | None = None
+
+    @property
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        return self.nvml.gpus
+
+    @property
+    def error(self) -> str | None:
+        return self.nvml.error
 
 
 def _run(argv: list[str], timeout: float = 30.0) -> tuple[int, str]:
@@ -331,7 +248,7 @@ def _run(argv: list[str], timeout: float = 30.0) -> tuple[int, str]:
 
 
 def query_gpu_system(env: Mapping[str, str] | None = None) -> GpuSystem:
-    """nvidia-smi -L, nvidia-smi topo -m, /proc/modules, /dev/infiniband (never raises)."""
+    """NVML, nvidia-smi topo -m (network cards), /proc/modules, /dev/infiniband (never raises)."""
     env = os.environ if env is None else env
     modules: set[str] = set()
     try:
@@ -344,15 +261,10 @@ def query_gpu_system(env: Mapping[str, str] | None = None) -> GpuSystem:
         ib = tuple(sorted(p.name for p in Path("/dev/infiniband").iterdir()))
     except OSError:
         ib = ()
+    nvml = query_nvml()
+    nics: tuple[str, ...] = ()
     smi = shutil.which("nvidia-smi", path=env.get("PATH"))
-    if smi is None:
-        return GpuSystem(None, (), None, peermem, ib)
-    rc, out = _run([smi, "-L"])
-    if rc != 0:
-        return GpuSystem(
-            smi, (), None, peermem, ib, error=f"nvidia-smi -L exited {rc}: {out[-200:]!r}"
-        )
-    gpus = tuple(parse_nvidia_smi_L(out))
-    rc, topo_text = _run([smi, "topo", "-m"])
-    topo = parse_topo_m(topo_text) if rc == 0 else None
-    return GpuSystem(smi, gpus, topo, peermem, ib)
+    if nvml.gpus and smi is not None:
+        rc, topo_text = _run([smi, "topo", "-m"])
+        nics = parse_topo_nics(topo_text) if rc == 0 else ()
+    return GpuSystem(nvml, nics, peermem, ib)

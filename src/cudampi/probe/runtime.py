@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -449,16 +449,22 @@ def run_probes(
     no_device_reason: str | None = None,
     env: Mapping[str, str] | None = None,
     tests: Sequence[str] | None = None,
+    on_test: Callable[[str], None] | None = None,
 ) -> RuntimeResult:
-    """Host tests always; device tests (and the copy-rate test) only with a ``backend``."""
+    """Host tests always; device tests (and the copy-rate test) only with a ``backend``.
+    ``on_test(name)`` is called as each probe job starts (the doctor's progress lines)."""
     runs: dict[str, ProbeRun] = {}
     skipped: dict[str, str] = {}
     wanted = list(tests) if tests is not None else [*HOST_TESTS, *DEVICE_TESTS, "copy"]
     for test in (t for t in wanted if t in HOST_TESTS):
+        if on_test is not None:
+            on_test(test)
         runs[test] = run_test(spec, test, None, env)
     for test in (t for t in wanted if t in (*DEVICE_TESTS, "copy")):
         if backend is None:
             skipped[test] = no_device_reason or "no GPU"
             continue
+        if on_test is not None:
+            on_test(test)
         runs[test] = run_test(spec, test, backend, env)
     return RuntimeResult(runs, skipped)
