@@ -42,14 +42,18 @@ struct Slot {          // 64 bytes; written by the peer whose rank indexes it
   u64 epoch;           // written last (release)
 };
 
-struct Header {
-  u64 peers[MAX_RANKS];         // every rank's workspace in this process's address space (first:
-                                // the host writes it at offset 0)
-  u32 abort;                    // set by a rank that failed: stop waiting
-  u32 claim;                    // the first failing thread of this rank takes it
+struct HeaderHead {     // the part of the header before the registration table
+  u64 peers[MAX_RANKS];  // every rank's workspace in this process's address space
+  u32 abort;             // set by a rank that failed: stop waiting
+  u32 claim;             // the first failing thread of this rank takes it
   u32 pad[14];
-  u64 launches[MAX_BLOCKS];     // per-block launch count (local)
-  u64 barriers[MAX_BLOCKS];     // per-block barrier count (local)
+  u64 launches[MAX_BLOCKS];  // per-block launch count (local)
+  u64 barriers[MAX_BLOCKS];  // per-block barrier count (local)
+};
+
+struct Header {
+  HeaderHead h;
+  u64 regs[MAX_RANKS][MAX_REGS];  // rank r's registered buffer k, mapped here (registry.py)
   Slot slots[2][MAX_BLOCKS][MAX_RANKS];
 };
 
@@ -71,6 +75,7 @@ struct Params { i64 v[NPARAM]; };
 
 static_assert(sizeof(Slot) == 64, "Slot size differs from layout.py");
 static_assert(sizeof(Header) == HEADER_BYTES, "Header size differs from layout.py");
+static_assert(sizeof(HeaderHead) == HEADER_REGS, "Header.regs offset differs from layout.py");
 static_assert(sizeof(ErrorRecord) == ERROR_BYTES, "ErrorRecord size differs from layout.py");
 
 // ---------------------------------------------------------------- memory-model helpers
@@ -237,7 +242,7 @@ struct Ctx {
 
 __device__ void record_error(const Ctx& c, u32 code, u32 peer, u64 epoch, const u64* mine,
                              const u64* theirs, i64 expected, i64 got) {
-  if (atomicCAS(&c.hdr->claim, 0u, 1u) == 0u) {
+  if (atomicCAS(&c.hdr->h.claim, 0u, 1u) == 0u) {
     c.err->code = code;
     c.err->peer = peer;
     c.err->block = blockIdx.x;
@@ -253,8 +258,8 @@ __device__ void record_error(const Ctx& c, u32 code, u32 peer, u64 epoch, const 
   }
   // Tell every rank (this one included) to stop waiting.
   for (int r = 0; r < MAX_RANKS; r++) {
-    const u64 p = c.hdr->peers[r];
-    if (p) *(volatile u32*)&((Header*)p)->abort = 1u;
+    const u64 p = c.hdr->h.peers[r];
+    if (p) *(volatile u32*)&((Header*)p)->h.abort = 1u;
   }
   __threadfence_system();
 }
@@ -269,7 +274,7 @@ __device__ bool barrier(const Ctx& c, const u64* sig, i64 send_off, i64 send_len
   __shared__ int sh_fail;
   __syncthreads();
   if (threadIdx.x == 0) {
-    sh_epoch = ++c.hdr->barriers[blockIdx.x];
+    sh_epoch = ++c.hdr->h.barriers[blockIdx.x];
     sh_fail = 0;
   }
   __syncthreads();
@@ -277,7 +282,7 @@ __device__ bool barrier(const Ctx& c, const u64* sig, i64 send_off, i64 send_len
   const int par = (int)(e & 1);
   if (threadIdx.x < N) {
     const int r = threadIdx.x;
-    Header* peer = (Header*)c.hdr->peers[r];
+    Header* peer = (Header*)c.hdr->h.peers[r];
     Slot* out = &peer->slots[par][blockIdx.x][c.rank];
     for (int i = 0; i < SIG_WORDS; i++) out->sig[i] = sig[i];
     out->off = send_off;
@@ -287,12 +292,12 @@ __device__ bool barrier(const Ctx& c, const u64* sig, i64 send_off, i64 send_len
     Slot* in = &c.hdr->slots[par][blockIdx.x][r];
     u32 spins = 0;
     bool ok = true;
-    if (ld_volatile32(&c.hdr->abort)) {  // an earlier call of this communicator failed
+    if (ld_volatile32(&c.hdr->h.abort)) {  // an earlier call of this communicator failed
       record_error(c, ERR_ABORTED, r, e, sig, 0, 0, 0);
       ok = false;
     }
     while (ok && ld_acquire(&in->epoch) != e) {
-      if (ld_volatile32(&c.hdr->abort)) {
+      if (ld_volatile32(&c.hdr->h.abort)) {
         record_error(c, ERR_ABORTED, r, e, sig, 0, 0, 0);
         ok = false;
         break;
@@ -344,12 +349,12 @@ __device__ __forceinline__ Ctx make_ctx(const Params& p) {
 
 // The data buffer this launch uses, in rank r's workspace (this process's mapping).
 __device__ __forceinline__ char* data_of(const Ctx& c, const Params& p, int r, int par) {
-  return (char*)c.hdr->peers[r] + p.v[P_DATA] + (i64)par * p.v[P_CAP];
+  return (char*)c.hdr->h.peers[r] + p.v[P_DATA] + (i64)par * p.v[P_CAP];
 }
 
 __device__ __forceinline__ int next_parity(const Ctx& c) {
   __shared__ u64 sh_launch;
-  if (threadIdx.x == 0) sh_launch = ++c.hdr->launches[blockIdx.x];
+  if (threadIdx.x == 0) sh_launch = ++c.hdr->h.launches[blockIdx.x];
   __syncthreads();
   return (int)(sh_launch & 1);
 }
@@ -400,11 +405,12 @@ __device__ __forceinline__ void fetch_at(char* dst, const char* buf, i64 w, i64 
 // ---------------------------------------------------------------- reductions
 
 // Reduce one slice of `cnt` elements at buffer offset `w` (bytes): src[r] + w is rank r's data
-// (this rank's own `in` for itself, the peers' staged buffers). Ranks are visited in order; the
-// result goes to `out` and, when `keep` is set, to keep + w for the peers to gather.
+// (this rank's own `in`, a peer's staged buffer or its registered input). Ranks are visited in
+// order; the result goes to `out`, to every non-null push[r] + (a - w) (a peer's registered
+// output) and, when `keep` is set, to keep + w for the peers to gather.
 template <typename K, int OP, int N>
-__device__ void reduce_slice(const char* const* src, char* out, char* keep, i64 w, i64 cnt,
-                             bool aligned) {
+__device__ void reduce_slice(const char* const* src, char* out, char* const* push, char* keep,
+                             i64 w, i64 cnt, bool aligned) {
   typedef typename K::S S;
   typedef typename K::A A;
   const i64 es = sizeof(S);
@@ -426,6 +432,9 @@ _Pragma("unroll")
       }
       *(uint4*)(out + (a - w)) = res;
       if (keep) *(uint4*)(keep + a) = res;
+_Pragma("unroll")
+      for (int r = 0; r < N; r++)
+        if (push[r]) *(uint4*)(push[r] + (a - w)) = res;
     } else {
 _Pragma("unroll 1")
       for (i64 x = a; x < b; x += es) {
@@ -436,6 +445,9 @@ _Pragma("unroll 1")
         const S res = K::down(acc);
         *(S*)(out + (x - w)) = res;
         if (keep) *(S*)(keep + x) = res;
+_Pragma("unroll 1")
+        for (int r = 0; r < N; r++)
+          if (push[r]) *(S*)(push[r] + (x - w)) = res;
       }
     }
   })
@@ -444,6 +456,10 @@ _Pragma("unroll 1")
 // allreduce (one-shot, two-shot), reduce_scatter(v) and reduce, by MODE_*. The launch covers
 // N slices; slice q: P_A[q] element offset in `in`, P_B[q] elements, P_C[q] element offset in
 // the data buffers (pack-aligned), P_D[q] element offset in `out`.
+// Two-shot with registered buffers (P_REGIN / P_REGOUT: 1 + the registry entry, 0: none; the
+// byte offsets of `in` / `out` in them in P_INOFF / P_OUTOFF): the peers read this rank's input
+// where it lies instead of a staged copy, and write their reduced slices straight into its
+// output instead of this rank fetching them. Each rank posts its choice with its signature.
 template <typename K, int OP, int N>
 __global__ void __launch_bounds__(NTHREADS) reduce_kernel(const Params p) {
   typedef typename K::S S;
@@ -454,20 +470,34 @@ __global__ void __launch_bounds__(NTHREADS) reduce_kernel(const Params p) {
   const char* in = (const char*)p.v[P_IN];
   char* out = (char*)p.v[P_OUT];
   const i64 es = sizeof(S);
+  const i64 regin = p.v[P_REGIN], regout = p.v[P_REGOUT];
   char* bufs[N];
-#pragma unroll
+_Pragma("unroll")
   for (int r = 0; r < N; r++) bufs[r] = data_of(c, p, r, par);
   // Stage what the peers will read: every slice, or every slice but the one this rank reduces
-  // itself (it reads its own contribution from `in`).
+  // itself (it reads its own contribution from `in`); nothing where they read `in` itself.
   const bool others_only = mode == MODE_TWOSHOT || mode == MODE_SCATTER;
-  if (!(mode == MODE_ROOT && rank == root)) {
+  if (!(mode == MODE_ROOT && rank == root) && regin == 0) {
     for (int q = 0; q < N; q++)
       if (!(others_only && q == rank))
         stage_at(bufs[rank], p.v[P_C + q] * es, in + p.v[P_A + q] * es, p.v[P_B + q] * es);
   }
   u64 sig[SIG_WORDS];
   for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
-  if (!barrier<N>(c, sig, 0, -1, -1, sh_off, sh_len, sh_exp)) return;
+  if (!barrier<N>(c, sig, (regin << 32) | regout, p.v[P_INOFF], p.v[P_OUTOFF], sh_off, sh_len,
+                  sh_exp))
+    return;
+  // Where each peer's input is, and whether it wants its slice pushed (two-shot only).
+  const char* peer_in[N];
+  char* peer_out[N];
+  bool keep_needed = false;
+_Pragma("unroll")
+  for (int r = 0; r < N; r++) {
+    const i64 ri = sh_off[r] >> 32, ro = sh_off[r] & 0xffffffff;
+    peer_in[r] = (r != rank && ri > 0) ? (const char*)(c.hdr->regs[r][ri - 1] + sh_len[r]) : 0;
+    peer_out[r] = (r != rank && ro > 0) ? (char*)(c.hdr->regs[r][ro - 1] + sh_exp[r]) : 0;
+    keep_needed = keep_needed || (r != rank && ro == 0);
+  }
   for (int q = 0; q < N; q++) {
     if (!(mode == MODE_ONESHOT || (mode == MODE_ROOT && rank == root) ||
           (others_only && q == rank)))
@@ -476,13 +506,20 @@ __global__ void __launch_bounds__(NTHREADS) reduce_kernel(const Params p) {
     const char* own = in + p.v[P_A + q] * es;
     char* dst = out + p.v[P_D + q] * es;
     const char* src[N];
-#pragma unroll
-    for (int r = 0; r < N; r++) src[r] = (r == rank) ? own - w : bufs[r];
-    reduce_slice<K, OP, N>(src, dst, mode == MODE_TWOSHOT ? bufs[rank] : 0, w, p.v[P_B + q],
-                           (((u64)own | (u64)dst) & 15) == 0);
+    char* push[N];
+_Pragma("unroll")
+    for (int r = 0; r < N; r++) {
+      src[r] = (r == rank) ? own - w
+               : peer_in[r] ? peer_in[r] + p.v[P_A + q] * es - w
+                            : bufs[r];
+      push[r] = (mode == MODE_TWOSHOT && peer_out[r]) ? peer_out[r] + p.v[P_D + q] * es : 0;
+    }
+    reduce_slice<K, OP, N>(src, dst, push, mode == MODE_TWOSHOT && keep_needed ? bufs[rank] : 0,
+                           w, p.v[P_B + q], (((u64)own | (u64)dst) & 15) == 0);
   }
   if (mode != MODE_TWOSHOT) return;
   if (!barrier<N>(c, sig, 0, -1, -1, sh_off, sh_len, sh_exp)) return;
+  if (regout > 0) return;  // every peer pushed its slice into `out`
   for (int q = 0; q < N; q++)
     if (q != rank)
       fetch_at(out + p.v[P_D + q] * es, bufs[q], p.v[P_C + q] * es, p.v[P_B + q] * es);

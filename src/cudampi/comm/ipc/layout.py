@@ -16,13 +16,17 @@ MAX_BLOCKS = 64
 """The most blocks a launch may have (every launch of a communicator has the same grid)."""
 NTHREADS = 512
 SIG_WORDS = 4
+MAX_REGS = 128
+"""Buffers one rank can register with one communicator (registry.py): past that, it stages."""
 PACK = 16
 """Bytes of the unit a thread owns in the data buffers."""
 
 SLOT_BYTES = 64
 HEADER_PEERS = 0
 """The peers table opens the header (kernels.cu ``struct Header``)."""
-HEADER_BYTES = 8 * MAX_RANKS + 64 + 2 * 8 * MAX_BLOCKS + 2 * MAX_BLOCKS * MAX_RANKS * SLOT_BYTES
+HEADER_REGS = 8 * MAX_RANKS + 64 + 2 * 8 * MAX_BLOCKS
+"""Where the registration table starts (``u64 regs[MAX_RANKS][MAX_REGS]``)."""
+HEADER_BYTES = HEADER_REGS + 8 * MAX_RANKS * MAX_REGS + 2 * MAX_BLOCKS * MAX_RANKS * SLOT_BYTES
 DATA_OFFSET = -(-HEADER_BYTES // 4096) * 4096
 """Where data buffer 0 starts in a workspace; buffer 1 follows at DATA_OFFSET + capacity."""
 ERROR_HOST_ABORT = 0
@@ -35,7 +39,8 @@ P_TIMEOUT, P_CAP, P_DATA, P_MODE, P_ROOT, P_STAGE = 6, 7, 8, 9, 10, 11
 P_SIG = 12
 P_A, P_B, P_C, P_D, P_E = 16, 32, 48, 64, 80
 P_STAGEOFF = 96
-NPARAM = 98
+P_REGIN, P_INOFF, P_REGOUT, P_OUTOFF = 97, 98, 99, 100
+NPARAM = 102
 
 # reduce_kernel modes
 MODE_ONESHOT, MODE_TWOSHOT, MODE_SCATTER, MODE_ROOT = 0, 1, 2, 3
@@ -74,7 +79,8 @@ def kernel_op(op: str, dtype: str) -> str:
 
 def _defines() -> dict[str, int]:
     names = [
-        "MAX_RANKS MAX_BLOCKS NTHREADS SIG_WORDS HEADER_BYTES ERROR_BYTES",
+        "MAX_RANKS MAX_BLOCKS MAX_REGS NTHREADS SIG_WORDS HEADER_BYTES HEADER_REGS ERROR_BYTES",
+        "P_REGIN P_INOFF P_REGOUT P_OUTOFF",
         "NPARAM P_WS P_ERR P_RANK P_IN P_OUT P_TIMEOUT P_CAP P_DATA P_MODE",
         "P_ROOT P_STAGE P_SIG P_A P_B P_C P_D P_E P_STAGEOFF MODE_ONESHOT MODE_TWOSHOT",
         "MODE_SCATTER MODE_ROOT XMODE_SHARED XMODE_EACH ERR_MISMATCH ERR_TIMEOUT ERR_ABORTED",
