@@ -141,6 +141,14 @@ class Config:
             "above it two-shot (reduce-scatter + all-gather)",
         ),
     )
+    ipc_register: bool = field(
+        default=True,
+        metadata=_meta(
+            _parse_bool,
+            "ipc engine: register large allreduce buffers with the node's ranks so the kernels "
+            "read and write them in place (no staging copies); 0 always stages",
+        ),
+    )
     ipc_blocks: int = field(
         default=0,
         metadata=_meta(

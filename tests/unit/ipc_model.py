@@ -64,8 +64,8 @@ def _reduce(ranks: list[Rank], ps: list[numpy.ndarray], dt: numpy.dtype, op: str
     n, es = len(ranks), dt.itemsize
     for r, (rk, p) in enumerate(zip(ranks, ps)):
         mode, root = int(p[L.P_MODE]), int(p[L.P_ROOT])
-        if mode == L.MODE_ROOT and r == root:
-            continue
+        if (mode == L.MODE_ROOT and r == root) or int(p[L.P_REGIN]):
+            continue  # the root reads its own input; a registered input is read where it lies
         for q in range(n):
             if mode in (L.MODE_TWOSHOT, L.MODE_SCATTER) and q == r:
                 continue
@@ -74,7 +74,7 @@ def _reduce(ranks: list[Rank], ps: list[numpy.ndarray], dt: numpy.dtype, op: str
             rk.buf[c : c + b] = rk.x[a : a + b]
     acc_dt = numpy.float32 if dt == numpy.float16 else dt
     results = []
-    for r, (rk, p) in enumerate(zip(ranks, ps)):
+    for r, p in enumerate(ps):
         mode, root = int(p[L.P_MODE]), int(p[L.P_ROOT])
         for q in range(n):
             if not (
@@ -86,7 +86,10 @@ def _reduce(ranks: list[Rank], ps: list[numpy.ndarray], dt: numpy.dtype, op: str
             a, b, c, d = (int(p[s + q]) * es for s in (L.P_A, L.P_B, L.P_C, L.P_D))
             vals = []
             for s in range(n):
-                src = rk.x[a : a + b] if s == r else ranks[s].buf[c : c + b]
+                if s == r or int(ps[s][L.P_REGIN]):
+                    src = ranks[s].x[a : a + b]
+                else:
+                    src = ranks[s].buf[c : c + b]
                 vals.append(src.view(dt).astype(acc_dt))
             acc = vals[0].copy()
             for v in vals[1:]:
@@ -99,8 +102,11 @@ def _reduce(ranks: list[Rank], ps: list[numpy.ndarray], dt: numpy.dtype, op: str
         ranks[r].out[d : d + len(res)] = res
         if mode == L.MODE_TWOSHOT:
             ranks[r].buf[c : c + len(res)] = res
+            for s in range(n):  # pushed into the outputs of the ranks that registered theirs
+                if s != r and int(ps[s][L.P_REGOUT]):
+                    ranks[s].out[d : d + len(res)] = res
     for r, (rk, p) in enumerate(zip(ranks, ps)):
-        if int(p[L.P_MODE]) != L.MODE_TWOSHOT:
+        if int(p[L.P_MODE]) != L.MODE_TWOSHOT or int(p[L.P_REGOUT]):
             continue
         for q in range(n):
             if q != r:

@@ -114,10 +114,24 @@ class IpcEngine(Engine):
 
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
         isz = self.ops.itemsize(xf)
+        x, out = self._ptr(xf), self._ptr(of)
+        reg = (0, 0, 0, 0)
+        if self.setting.config.ipc_register and plan.two_shot(self.geo, len(xf), isz):
+            reg = self._registered(x, out)
         launches = plan.reduction(
-            self.geo, "allreduce", len(xf), isz, self._ptr(xf), self._ptr(of), self._sig(dtype, op)
+            self.geo, "allreduce", len(xf), isz, x, out, self._sig(dtype, op), registered=reg
         )
         self._reduce(launches, dtype, op)
+
+    def _registered(self, x: int, out: int) -> tuple[int, int, int, int]:
+        """Registry entries of x and out usable at the next launch (0: stage)."""
+        ws = self.ws
+        capturing = ws.capturing(self._stream())
+        if not capturing:
+            ws.registry.step(ws.launches)
+        rin = ws.registry.lookup(x, ws.launches, publish=not capturing)
+        rout = rin if out == x else ws.registry.lookup(out, ws.launches, publish=not capturing)
+        return (*rin, *rout)
 
     def reduce(
         self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False

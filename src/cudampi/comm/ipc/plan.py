@@ -144,6 +144,12 @@ def _slices(n: int, nranks: int, pe: int) -> list[tuple[int, int]]:
 # ------------------------------------------------------------------------------ reductions
 
 
+def two_shot(geo: Geometry, count: int, itemsize: int) -> bool:
+    """Does an allreduce of ``count`` elements run two-shot (and so may use registered
+    buffers)?"""
+    return count * itemsize > geo.oneshot_bytes
+
+
 def reduction(
     geo: Geometry,
     call: str,
@@ -154,15 +160,17 @@ def reduction(
     sig: tuple[int, int],
     *,
     root: int = -1,
+    registered: tuple[int, int, int, int] = (0, 0, 0, 0),
 ) -> list[Launch]:
     """allreduce (``call='allreduce'``) or reduce to ``root`` of ``count`` elements.
 
-    ``sig`` is (dtype code, op code) for the signature."""
+    ``sig`` is (dtype code, op code) for the signature. ``registered``: (1 + registry entry of
+    x, x's byte offset in it, the same for out), used by two-shot launches only (registry.py)."""
     pe = _pack_elems(itemsize)
     chunk = (geo.capacity // L.PACK) * pe
     if call == "reduce":
         mode = L.MODE_ROOT
-    elif count * itemsize <= geo.oneshot_bytes:
+    elif not two_shot(geo, count, itemsize):
         mode = L.MODE_ONESHOT
     else:
         mode = L.MODE_TWOSHOT
@@ -172,6 +180,8 @@ def reduction(
         n = min(chunk, count - c0)
         p = _base(geo, x, out)
         p[L.P_MODE], p[L.P_ROOT] = mode, root
+        if mode == L.MODE_TWOSHOT:
+            p[L.P_REGIN], p[L.P_INOFF], p[L.P_REGOUT], p[L.P_OUTOFF] = registered
         for q, (lo, hi) in enumerate(_slices(n, geo.nranks, pe)):
             p[L.P_A + q], p[L.P_B + q], p[L.P_C + q], p[L.P_D + q] = c0 + lo, hi - lo, lo, c0 + lo
         _set_sig(p, signature(call, *sig, root, count, (), i, len(starts)))

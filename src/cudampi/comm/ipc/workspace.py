@@ -21,6 +21,7 @@ import numpy
 
 from cudampi.comm.ipc import layout as L
 from cudampi.comm.ipc import plan
+from cudampi.comm.ipc.registry import SEGMENT, Registry
 from cudampi.errors import CommError, DeviceError, MismatchError
 
 log = logging.getLogger("cudampi.ipc")
@@ -47,6 +48,12 @@ _MODULES: dict[tuple[int, str], Any] = {}
 """Compiled kernels per (device, name expression); CuPy also caches them on disk."""
 
 
+def _device(device: int) -> Any:
+    import cupy
+
+    return cupy.cuda.Device(device)
+
+
 def kernel(device: int, name: str) -> Any:
     """The compiled kernel ``name`` (a layout name expression) on ``device``."""
     key = (device, name)
@@ -61,6 +68,51 @@ def kernel(device: int, name: str) -> Any:
             fn = mod.get_function(name)
         _MODULES[key] = fn
     return fn
+
+
+_OPENED: dict[bytes, list[int]] = {}
+"""IPC handles this process opened: handle -> [mapped base, references] (CUDA maps a handle
+once per process; two communicators registering the same buffer share the mapping)."""
+
+
+def ipc_open(handle: bytes) -> int:
+    from cupy.cuda import runtime as rt
+
+    got = _OPENED.get(handle)
+    if got is None:
+        got = _OPENED[handle] = [rt.ipcOpenMemHandle(handle, rt.cudaIpcMemLazyEnablePeerAccess), 0]
+    got[1] += 1
+    return int(got[0])
+
+
+def ipc_close(base: int) -> None:
+    from cupy.cuda import runtime as rt
+
+    for handle, got in list(_OPENED.items()):
+        if got[0] == base:
+            got[1] -= 1
+            if got[1] <= 0:
+                del _OPENED[handle]
+                rt.ipcCloseMemHandle(base)
+            return
+
+
+def query_pointer(ptr: int) -> tuple[int, int, int] | None:
+    """(allocation base, size, CUDA buffer id) of a device pointer, through NVIDIA's
+    cuda-bindings; None where they are missing or the driver cannot describe the pointer."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        return None
+    err, base, size = cu.cuMemGetAddressRange(ptr)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        return None
+    err, buffer_id = cu.cuPointerGetAttribute(
+        cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr
+    )
+    if err != cu.CUresult.CUDA_SUCCESS:
+        return None
+    return int(base), int(size), int(buffer_id)
 
 
 def mps_active(env: Any = None) -> bool:
@@ -113,6 +165,9 @@ class Workspace:
         self._streams: dict[int, Any] = {}
         self._last: tuple[int, Any] | None = None
         self.calls = 0
+        self.launches = 0
+        """Kernel launches enqueued so far (every rank counts the same)."""
+        self._win: Any = None
         local: str | None = None
         info: tuple[Any, ...] = ()
         with cupy.cuda.Device(device):
@@ -143,11 +198,7 @@ class Workspace:
             mapped: list[int] = []
             try:
                 for r, i in enumerate(infos):
-                    mapped.append(
-                        self.ptr
-                        if r == self.rank
-                        else rt.ipcOpenMemHandle(i[0], rt.cudaIpcMemLazyEnablePeerAccess)
-                    )
+                    mapped.append(self.ptr if r == self.rank else ipc_open(i[0]))
             except Exception as exc:
                 local = f"cudaIpcOpenMemHandle of rank {len(mapped)}'s workspace: {exc}"
             self._peers = mapped
@@ -166,9 +217,47 @@ class Workspace:
         on_my_gpu = sum(1 for i in infos if i[3] == info[3])
         want = blocks or min(L.MAX_BLOCKS, max(1, info[4] // on_my_gpu))
         self.blocks = int(comm.allreduce(min(want, L.MAX_BLOCKS), op=MPI.MIN))
+        self.registry = self._registry(MPI)
         comm.Barrier()
         self._watch = threading.Thread(target=self._watchdog, name="cudampi-ipc-watch", daemon=True)
         self._watch.start()
+
+    def _registry(self, MPI: Any) -> Registry:
+        """The buffer registry, its mailbox in an MPI shared-memory window of the node."""
+        from cupy.cuda import runtime as rt
+
+        self._win = MPI.Win.Allocate_shared(SEGMENT.itemsize, 1, comm=self.comm)
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        segments = []
+        for r in range(self.size):
+            mem, _ = self._win.Shared_query(r)
+            seg = numpy.frombuffer(mem, SEGMENT, 1)[0]
+            segments.append(seg)
+        segments[self.rank].fill(0)
+        row = numpy.zeros(1, numpy.uint64)
+
+        def write_table(peer: int, k: int, base: int) -> None:
+            row[0] = base
+            at = self.ptr + L.HEADER_REGS + 8 * (peer * L.MAX_REGS + k)
+            with _device(self.device):
+                rt.memcpy(at, row.ctypes.data, 8, rt.memcpyHostToDevice)
+
+        return Registry(
+            self.rank,
+            segments,
+            query=query_pointer,
+            export=rt.ipcGetMemHandle,
+            open_=ipc_open,
+            close=ipc_close,
+            write_table=write_table,
+            sync=self._win.Sync,
+        )
+
+    def capturing(self, stream_ptr: int) -> bool:
+        """Is a CUDA graph being captured on this stream?"""
+        from cupy.cuda import runtime as rt
+
+        return bool(rt.streamIsCapturing(stream_ptr) != rt.streamCaptureStatusNone)
 
     def _fail_together(self, what: str, local: str | None, errors: list[str | None]) -> None:
         """Collective: raise on every rank when any rank failed (``errors[r]`` not None)."""
@@ -227,6 +316,7 @@ class Workspace:
             ev.record(stream)
         self._last = (stream_ptr, ev)
         self.calls += 1
+        self.launches += len(launches)
 
     # ------------------------------------------------------------------ errors
 
@@ -333,13 +423,22 @@ class Workspace:
 
         self._closed = True
         with cupy.cuda.Device(self.device):
+            if getattr(self, "registry", None) is not None:
+                self.registry.close()
             for r, p in enumerate(self._peers):
                 if r != self.rank and p:
                     try:
-                        rt.ipcCloseMemHandle(p)
+                        ipc_close(p)
                     except Exception:
                         pass
             self._peers = []
+            if self._win is not None:
+                try:
+                    self._win.Unlock_all()
+                    self._win.Free()
+                except Exception:
+                    pass
+                self._win = None
             try:
                 self.comm.Barrier()
             except Exception:
