@@ -262,6 +262,43 @@ def test_several_communicators_and_splits():
     run_mpi(4, __file__, "rank_ipc_check_same", timeout=300)
 
 
+def rank_ipc_registered(comm):
+    """Large allreduces on the same tensors: after the first calls the peers address them in
+    place (registered); in place and not, a segment given back (empty_cache) and made again."""
+    import torch
+
+    from cudampi.comm import Communicator
+
+    _setup(comm, "torch-cuda")
+    n, size, rank = 3 << 20, comm.size, comm.rank
+    with Communicator(comm, path="ipc") as c:
+        for round_ in range(2):
+            x = torch.empty(n, device="cuda")
+            y = torch.empty(n, device="cuda")
+            for k in range(6):
+                x.fill_(k + rank)
+                c.allreduce(x, out=x)
+                assert (x == sum(k + r for r in range(size))).all().item(), (round_, k)
+                x.fill_(k * rank + 1)
+                c.allreduce(x, "max", out=y)
+                assert (y == k * (size - 1) + 1).all().item(), (round_, k)
+            del x, y
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        c.synchronize()
+        engine = next(e for e in c._engines.stream_ordered())
+        assert engine.registered_calls > 0, "no call ran on registered buffers"
+    if rank == 0:
+        print(f"registered calls: {engine.registered_calls}")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_registered_buffers_in_place_and_reused(n):
+    if not importlib.util.find_spec("torch"):
+        pytest.skip("needs torch")
+    run_mpi(n, __file__, "rank_ipc_registered", timeout=300)
+
+
 def rank_ipc_hier(comm, lib):
     """4 ranks cut into 2 "nodes" of 2: ipc kernels inside each, the cross-node step through
     gpu-ring (where device p2p is proven) or staged; every collective against NumPy."""

@@ -52,6 +52,8 @@ class IpcEngine(Engine):
         self.geo = ws.geometry(setting.config.ipc_oneshot_bytes)
         self._fixed_stream = stream
         """Launch on this stream instead of the caller's (the hierarchical engine's use)."""
+        self.registered_calls = 0
+        """Calls whose input or output the peers addressed in place (for tests and the log)."""
 
     @classmethod
     def make(cls, engines: Engines, ops: ArrayOps, inner: str) -> Engine:
@@ -131,6 +133,8 @@ class IpcEngine(Engine):
             ws.registry.step(ws.launches)
         rin = ws.registry.lookup(x, ws.launches, publish=not capturing)
         rout = rin if out == x else ws.registry.lookup(out, ws.launches, publish=not capturing)
+        if rin[0] or rout[0]:
+            self.registered_calls += 1
         return (*rin, *rout)
 
     def reduce(
