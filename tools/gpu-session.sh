@@ -190,7 +190,8 @@ ipc)
   ipc_tests() {
     sec ipc tests, MPS $MPS
     T ${IPC_T:-300} $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_ipc_gpu.py -o addopts= \
-      -rfEs --durations=12 ${IPC_K:+-k "$IPC_K"} 2>&1 | tee $OUT/ipc-tests-mps-$MPS.log | tail -${IPC_TAIL:-45}
+      -rfEs --durations=12 ${IPC_X:+-x} ${IPC_K:+-k "$IPC_K"} 2>&1 | tee $OUT/ipc-tests-mps-$MPS.log \
+      | grep -a -v "warning\|^ *#pragma\|^ *\^\|detected during" | tail -${IPC_TAIL:-45}
   }
   mps_each ipc_tests
   tar czf $OUT/cupy-cache.tgz .cupy-cache
