@@ -38,7 +38,7 @@ from cudampi.torch.debug import DetailChecker, detail_enabled
 from cudampi.torch.join import join_world, needs_join
 from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
 from cudampi.torch.rendezvous import singleton_message
-from cudampi.torch.work import AsyncRunner, completed_work, handle_work
+from cudampi.torch.work import AsyncRunner, completed_work, finished_work, handle_work
 
 BACKEND_NAME = "cudampi"
 
@@ -250,7 +250,8 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
 
 
 def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a collective body now (a completed Work) or on the group's AsyncRunner."""
+    """Run a collective body now (a finished Work: stream-ordered for CUDA tensors, see
+    :func:`~cudampi.torch.work.finished_work`) or on the group's AsyncRunner."""
 
     @functools.wraps(method)
     def run(self: CudampiProcessGroup, *args: Any, **kwargs: Any) -> Any:
@@ -258,7 +259,7 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
         if self._detail is not None:
             self._detail.check(method.__name__, args, kwargs)
         if self._runner is None:
-            return completed_work(method(self, *args, **kwargs))
+            return finished_work(method(self, *args, **kwargs))
         return self._runner.submit(lambda: method(self, *args, **kwargs), args)
 
     return run
@@ -276,9 +277,84 @@ def _write_back(dst: torch.Tensor, src: torch.Tensor) -> None:
 def _premul(x: torch.Tensor, factor: Any, *, in_place: bool) -> torch.Tensor:
     if factor is None:
         return x
-    if isinstance(factor, torch.Tensor):
-        factor = factor.to(x.device)
+    if isinstance(factor, torch.Tensor) and factor.device != x.device:
+        # A host factor is read on the host (no copy to the GPU: that would block the host,
+        # which CUDA graph capture forbids); a device factor for host data is read back.
+        factor = factor.item()
     return x.mul_(factor) if in_place else x * factor
+
+
+def _kinds(tensors: Sequence[torch.Tensor], *, index: bool = False) -> list[list[Any]]:
+    """``tensors`` in groups of one device and dtype (the order of first appearance, the same on
+    every rank), as tensors or, with ``index``, as their positions."""
+    groups: dict[tuple[torch.device, torch.dtype], list[Any]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i if index else t)
+    return list(groups.values())
+
+
+def _flatten(group: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One flat buffer of ``group`` (same device and dtype); a lone contiguous tensor is used as
+    it is, so a single-tensor call moves the caller's memory in place."""
+    if len(group) == 1 and group[0].is_contiguous():
+        return group[0].view(-1)
+    return torch.cat([t.reshape(-1) for t in group])
+
+
+def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """``dst.copy_(src)`` for every pair: torch's foreach copy (few kernel launches) where the
+    pairs allow it."""
+    pairs = [(d, s) for d, s in zip(dsts, srcs) if d.numel()]
+    if pairs:
+        torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
+
+
+def _unflatten(flat: torch.Tensor, group: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive pieces of ``flat`` back into the tensors of ``group``."""
+    if len(group) == 1 and group[0].is_contiguous() and flat.data_ptr() == group[0].data_ptr():
+        return  # _flatten used the tensor itself
+    dsts, srcs, offset = [], [], 0
+    for t in group:
+        n = t.numel()
+        dsts.append(t)
+        srcs.append(flat[offset : offset + n].view(t.shape))
+        offset += n
+    _copy_all(dsts, srcs)
+
+
+def _unflatten_columns(
+    block: torch.Tensor, outs: Sequence[torch.Tensor], counts: Sequence[int]
+) -> None:
+    """``block`` is (size, sum(counts)); output i gets columns of width ``counts[i]``, row by row
+    (rank after rank): all_gather_into_tensor's layout."""
+    size = block.shape[0]
+    dsts, srcs, offset = [], [], 0
+    for out, n in zip(outs, counts):
+        cols = block[:, offset : offset + n]
+        if out.is_contiguous():
+            dsts.append(out.view(size, n))
+            srcs.append(cols)
+        else:
+            dsts.append(out)
+            srcs.append(cols.reshape(out.shape))
+        offset += n
+    _copy_all(dsts, srcs)
+
+
+def _check_gather_sizes(output: torch.Tensor, input: torch.Tensor, size: int) -> None:
+    if output.numel() != size * input.numel():
+        raise CommError(
+            f"all_gather_into_tensor: output has {output.numel()} elements, expected "
+            f"{size} x {input.numel()} (group size x input). Fix the output size."
+        )
+
+
+def _check_scatter_sizes(output: torch.Tensor, input: torch.Tensor, size: int) -> None:
+    if input.numel() != size * output.numel():
+        raise CommError(
+            f"reduce_scatter_tensor: input has {input.numel()} elements, expected "
+            f"{size} x {output.numel()} (group size x output). Fix the input size."
+        )
 
 
 # Typed as Any: the Python overrides follow c10d's (untyped, version-dependent) call convention
@@ -441,20 +517,19 @@ class CudampiProcessGroup(_ProcessGroup):
     @_collective
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        # One flat buffer per (device, dtype): fewer, larger messages.
-        buckets: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         for t in tensors:
+            if t.layout == torch.sparse_coo:
+                raise CommError(
+                    "all_reduce_coalesced of a sparse tensor: coalesced calls take dense "
+                    "tensors. Fix: all_reduce the sparse tensor on its own."
+                )
             check_dtype(spec, t.dtype)
-            buckets.setdefault((str(t.device), t.dtype), []).append(t)
-        for group in buckets.values():
-            flat = torch.cat([t.reshape(-1) for t in group])
+        # One flat buffer and one Communicator call per (device, dtype), not one per tensor.
+        for group in _kinds(tensors):
+            flat = _flatten(group)
             _premul(flat, spec.premul, in_place=True)
             self._comm.allreduce(flat, spec.op, out=flat)
-            offset = 0
-            for t in group:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view(t.shape))
-                offset += n
+            _unflatten(flat, group)
         return tensors
 
     @_collective
@@ -540,11 +615,7 @@ class CudampiProcessGroup(_ProcessGroup):
     _allgather_base = all_gather_single
 
     def _allgather_into(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        if output.numel() != self._size * input.numel():
-            raise CommError(
-                f"all_gather_into_tensor: output has {output.numel()} elements, expected "
-                f"{self._size} x {input.numel()} (group size x input). Fix the output size."
-            )
+        _check_gather_sizes(output, input, self._size)
         src = _contiguous(input)
         out = _contiguous(output)
         self._comm.allgather(src, out=out.view(self._size, *src.shape))
@@ -554,8 +625,25 @@ class CudampiProcessGroup(_ProcessGroup):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
+        if len(outputs) != len(inputs):
+            raise CommError(
+                f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} "
+                "inputs. Fix: pass one output per input."
+            )
         for out, inp in zip(outputs, inputs):
-            self._allgather_into(out, inp)
+            _check_gather_sizes(out, inp, self._size)
+        # Every tensor's input side by side in one buffer (k elements in all): one allgather
+        # gives a (size, k) block whose columns are each tensor's (size, n) output.
+        for idx in _kinds(inputs, index=True):
+            ins = [inputs[i] for i in idx]
+            outs = [outputs[i] for i in idx]
+            if len(idx) == 1:
+                self._allgather_into(outs[0], ins[0])
+                continue
+            flat = _flatten(ins)
+            gathered = flat.new_empty((self._size, flat.numel()))
+            self._comm.allgather(flat, out=gathered)
+            _unflatten_columns(gathered, outs, [t.numel() for t in ins])
         return outputs
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -599,11 +687,7 @@ class CudampiProcessGroup(_ProcessGroup):
 
     def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, spec: Any) -> None:
         check_dtype(spec, input.dtype)
-        if input.numel() != self._size * output.numel():
-            raise CommError(
-                f"reduce_scatter_tensor: input has {input.numel()} elements, expected "
-                f"{self._size} x {output.numel()} (group size x output). Fix the input size."
-            )
+        _check_scatter_sizes(output, input, self._size)
         src = _premul(_contiguous(input), spec.premul, in_place=False)
         out = _contiguous(output)
         self._comm.reduce_scatter(src.view(self._size, -1), spec.op, out=out.view(1, -1))
@@ -614,8 +698,27 @@ class CudampiProcessGroup(_ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if len(outputs) != len(inputs):
+            raise CommError(
+                f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} "
+                "inputs. Fix: pass one output per input."
+            )
         for out, inp in zip(outputs, inputs):
-            self._reduce_scatter_into(out, inp, spec)
+            check_dtype(spec, inp.dtype)
+            _check_scatter_sizes(out, inp, self._size)
+        # Rank r's block of every input side by side in row r of one (size, k) buffer: one
+        # reduce_scatter gives this rank's k elements, every tensor's output one after another.
+        for idx in _kinds(inputs, index=True):
+            outs = [outputs[i] for i in idx]
+            if len(idx) == 1:
+                self._reduce_scatter_into(outs[0], inputs[idx[0]], spec)
+                continue
+            counts = [t.numel() for t in outs]
+            rows = torch.cat([inputs[i].reshape(self._size, n) for i, n in zip(idx, counts)], dim=1)
+            _premul(rows, spec.premul, in_place=True)
+            flat = rows.new_empty((1, rows.shape[1]))
+            self._comm.reduce_scatter(rows, spec.op, out=flat)
+            _unflatten(flat.view(-1), outs)
         return outputs
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced

@@ -1,10 +1,15 @@
 """c10d ``Work`` objects for the cudampi process group.
 
-Collectives run to completion when they are called (in call order, on the calling thread), so
-their Work wraps an already-completed ``torch.futures.Future``: ``wait()`` returns at once,
-``get_future()`` gives DDP and comm hooks a future they can chain with ``.then``. Point-to-point
-``isend``/``irecv`` are truly non-blocking: their Work holds a :class:`cudampi.comm.Handle` and
-completes in ``wait()``, so exchange patterns such as ``batch_isend_irecv`` rings cannot deadlock.
+By default collectives run in call order on the calling thread and their Work is finished when
+the call returns. On the host that is the whole story: the Work wraps an already-completed
+``torch.futures.Future``. For CUDA tensors it is NCCL's: what the call enqueued (a
+stream-ordered engine such as ``ipc`` only *enqueues* its kernels on the caller's stream) is
+marked by an event recorded on that stream, ``wait()`` makes the caller's current stream wait
+for it (nothing when that is the same stream) and never blocks the host, ``is_completed()``
+queries the event. ``get_future()`` gives DDP and comm hooks a future they can chain with
+``.then``. Point-to-point ``isend``/``irecv`` are truly non-blocking: their Work holds a
+:class:`cudampi.comm.Handle` and completes in ``wait()``, so exchange patterns such as
+``batch_isend_irecv`` rings cannot deadlock.
 """
 
 from __future__ import annotations
@@ -69,6 +74,53 @@ def completed_work(result: Any) -> Any:
 
     c10d: Any = importlib.import_module("torch._C._distributed_c10d")
     return c10d._create_work_from_future(completed_future(result))
+
+
+def finished_work(result: Any) -> Any:
+    """The Work of a collective that ran in the caller's thread (the default mode).
+
+    Host tensors: :func:`completed_work`. CUDA tensors: a stream-ordered Work (see the module
+    doc) over an event recorded now on the caller's current stream, after everything the call
+    enqueued; its future is :func:`completed_future`'s, typed as DDP's built-in hooks need.
+    No host synchronisation, no allocation: this runs inside CUDA graph capture too.
+    """
+    devices = _devices(result)
+    if not devices:
+        return completed_work(result)
+    return _stream_work_class()(devices, completed_future(result), result, record_done(devices[0]))
+
+
+def record_done(device: Any, stream: Any = None) -> tuple[Any, Any]:
+    """(event, stream): an event recorded on ``stream`` (default: the current stream of
+    ``device``), marking everything enqueued on it so far."""
+    import torch
+
+    if stream is None:
+        stream = torch.cuda.current_stream(device)
+    ev = torch.cuda.Event()
+    ev.record(stream)
+    return ev, stream
+
+
+def order_after(device: Any, done: tuple[Any, Any]) -> None:
+    """Make the current stream of ``device`` wait for ``done`` (:func:`record_done`); nothing
+    to do when the event is on that very stream (the stream already runs in order)."""
+    import torch
+
+    ev, stream = done
+    current = torch.cuda.current_stream(device)
+    if current != stream:
+        current.wait_event(ev)
+
+
+def done_query(done: tuple[Any, Any]) -> bool:
+    """Whether the work marked by ``done`` has completed (False while a CUDA graph is being
+    captured: the event belongs to a graph that has not run, and querying it is illegal)."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    return bool(done[0].query())
 
 
 def handle_work(
@@ -221,9 +273,7 @@ class AsyncRunner:
                     side.wait_event(ready)
                     with torch.cuda.device(device), torch.cuda.stream(side):
                         result = fn()
-                        done = torch.cuda.Event()
-                        done.record(side)
-                        work._complete(result, done)
+                        work._complete(result, record_done(device, side))
             except BaseException as exc:
                 work._fail(exc)
 
@@ -234,14 +284,58 @@ class AsyncRunner:
 
 
 @cache
+def _stream_work_class() -> type:
+    work_base: Any = _work_base()
+
+    class StreamWork(work_base):
+        """A collective whose host part has run; its CUDA part is marked by ``done`` (an event
+        and the stream it was recorded on). As NCCL's Work: ``wait()`` orders the caller's
+        current stream after ``done`` without blocking the host, ``is_completed()`` queries
+        the event. :class:`AsyncRunner`'s Work is the same, with a host part that finishes
+        later (``_host_wait``)."""
+
+        def __init__(self, devices: list[Any], fut: Any, result: Any = None, done: Any = None):
+            super().__init__()
+            self._device = devices[0] if devices else None
+            self._fut = fut
+            self._result = result
+            self._error: BaseException | None = None
+            self._done: tuple[Any, Any] | None = done
+
+        def _host_wait(self) -> None:
+            """Block until the host part has run (here it has)."""
+
+        def _host_done(self) -> bool:
+            return True
+
+        def wait(self, timeout: Any = None) -> bool:
+            self._host_wait()
+            if self._error is not None:
+                raise self._error
+            if self._done is not None:
+                order_after(self._device, self._done)
+            return True
+
+        def is_completed(self) -> bool:
+            if not self._host_done():
+                return False
+            return self._error is not None or self._done is None or done_query(self._done)
+
+        def get_future(self) -> Any:
+            return self._fut
+
+    return StreamWork
+
+
+@cache
 def _async_work_class() -> type:
     import threading
 
     import torch
 
-    work_base: Any = _work_base()
+    stream_work: Any = _stream_work_class()
 
-    class AsyncWork(work_base):
+    class AsyncWork(stream_work):
         """Completed by :class:`AsyncRunner`; ``wait()`` re-raises the op's own exception type.
 
         As for NCCL's Work, ``wait()`` on CUDA tensors also makes the caller's current stream
@@ -250,15 +344,9 @@ def _async_work_class() -> type:
         """
 
         def __init__(self, devices: list[Any]) -> None:
-            super().__init__()
-            self._device = devices[0] if devices else None
-            self._done: Any = None  # CUDA event recorded on the side stream after the op
-            self._fut: Any = (
-                torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-            )
+            fut: Any = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+            super().__init__(devices, fut)
             self._event = threading.Event()
-            self._error: BaseException | None = None
-            self._result: Any = None
 
         def _complete(self, result: Any, done: Any = None) -> None:
             self._result = result
@@ -271,18 +359,10 @@ def _async_work_class() -> type:
             self._fut.set_exception(exc)
             self._event.set()
 
-        def wait(self, timeout: Any = None) -> bool:
+        def _host_wait(self) -> None:
             self._event.wait()
-            if self._error is not None:
-                raise self._error
-            if self._done is not None:
-                torch.cuda.current_stream(self._device).wait_event(self._done)
-            return True
 
-        def is_completed(self) -> bool:
+        def _host_done(self) -> bool:
             return self._event.is_set()
-
-        def get_future(self) -> Any:
-            return self._fut
 
     return AsyncWork

@@ -1,0 +1,130 @@
+"""The backend's Work objects without MPI: finished (default mode), stream-ordered, async.
+
+What a CUDA Work does with its event is checked here with stand-ins for the event and the
+streams (no GPU on the CI machine): ``wait()`` orders the caller's stream after the event only
+when it is another stream, never blocks the host, ``is_completed()`` queries the event (and says
+False during CUDA graph capture, where a query is illegal). The real thing runs in
+tests/gpu/test_torch_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+
+class FakeEvent:
+    def __init__(self, done=False):
+        self.done = done
+        self.queries = 0
+
+    def query(self):
+        self.queries += 1
+        return self.done
+
+    def synchronize(self):  # a host sync: the stream-ordered Work must never call it
+        raise AssertionError("the Work blocked the host")
+
+
+class FakeStream:
+    def __init__(self, name):
+        self.name = name
+        self.waited = []
+
+    def wait_event(self, ev):
+        self.waited.append(ev)
+
+    def __eq__(self, other):
+        return isinstance(other, FakeStream) and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
+
+@pytest.fixture
+def cuda_stand_in(monkeypatch):
+    """torch.cuda's current stream and capture state, as the Work reads them."""
+    state = {"current": FakeStream("caller"), "capturing": False}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: state["current"])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
+    return state
+
+
+def _stream_work(result, done):
+    from cudampi.torch.work import _stream_work_class, completed_future
+
+    return _stream_work_class()(["cuda:0"], completed_future(result), result, done)
+
+
+def test_host_tensors_get_a_completed_work_with_a_typed_future():
+    from cudampi.torch.work import finished_work
+
+    t = torch.ones(3)
+    work = finished_work([t])
+    assert work.is_completed() and work.wait()
+    got = work.get_future().wait()
+    assert isinstance(got, list) and got[0] is t
+
+
+def test_wait_on_the_launch_stream_is_a_no_op(cuda_stand_in):
+    ev = FakeEvent()
+    launch = cuda_stand_in["current"]
+    work = _stream_work([torch.ones(2)], (ev, launch))
+    assert work.wait() is True
+    assert launch.waited == [], "the same stream already runs in order"
+    assert ev.queries == 0
+
+
+def test_wait_on_another_stream_waits_on_the_event_without_host_sync(cuda_stand_in):
+    ev = FakeEvent()
+    launch = FakeStream("launch")
+    work = _stream_work([torch.ones(2)], (ev, launch))
+    other = cuda_stand_in["current"]
+    assert work.wait() is True
+    assert other.waited == [ev] and launch.waited == []
+    work.synchronize()  # torch's name for the same thing
+    assert other.waited == [ev, ev]
+
+
+def test_is_completed_queries_the_event_and_is_false_during_capture(cuda_stand_in):
+    ev = FakeEvent(done=False)
+    work = _stream_work([torch.ones(2)], (ev, FakeStream("launch")))
+    assert not work.is_completed()
+    ev.done = True
+    assert work.is_completed() and work.is_success()
+    before = ev.queries
+    cuda_stand_in["capturing"] = True
+    assert not work.is_completed()
+    assert ev.queries == before, "no query while a graph is being captured"
+
+
+def test_future_of_a_stream_ordered_work_is_typed_and_done():
+    """DDP's built-in C++ hooks assert isTensorList() on it; Python hooks chain .then."""
+    ev = FakeEvent()
+    t = torch.full((2,), 3.0)
+    work = _stream_work([t], (ev, FakeStream("launch")))
+    fut = work.get_future()
+    assert fut.done()
+    assert torch.equal(fut.then(lambda f: f.value()[0] * 2).wait(), torch.full((2,), 6.0))
+
+
+def test_async_runner_completes_in_order_and_reraises_the_op_error():
+    from cudampi.errors import MismatchError
+    from cudampi.torch.work import AsyncRunner
+
+    runner = AsyncRunner("test-runner")
+    seen = []
+    try:
+        first = runner.submit(lambda: seen.append(1) or [torch.ones(1)], [torch.ones(1)])
+        second = runner.submit(lambda: (_ for _ in ()).throw(MismatchError("ranks differ")), [])
+        third = runner.submit(lambda: seen.append(3) or [], [])
+        assert first.wait() and torch.equal(first.get_future().wait()[0], torch.ones(1))
+        with pytest.raises(MismatchError, match="ranks differ"):
+            second.wait()
+        assert not second.is_success() and isinstance(second.exception(), MismatchError)
+        assert third.wait() and seen == [1, 3]
+        assert first.is_completed() and third.is_completed()
+    finally:
+        runner.close()
