@@ -2,12 +2,14 @@
 
 Run on the GPU machine (2 ranks may share one GPU: MPI and gloo allow it, NCCL does not):
 
-    python -m pytest -m gpu tests/gpu/test_torch_gpu.py                    # staged path
+    python -m pytest -m gpu tests/gpu/test_torch_gpu.py                    # staged + ipc
     LD_PRELOAD=<libucx-cu13 libs> OMPI_MCA_pml=ucx CUDAMPI_CUDA_AWARE=yes \\
         python -m pytest -m gpu tests/gpu/test_torch_gpu.py                # + gpu-ring
 
 The gpu-ring case needs device point-to-point that is proven CUDA-aware (the PyPI Open MPI wheel
 with the libucx-cu13 wheel preloaded and ``--mca pml ucx``; CUDAMPI_CUDA_AWARE=yes says so).
+The ipc cases need CuPy (the ipc engine's kernels): they check the stream-ordered Work (no host
+sync in a collective or in ``wait()``) and a DDP step and an FSDP2 step captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -101,6 +103,13 @@ def _cuda_aware() -> bool:
     return os.environ.get("CUDAMPI_CUDA_AWARE") == "yes" or os.environ.get("OMPI_MCA_pml") == "ucx"  # noqa: SIM112
 
 
+def _skip_without_cupy() -> None:
+    import importlib.util
+
+    if not importlib.util.find_spec("cupy"):
+        pytest.skip("path ipc runs the ipc engine's kernels, which need CuPy")
+
+
 @pytest.mark.parametrize(
     ("path", "mode", "ranks"),
     [
@@ -108,17 +117,23 @@ def _cuda_aware() -> bool:
         ("staged", "sync", 2),
         ("gpu-ring", "async", 2),
         ("gpu-ring", "async", 4),
+        ("ipc", "sync", 2),
+        ("ipc", "sync", 4),
+        ("ipc", "async", 2),
     ],
 )
 def test_ddp_fsdp_on_cuda_tensors(path, mode, ranks):
     """mode async: Options(async_ops=True), bucket all-reduces overlap backward. 4 async ranks
     on one GPU: where DDP's C++ read its allgathered parameter counts before the side stream
-    had written them (fixed by AsyncWork.wait ordering the caller's stream)."""
+    had written them (fixed by AsyncWork.wait ordering the caller's stream). ipc: every call
+    only enqueues kernels on the caller's stream and returns a stream-ordered Work."""
     if path == "gpu-ring" and not _cuda_aware():
         pytest.skip(
             "gpu-ring needs CUDA-aware point-to-point: preload the libucx-cu13 wheel, set "
             "OMPI_MCA_pml=ucx and CUDAMPI_CUDA_AWARE=yes (see the module docstring)"
         )
+    if path == "ipc":
+        _skip_without_cupy()
     variants = GPU_VARIANTS if ranks == 2 else "default,small-buckets-views"
     if mode == "async":  # built-in C++ hooks need the typed futures of the default mode
         variants = ",".join(v for v in GPU_VARIANTS.split(",") if v != "builtin-fp16-hook")
@@ -180,3 +195,180 @@ def test_async_work_wait_orders_the_callers_stream():
         assert out.sum().item() == 7.0 * out.numel(), "wait() returned before the op's kernels"
     finally:
         runner.close()
+
+
+def _sleep_ms(ms: float) -> None:
+    """Enqueue a kernel that keeps the current stream busy for about ``ms`` (H200 clocks)."""
+    import torch
+
+    torch.cuda._sleep(int(ms * 2_000_000))
+
+
+def rank_stream_ordered(comm):
+    """Path ipc, default mode: a collective and its Work never block the host. A slow kernel
+    enqueued before the call keeps the stream busy; the call, async or not, and wait() on the
+    same stream return long before it ends; wait() from another stream orders that stream
+    after the call; the future's value and .then are right once the stream has run."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(comm.rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    init()
+    n = comm.size
+    pg = dist.distributed_c10d._get_default_group()
+    x = torch.full((1 << 20,), 1.0, device=dev)
+    dist.all_reduce(x)  # warm up: the ipc workspace is made outside the timed part
+    assert pg.communicator.path_for("allreduce", x) == "ipc"
+    torch.cuda.synchronize()
+    dist.barrier()
+
+    x.fill_(float(comm.rank + 1))
+    _sleep_ms(500)
+    t0 = time.perf_counter()
+    work = dist.all_reduce(x, async_op=True)
+    # .then runs now (the future is done on the host), enqueueing the clone after the call
+    fut = work.get_future().then(lambda f: f.value()[0][:4].clone())
+    assert not work.is_completed(), "is_completed() before the stream got to the call"
+    work.wait()  # the same stream: nothing to do
+    dist.all_reduce(x)  # a blocking call enqueues too
+    took = time.perf_counter() - t0
+    assert took < 0.25, f"the host waited {took:.3f} s for a stream-ordered collective"
+    total = n * (n + 1) / 2
+    assert torch.equal(x[:4], torch.full((4,), total * n, device=dev)), "blocking all_reduce"
+    torch.cuda.synchronize()
+    assert work.is_completed() and work.is_success()
+    assert torch.equal(fut.wait(), torch.full((4,), total, device=dev)), "future's value"
+
+    # wait() from another stream: that stream runs after the call, the host does not wait.
+    side = torch.cuda.Stream(dev)
+    x.fill_(float(comm.rank + 1))
+    _sleep_ms(300)
+    work = dist.all_reduce(x, async_op=True)
+    with torch.cuda.stream(side):
+        t0 = time.perf_counter()
+        work.wait()
+        assert time.perf_counter() - t0 < 0.1, "wait() blocked the host"
+        y = x * 2
+    side.synchronize()
+    assert torch.equal(y[:4], torch.full((4,), 2 * total, device=dev)), "side stream ran early"
+    pg.communicator.synchronize()  # where the ipc engine's errors would surface: none
+    dist.destroy_process_group()
+    if comm.rank == 0:
+        print("stream-ordered Work ok", flush=True)
+
+
+def test_stream_ordered_work_never_blocks_the_host():
+    _skip_without_cupy()
+    proc = run_mpi(2, __file__, "rank_stream_ordered", timeout=300, env={"CUDAMPI_PATH": "ipc"})
+    assert "stream-ordered Work ok" in proc.stdout
+
+
+def _mlp(seed, dev):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)
+    ).to(dev)
+
+
+def _batches(steps, rank, dev):
+    import torch
+
+    g = torch.Generator().manual_seed(99 + rank)
+    return [(torch.randn(32, 64, generator=g).to(dev), torch.randn(32, 8, generator=g).to(dev))
+            for _ in range(steps)]  # fmt: skip
+
+
+def _train_captured(model, batches, warmup, *, eager):
+    """Train on ``batches``: the first ``warmup`` steps eagerly on a side stream (what capture
+    needs: DDP's first iterations rebuild buckets and sample timings, FSDP2 and the optimizer
+    make their state), then, unless ``eager``, one step captured in a CUDA graph and replayed
+    for every remaining batch (copied into the static inputs)."""
+    import torch
+    from torch import nn
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    static_x = batches[0][0].clone()
+    static_y = batches[0][1].clone()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(static_x), static_y).backward()
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x, y in batches[: warmup if not eager else len(batches)]:
+            static_x.copy_(x)
+            static_y.copy_(y)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    if not eager:
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            nn.functional.mse_loss(model(static_x), static_y).backward()
+            opt.step()
+        for x, y in batches[warmup:]:
+            static_x.copy_(x)
+            static_y.copy_(y)
+            graph.replay()
+    torch.cuda.synchronize()
+    return model
+
+
+def rank_graphs(comm):
+    """A DDP step and an FSDP2 step captured in a CUDA graph on the cudampi backend (path ipc)
+    and replayed for new batches reach the parameters of the same training run eagerly, on
+    every rank; the capture itself proves no host sync, no MPI call and no blocking
+    allocation on the path (capture raises on them)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.cuda.set_device(comm.rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    init()
+    rank = comm.rank
+    batches = _batches(16, rank, dev)
+
+    warm = 11  # torch's CUDA graph notes: DDP needs 11 eager iterations before capture
+    ddp = {}
+    for eager in (True, False):
+        model = _mlp(rank, dev)  # different inits: DDP's broadcast makes them equal
+        net = DDP(model, device_ids=[dev.index], bucket_cap_mb=0.25)
+        _train_captured(net, batches, warm, eager=eager)
+        ddp[eager] = [p.detach().clone() for p in model.parameters()]
+    assert_same(ddp[False], ddp[True], "DDP: graph replay vs eager", atol=1e-5)
+    assert_synced(ddp[False], "DDP graph replay")
+
+    fsdp = {}
+    for eager in (True, False):
+        mesh = init_device_mesh("cuda", (comm.size,))
+        model = _mlp(0, dev)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        _train_captured(model, batches, 3, eager=eager)
+        fsdp[eager] = [p.full_tensor().detach().clone() for p in model.parameters()]
+    assert_same(fsdp[False], fsdp[True], "FSDP2: graph replay vs eager", atol=1e-5)
+    dist.distributed_c10d._get_default_group().communicator.synchronize()
+    dist.destroy_process_group()
+    if rank == 0:
+        print("DDP and FSDP2 steps captured and replayed ok", flush=True)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ddp_and_fsdp2_steps_captured_in_a_cuda_graph(ranks):
+    _skip_without_cupy()
+    proc = run_mpi(ranks, __file__, "rank_graphs", timeout=600, env={"CUDAMPI_PATH": "ipc"})
+    assert "captured and replayed ok" in proc.stdout

@@ -128,3 +128,38 @@ def test_async_runner_completes_in_order_and_reraises_the_op_error():
         assert first.is_completed() and third.is_completed()
     finally:
         runner.close()
+
+
+def _group_stand_in(choice, runner=None):
+    from types import SimpleNamespace
+
+    class Comm:
+        def path_for(self, op, x, nbytes=None):
+            self.asked = op
+            return choice
+
+    return SimpleNamespace(_runner=runner, _comm=Comm(), _rank=0, _size=2)
+
+
+def test_capture_refuses_paths_that_block_the_host(monkeypatch):
+    """Inside CUDA graph capture a call must be a kernel launch on the capturing stream: a
+    path that synchronizes the host raises a CommError naming it, before anything runs."""
+    from cudampi.comm.paths import PathChoice
+    from cudampi.errors import CommError
+    from cudampi.torch import backend
+
+    t = torch.ones(2)
+    monkeypatch.setattr(backend, "_first_cuda", lambda args: t)
+    check = backend.CudampiProcessGroup._check_capturable
+    staged = _group_stand_in(PathChoice("staged", "device memory, not proven", "staged"))
+    with pytest.raises(CommError, match=r"all_gather_single.*'staged'.*path 'ipc'"):
+        check(staged, "all_gather_single", ([t], [t]))
+    assert staged._comm.asked == "allgather"
+    ipc = _group_stand_in(PathChoice("ipc", "requested", "ipc"))
+    check(ipc, "reduce_scatter_single", ([t], [t]))  # stream-ordered: fine
+    assert ipc._comm.asked == "reduce_scatter"
+    with pytest.raises(CommError, match="async_ops"):
+        check(_group_stand_in(PathChoice("ipc", "", "ipc"), runner=object()), "allreduce", ())
+    monkeypatch.setattr(backend, "_first_cuda", lambda args: None)
+    with pytest.raises(CommError, match="no CUDA tensor"):
+        check(ipc, "barrier", ())

@@ -258,6 +258,8 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
         self._check_open()
         if self._detail is not None:
             self._detail.check(method.__name__, args, kwargs)
+        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+            self._check_capturable(method.__name__, args)
         if self._runner is None:
             return finished_work(method(self, *args, **kwargs))
         return self._runner.submit(lambda: method(self, *args, **kwargs), args)
@@ -282,6 +284,35 @@ def _premul(x: torch.Tensor, factor: Any, *, in_place: bool) -> torch.Tensor:
         # which CUDA graph capture forbids); a device factor for host data is read back.
         factor = factor.item()
     return x.mul_(factor) if in_place else x * factor
+
+
+_CALL_OF = {
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "allgather": "allgather",
+    "allgather_coalesced": "allgather",
+    "all_gather_single": "allgather",
+    "all_gather_single_coalesced": "allgather",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter",
+    "reduce_scatter_single_coalesced": "reduce_scatter",
+    "all_to_all_single": "alltoall",
+    "alltoall": "alltoall",
+    "gather": "gather",
+    "scatter": "scatter",
+}
+"""The Communicator call behind a group method (the others: allreduce)."""
+
+
+def _first_cuda(args: Any) -> torch.Tensor | None:
+    stack = [args]
+    while stack:
+        item = stack.pop(0)
+        if isinstance(item, (list, tuple)):
+            stack[:0] = list(item)
+        elif isinstance(item, torch.Tensor) and item.is_cuda:
+            return item
+    return None
 
 
 def _kinds(tensors: Sequence[torch.Tensor], *, index: bool = False) -> list[list[Any]]:
@@ -453,6 +484,32 @@ class CudampiProcessGroup(_ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+    def _check_capturable(self, name: str, args: Sequence[Any]) -> None:
+        """Inside CUDA graph capture only a stream-ordered engine (ipc, nccl) can run a call:
+        the others block the host on the caller's stream, which capture forbids (and which
+        would invalidate the graph with an obscure CUDA error). Say so before running."""
+        from cudampi.comm.engines import KINDS
+
+        tensor = _first_cuda(args)
+        if self._runner is not None:
+            why = "Options(async_ops=True) runs it on a thread and a side stream of its own"
+        elif tensor is None:
+            why = (
+                "it moves no CUDA tensor (a host-side call runs once, at capture, never at replay)"
+            )
+        else:
+            choice = self._comm.path_for(_CALL_OF.get(name, "allreduce"), tensor)
+            kind = KINDS.get(choice.engine)
+            if kind is not None and kind.stream_ordered:
+                return
+            why = f"its path here is {str(choice)!r}, which synchronizes the host ({choice.reason})"
+        raise CommError(
+            f"cudampi: {name} inside CUDA graph capture on {_where(self._rank, self._size)}: "
+            f"{why}. Fix: capture with the default Options and path 'ipc' (CUDAMPI_PATH=ipc, "
+            "ranks of one node) so collectives are kernel launches on the capturing stream, and "
+            "run host-side calls before the capture."
+        )
 
     def _check_open(self) -> None:
         if self._closed:
