@@ -48,6 +48,10 @@ def main() -> int:
         if rank == 0:
             print(f"OK {n}", flush=True)
         return 0
+    if mode == "env":  # args: variable names; prints what this rank sees
+        seen = " ".join(f"{name}={os.environ.get(name)}" for name in args)
+        print(f"rank {rank} on {socket.gethostname()}: {seen}", flush=True)
+        return 0
     if mode == "sleep":  # args: pid folder
         with open(os.path.join(args[0], f"{rank}.pid"), "w") as f:
             f.write(str(os.getpid()))

@@ -173,6 +173,19 @@ def test_selftest_across_two_hosts(hosts: TwoHosts):
     assert "selftest: PASS" in p.stdout
 
 
+def test_nccl_settings_reach_the_ranks_on_the_other_host(hosts: TwoHosts):
+    """NCCL reads its settings in every rank; mpirun forwards nothing by itself to a remote
+    host, so `cudampi launch` forwards the NCCL_* variables set here."""
+    argv = hosts.launch_argv("--hosts", f"{ADDR[0]}:1,{ADDR[1]}:1", TARGET, "env")
+    argv += ["NCCL_IB_HCA", "NCCL_DEBUG"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.update(NCCL_IB_HCA="=mlx5_7:1", NCCL_DEBUG="WARN")
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r, name in ((0, NAMES[0]), (1, NAMES[1])):
+        assert f"rank {r} on {name}: NCCL_IB_HCA==mlx5_7:1 NCCL_DEBUG=WARN" in p.stdout, p.stdout
+
+
 def test_a_host_killed_mid_run_fails_the_job_naming_it(hosts: TwoHosts, tmp_path: Path):
     env = {
         **os.environ,

@@ -191,6 +191,24 @@ def test_settings_and_interfaces():
     assert bad.status == "fail" and "NCCL_SOCKET_IFNAME=eth0" in bad.fix
 
 
+def test_nccl_settings_are_reported_and_a_missing_interface_flagged(fixtures_dir):
+    from cudampi.probe.launcher import parse_ip_o_addr
+
+    ifs = parse_ip_o_addr((fixtures_dir / "cpu-pypi" / "ip-o-addr.cpu-vm.txt").read_text())
+    assert C.check_nccl_settings({"PATH": "/bin"}, ifs).status == "n/a"
+    ok = C.check_nccl_settings({"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth"}, ifs)
+    assert ok.status == "ok" and ok.detail == "NCCL_IB_HCA=mlx5_0, NCCL_SOCKET_IFNAME=eth"
+    assert C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "^docker,lo"}, ifs).status == "ok"
+    # one entry missing: NCCL still finds eth0, but the setting is wrong on this host
+    some = C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "ib0,eth0"}, ifs)
+    assert some.status == "warn" and "names 'ib0', which this host lacks" in some.detail
+    assert "NCCL will use eth0" in some.detail and "NCCL_SOCKET_IFNAME=eth0" in some.fix
+    # exact names (=): eth is no interface here; nothing selected fails
+    none = C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "=eth", "NCCL_DEBUG": "INFO"}, ifs)
+    assert none.status == "fail" and "NCCL finds no interface" in none.detail
+    assert "NCCL_DEBUG=INFO" in none.detail and "(it has lo, eth0)" in none.detail
+
+
 def test_gpu_mapping():
     none = LauncherInfo("none")
     assert C.check_gpu_mapping(none, {}, 0).status == "n/a"

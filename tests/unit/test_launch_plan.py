@@ -259,6 +259,26 @@ def test_plan_validation_and_json():
     assert d["nprocs"] == 2 and d["launcher"]["flavour"] == "openmpi"
 
 
+def test_nccl_settings_of_this_host_reach_remote_ranks():
+    """NCCL reads NCCL_SOCKET_IFNAME, NCCL_IB_* in every rank: those set here are forwarded to
+    the other hosts (Open MPI's mpirun forwards nothing by itself); --ifname's own value wins."""
+    names = frozenset({"PATH", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "GLOO_X"})
+    m = Machine(cores=2, local_names=frozenset({"a"}), env_names=names)
+    hosts = (Host("a", 1), Host("b", 1))
+    argv = list(build_command(plan(hosts=hosts, machine=m)).argv)
+    for name in ("NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME"):
+        assert argv[argv.index(name) - 1] == "-x", name
+    assert "GLOO_X" not in argv
+    p = plan(hosts=hosts, machine=m, ifname="ib0")
+    argv = list(build_command(p).argv)
+    assert "NCCL_SOCKET_IFNAME=ib0" in argv and "NCCL_SOCKET_IFNAME" not in argv
+    assert "forwarded to every host: NCCL_DEBUG, NCCL_IB_HCA" in p.notes
+    hydra = list(build_command(plan(MPICH, hosts=hosts, machine=m, mpi="mpich")).argv)
+    assert hydra[hydra.index("-genvlist") + 1] == "PATH,NCCL_DEBUG,NCCL_IB_HCA,NCCL_SOCKET_IFNAME"
+    # one host: the ranks inherit this environment, nothing to forward
+    assert "NCCL_IB_HCA" not in build_command(plan(machine=m)).argv
+
+
 # ----------------------------------------------------------------------- the field's habits
 
 

@@ -20,6 +20,7 @@ from cudampi.probe.launcher import (
     check_cuda_settings,
     gpu_for_local_rank,
     nccl_ifname_matches,
+    nccl_ifname_missing,
     visible_devices,
 )
 from cudampi.probe.mpi_library import MpiInstallation, MpiLibrary
@@ -703,6 +704,36 @@ def check_interfaces(interfaces: Sequence[Interface], env: Mapping[str, str]) ->
     )
 
 
+def check_nccl_settings(env: Mapping[str, str], interfaces: Sequence[Interface]) -> Check:
+    """The NCCL_* settings every rank will read (``cudampi launch`` forwards them to every
+    host), and a NCCL_SOCKET_IFNAME entry that names an interface this host lacks."""
+    found = sorted(k for k in env if k.startswith("NCCL_"))
+    if not found:
+        return Check("NCCL settings", "n/a", "no NCCL_* variable set: NCCL's defaults", "", LAUNCH)
+    shown = ", ".join(f"{k}={env[k]}" for k in found)
+    spec = env.get("NCCL_SOCKET_IFNAME")
+    names = [i.name for i in interfaces]
+    missing = nccl_ifname_missing(spec, names) if spec and names else []
+    if not missing:
+        return Check("NCCL settings", "ok", shown, "", LAUNCH)
+    selected = nccl_ifname_matches(spec or "", names)
+    usable = [i.name for i in interfaces if i.addresses and not i.loopback and i.up is not False]
+    fix = (
+        f"export NCCL_SOCKET_IFNAME={','.join(selected) if selected else (usable or ['eth0'])[0]}"
+        " (or unset it where the hosts' interface names differ: cudampi launch picks the one "
+        "that routes to rank 0 on every host)"
+    )
+    return Check(
+        "NCCL settings",
+        "warn" if selected else "fail",
+        f"{shown}; NCCL_SOCKET_IFNAME names {', '.join(repr(m) for m in missing)}, which this "
+        f"host lacks (it has {', '.join(names)})"
+        + (f"; NCCL will use {', '.join(selected)}" if selected else "; NCCL finds no interface"),
+        fix,
+        LAUNCH,
+    )
+
+
 def check_cache(path: str | None, keys: Sequence[str], runtime_ran: bool, note: str) -> Check:
     if not runtime_ran:
         return Check("capabilities cache", "n/a", f"nothing probed: {note}", "", "cache")
@@ -887,6 +918,7 @@ def all_checks(f: Facts) -> list[Check]:
         check_gpu_mapping(f.launcher.launcher, f.env, physical),
         check_settings(f.settings_env, gpus_present, f.ompi),
         check_interfaces(f.launcher.interfaces, f.env),
+        check_nccl_settings(f.env, f.launcher.interfaces),
         check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note),
     ]
     return checks

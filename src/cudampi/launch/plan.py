@@ -42,6 +42,17 @@ FORWARD_MULTI_HOST = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 
 FORWARD_ALL = frozenset(FORWARD_MULTI_HOST)
 
+FORWARD_PREFIXES = ("NCCL_",)
+"""Settings read inside every rank (NCCL's NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG...): those
+set on the launching host are forwarded to remote ranks too."""
+
+
+def forwarded_settings(names: frozenset[str], env: dict[str, str]) -> tuple[str, ...]:
+    """The :data:`FORWARD_PREFIXES` variables among ``names`` (set on this machine), except
+    those the plan sets itself in ``env``."""
+    return tuple(sorted(n for n in names if n.startswith(FORWARD_PREFIXES) and n not in env))
+
+
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:%]+$")
 
 
@@ -547,6 +558,11 @@ def make_plan(
                 f"every host (pass --ifname if the names differ)"
             )
     env.update(dict(req.env))
+    if multi_host and launcher.flavour != "slurm":
+        settings = forwarded_settings(machine.env_names, env)
+        if settings:
+            forward += settings
+            notes.append(f"forwarded to every host: {', '.join(settings)}")
     return LaunchPlan(
         launcher=launcher,
         command=req.command,

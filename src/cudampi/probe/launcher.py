@@ -250,9 +250,8 @@ def parse_ip_o_addr(text: str) -> list[Interface]:
     return [Interface(n, tuple(addrs[n])) for n in order]
 
 
-def nccl_ifname_matches(spec: str, names: Sequence[str]) -> list[str]:
-    """Which interfaces NCCL_SOCKET_IFNAME selects: comma-separated prefixes, ``=`` for exact
-    names, a leading ``^`` to exclude (NCCL's documented syntax)."""
+def _ifname_spec(spec: str) -> tuple[bool, bool, list[str]]:
+    """NCCL_SOCKET_IFNAME's documented syntax: (exclude ``^``, exact ``=``, the names)."""
     spec = spec.strip()
     exclude = spec.startswith("^")
     if exclude:
@@ -260,12 +259,27 @@ def nccl_ifname_matches(spec: str, names: Sequence[str]) -> list[str]:
     exact = spec.startswith("=")
     if exact:
         spec = spec[1:]
-    items = [s.strip() for s in spec.split(",") if s.strip()]
+    return exclude, exact, [s.strip() for s in spec.split(",") if s.strip()]
+
+
+def nccl_ifname_matches(spec: str, names: Sequence[str]) -> list[str]:
+    """Which interfaces NCCL_SOCKET_IFNAME selects: comma-separated prefixes, ``=`` for exact
+    names, a leading ``^`` to exclude (NCCL's documented syntax)."""
+    exclude, exact, items = _ifname_spec(spec)
 
     def hit(name: str) -> bool:
         return any(name == it if exact else name.startswith(it) for it in items)
 
     return [n for n in names if hit(n) != exclude]
+
+
+def nccl_ifname_missing(spec: str, names: Sequence[str]) -> list[str]:
+    """The entries of NCCL_SOCKET_IFNAME that name no interface among ``names`` (prefixes match
+    by prefix, ``=`` names exactly); an exclusion list (``^``) names nothing NCCL needs."""
+    exclude, exact, items = _ifname_spec(spec)
+    if exclude:
+        return []
+    return [it for it in items if not any(n == it if exact else n.startswith(it) for n in names)]
 
 
 @dataclass(frozen=True)
