@@ -96,9 +96,21 @@ def test_p2p_device_buffers():
 
 
 def test_ddp_on_cuda():
+    """The default on CUDA: ResNet-50 (where torchvision is importable) and the CUDA
+    transformer in one run, each against its own local; MPS on/off reported."""
+    import importlib.util
+
     data = bench(
         2, "ddp", "-w", "2", "-n", "3", "--paths", "local,torch-gloo,torch-cudampi,torch-nccl"
     )
-    rows = {r["path"]: r for r in data["results"]}
-    assert "local" in rows and data["verdict"]["wrong"] == 0
-    assert "torch-cudampi" in rows or any(s["path"] == "torch-cudampi" for s in data["skipped"])
+    assert isinstance(data["meta"]["mps"], bool)
+    models = ["transformer"]
+    if importlib.util.find_spec("torchvision"):
+        models.insert(0, "resnet50")
+    assert list(data["meta"]["models"]) == models
+    for model in models:
+        rows = {r["path"]: r for r in data["results"] if r["model"] == model}
+        assert "local" in rows and data["verdict"]["wrong"] == 0
+        assert rows.get("torch-cudampi", {}).get("vs_local") or any(
+            s["path"] == "torch-cudampi" and s["model"] == model for s in data["skipped"]
+        )

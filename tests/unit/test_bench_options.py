@@ -64,6 +64,20 @@ def test_p2p_and_ddp_modes_have_their_own_defaults():
     assert o.mode == "ddp" and o.paths == ("local", "torch-gloo") and o.sizes == ()
 
 
+def test_ddp_models_from_the_flag():
+    from cudampi.bench.ddp import pick_models
+
+    o = options.from_args(parse("ddp", "--model", "transformer, resnet50")[1])
+    assert o.model == "transformer,resnet50"
+    assert pick_models(o.model, "cuda", True) == ("transformer", "resnet50")
+    # auto: both on CUDA (ResNet-50 only with torchvision), the transformer on the CPU
+    assert pick_models("auto", "cuda", True) == ("resnet50", "transformer")
+    assert pick_models("auto", "cuda", False) == ("transformer",)
+    assert pick_models("auto", "cpu", True) == ("transformer",)
+    assert pick_models("all", "cpu", False) == ("resnet50", "transformer")
+    assert pick_models("transformer,all", "cuda", True) == ("transformer", "resnet50")
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
@@ -75,6 +89,8 @@ def test_p2p_and_ddp_modes_have_their_own_defaults():
         (("-n", "0"), "-n 0"),
         (("--json", "--csv"), "both go to stdout"),
         (("ddp", "--paths", "mpi"), "not a ddp path"),
+        (("ddp", "--model", "resnet50,vit"), "--model 'vit'"),
+        (("ddp", "--model", ","), "names no model"),
     ],
 )
 def test_bad_flags_are_usage_errors(argv, match):

@@ -147,6 +147,7 @@ def _meta(session: Any, o: opts.Options) -> dict[str, Any]:
     from mpi4py import MPI
 
     from cudampi import __version__
+    from cudampi.probe.gpu import mps_active
 
     meta: dict[str, Any] = {
         "mode": o.mode,
@@ -169,6 +170,7 @@ def _meta(session: Any, o: opts.Options) -> dict[str, Any]:
         "check": o.check,
         "time_limit": o.time_limit,
         "argv": ["cudampi", "bench", *sys.argv[2:]] if len(sys.argv) > 1 else [],
+        "mps": mps_active(),
     }
     try:
         import torch

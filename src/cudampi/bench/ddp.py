@@ -1,11 +1,13 @@
 """``cudampi bench ddp``: training throughput of a real model under DistributedDataParallel,
 per torch.distributed backend, against a no-communication baseline (``local``).
 
-Model: torchvision's ResNet-50 on synthetic 224x224 images when torchvision is importable and
-the run is on CUDA (``--model resnet50`` forces it), else a stack of ``torch.nn``
-TransformerEncoderLayers on synthetic sequences. Every path starts from the same weights; the
-check is DDP's own invariant: after the timed steps every rank holds the same parameters
-(per-parameter float64 sums compared across ranks; a differing parameter is one #wrong).
+Models: torchvision's ResNet-50 on synthetic 224x224 images and a stack of ``torch.nn``
+TransformerEncoderLayers on synthetic sequences (4 x d=1024 on CUDA, 2 x d=256 on the CPU).
+On CUDA the default runs both, one after the other, each against its own ``local``; on the CPU
+the transformer. Every path starts from the same weights; the check is DDP's own invariant:
+after the timed steps every rank holds the same parameters (per-parameter float64 sums compared
+across ranks; a differing parameter is one #wrong). Whether the CUDA MPS daemon was serving the
+run is reported with it (``meta.mps``): ranks sharing a GPU time-slice it without MPS.
 """
 
 from __future__ import annotations
@@ -51,18 +53,30 @@ class Workload:
     loss: Any
 
 
-def pick_model(choice: str, device: str) -> str:
-    """resnet50 / transformer for ``--model`` (auto: ResNet-50 where torchvision and CUDA are)."""
-    if choice != "auto":
-        return choice
-    if device != "cuda":
-        return "transformer"
+def pick_models(choice: str, device: str, torchvision: bool) -> tuple[str, ...]:
+    """The models of ``--model`` (a comma list of resnet50, transformer, all, auto) in run order.
+    auto: on CUDA ResNet-50 (where torchvision is importable) and the transformer, on the CPU the
+    transformer; all: both (ResNet-50 is then a skip with its reason where torchvision is
+    missing)."""
+    out: list[str] = []
+    for item in choice.split(","):
+        if item == "auto":
+            both = ("resnet50", "transformer") if torchvision else ("transformer",)
+            names: tuple[str, ...] = both if device == "cuda" else ("transformer",)
+        elif item == "all":
+            names = ("resnet50", "transformer")
+        else:
+            names = (item,)
+        out += [n for n in names if n not in out]
+    return tuple(out)
+
+
+def _has_torchvision() -> bool:
     try:
         import torchvision  # noqa: F401
-
-        return "resnet50"
     except ImportError:
-        return "transformer"
+        return False
+    return True
 
 
 def build(kind: str, device: Any, batch: int, image_size: int | None, rank: int) -> Workload:
@@ -136,19 +150,35 @@ def _param_sums(model: Any) -> list[float]:
 
 def run_ddp(
     session: Session, o: Any, meta: dict[str, Any]
+) -> tuple[list[DDPRow], list[tuple[str, str, str]], dict[str, Any]]:
+    """Every model of ``--model`` on every path; skips are (model, path, reason)."""
+    s = session
+    if "torch-cudampi" in o.paths or "torch-cudampi-async" in o.paths:
+        s.torch_default = "cudampi"
+    rows: list[DDPRow] = []
+    skips: list[tuple[str, str, str]] = []
+    info: dict[str, Any] = {"models": {}}
+    for kind in pick_models(o.model, s.device, _has_torchvision()):
+        r, sk, about = _run_model(s, o, kind)
+        rows += r
+        skips += [(kind, path, why) for path, why in sk]
+        info["models"][kind] = about
+        for key in ("model", "batch", "describe", "unit"):  # the first model's, as before
+            info.setdefault(key, about.get(key))
+    return rows, skips, info
+
+
+def _run_model(
+    s: Session, o: Any, kind: str
 ) -> tuple[list[DDPRow], list[tuple[str, str]], dict[str, Any]]:
     import torch
 
-    s = session
     device = (
         torch.device("cuda", torch.cuda.current_device())
         if s.device == "cuda"
         else torch.device("cpu")
     )
-    kind = pick_model(o.model, s.device)
     batch = o.batch or (64 if kind == "resnet50" else (16 if s.device == "cuda" else 8))
-    if "torch-cudampi" in o.paths or "torch-cudampi-async" in o.paths:
-        s.torch_default = "cudampi"
     order = [p for p in o.paths if p == "local"] + [p for p in o.paths if p != "local"]
     rows: list[DDPRow] = []
     skips: list[tuple[str, str]] = []
@@ -232,28 +262,47 @@ def run_ddp(
     return rows, skips, info
 
 
+def _mps_word(meta: dict[str, Any]) -> str:
+    if meta.get("device") != "cuda":
+        return ""
+    return "; MPS on" if meta.get("mps") else "; MPS off"
+
+
 def render_text(
-    meta: dict[str, Any], info: dict[str, Any], rows: list[DDPRow], skips: list[tuple[str, str]]
+    meta: dict[str, Any],
+    info: dict[str, Any],
+    rows: list[DDPRow],
+    skips: list[tuple[str, str, str]],
 ) -> str:
     lines = [
-        f"# cudampi bench ddp: {info.get('describe', info.get('model'))}; batch {info.get('batch')} "
-        f"per rank; ranks {meta.get('ranks')}; device {meta.get('device')}"
-        + (f" [{meta.get('gpu_name')}]" if meta.get("gpu_name") else ""),
+        f"# cudampi bench ddp: ranks {meta.get('ranks')}; device {meta.get('device')}"
+        + (f" [{meta.get('gpu_name')}]" if meta.get("gpu_name") else "")
+        + _mps_word(meta),
         f"# MPI: {meta.get('mpi_library', '?')}   torch {meta.get('torch')}",
-        "#",
-        f"# {'path':<14s} {'step (ms)':>10s} {'min':>9s} {'max':>9s} {info.get('unit', 'samples/s'):>14s} "
-        f"{'per rank':>10s} {'vs local':>9s} {'#wrong':>7s}",
     ]
-    for r in rows:
-        vs = "-" if r.vs_local is None else f"{r.vs_local:.2f}x"
-        wrong = "N/A" if r.wrong is None else str(r.wrong)
-        lines.append(
-            f"  {r.path:<14s} {r.step_ms:10.2f} {r.step_min_ms:9.2f} {r.step_max_ms:9.2f} "
-            f"{r.samples_per_s:14.2f} {r.per_rank:10.2f} {vs:>9s} {wrong:>7s}"
-        )
+    models = info.get("models") or {info.get("model"): info}
+    for kind, about in models.items():
+        unit = about.get("unit", "samples/s")
+        lines += [
+            "#",
+            f"# {about.get('describe', kind)}; batch {about.get('batch')} per rank",
+            f"# {'path':<19s} {'step (ms)':>10s} {'min':>9s} {'max':>9s} {unit:>14s} "
+            f"{'per rank':>10s} {'vs local':>9s} {'#wrong':>7s}",
+        ]
+        if not any(r.model == kind for r in rows):
+            lines.append("  (every path skipped: the reasons follow)")
+        for r in rows:
+            if r.model != kind:
+                continue
+            vs = "-" if r.vs_local is None else f"{r.vs_local:.2f}x"
+            wrong = "N/A" if r.wrong is None else str(r.wrong)
+            lines.append(
+                f"  {r.path:<19s} {r.step_ms:10.2f} {r.step_min_ms:9.2f} {r.step_max_ms:9.2f} "
+                f"{r.samples_per_s:14.2f} {r.per_rank:10.2f} {vs:>9s} {wrong:>7s}"
+            )
     lines.append("#")
-    for path, why in skips:
-        lines.append(f"# {path}: skipped: {why}")
+    for kind, path, why in skips:
+        lines.append(f"# {path} ({kind}): skipped: {why}")
     wrong_total = sum(r.wrong or 0 for r in rows)
     lines.append(
         f"# {'Out of bounds values':<20s} : {wrong_total} {'FAILED' if wrong_total else 'OK'}"
@@ -274,7 +323,7 @@ def main(session: Session, o: Any, meta: dict[str, Any]) -> int:
         "kind": "cudampi-bench-ddp",
         "meta": {**meta, **info},
         "results": [r.to_json() for r in rows],
-        "skipped": [{"path": p, "reason": w} for p, w in skips],
+        "skipped": [{"model": m, "path": p, "reason": w} for m, p, w in skips],
         "verdict": {"ok": wrong == 0, "wrong": wrong},
     }
     import csv
@@ -290,11 +339,13 @@ def main(session: Session, o: Any, meta: dict[str, Any]) -> int:
     if o.plot and session.rank == 0 and rows:
         from cudampi.bench.plot import plot_bars
 
+        several = len({r.model for r in rows}) > 1
         plot_bars(
-            {r.path: r.samples_per_s for r in rows},
+            {(f"{r.model} {r.path}" if several else r.path): r.samples_per_s for r in rows},
             o.plot,
-            title=f"ddp {info.get('model')}: {meta.get('ranks')} ranks, {meta.get('device')}",
-            ylabel=f"{info.get('unit', 'samples/s')} (all ranks)",
+            title=f"ddp {', '.join(info.get('models') or [info.get('model')])}: "
+            f"{meta.get('ranks')} ranks, {meta.get('device')}{_mps_word(meta)}",
+            ylabel="samples/s (all ranks)" if several else f"{info.get('unit')} (all ranks)",
         )
     emit(
         session,

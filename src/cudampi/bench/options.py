@@ -17,6 +17,8 @@ from cudampi.bench.sizes import parse_bytes, size_sweep
 from cudampi.errors import ConfigError
 
 MODES = ("p2p", "ddp")
+MODELS = ("auto", "all", "resnet50", "transformer")
+"""``--model`` of ``bench ddp``: each a model, or ``all``/``auto`` (see bench.ddp.pick_models)."""
 WHAT = (*COLLECTIVES, "all", *MODES)
 
 DEFAULTS = {
@@ -137,6 +139,12 @@ def from_args(args: argparse.Namespace) -> Options:
             raise ConfigError(f"--buffers {b!r}: expected host and/or device")
     if args.window < 1:
         raise ConfigError(f"--window {args.window!r} must be >= 1")
+    models = _split(args.model)
+    for m in models:
+        if m not in MODELS:
+            raise ConfigError(f"--model {m!r}: expected a comma list of {', '.join(MODELS)}")
+    if not models:
+        raise ConfigError(f"--model {args.model!r} names no model; choose from {', '.join(MODELS)}")
     if args.min_busbw is not None and args.min_busbw < 0:
         raise ConfigError(f"--min-busbw {args.min_busbw!r} cannot be negative")
     return Options(
@@ -162,7 +170,7 @@ def from_args(args: argparse.Namespace) -> Options:
         corrupt_rank=args.corrupt_rank,
         window=int(args.window),
         buffers=buffers,
-        model=args.model,
+        model=",".join(models),
         batch=args.batch,
         image_size=args.image_size,
     )
@@ -244,9 +252,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--buffers", default="host,device", help="p2p: host,device")
     g.add_argument(
         "--model",
-        choices=("auto", "resnet50", "transformer"),
         default="auto",
-        help="ddp: auto = ResNet-50 if torchvision is importable and on cuda, else a transformer block",
+        help="ddp: comma list of resnet50, transformer, or all; auto = both on cuda (ResNet-50 "
+        "where torchvision is importable), the transformer on the CPU",
     )
     g.add_argument("--batch", type=int, default=None, help="ddp: samples per rank per step")
     g.add_argument("--image-size", type=int, default=None, help="ddp: ResNet input side (224)")

@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,3 +268,18 @@ def query_gpu_system(env: Mapping[str, str] | None = None) -> GpuSystem:
         rc, topo_text = _run([smi, "topo", "-m"])
         nics = parse_topo_nics(topo_text) if rc == 0 else ()
     return GpuSystem(nvml, nics, peermem, ib)
+
+
+MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"
+
+
+def mps_active(
+    env: Mapping[str, str] | None = None, exists: Callable[[str], bool] = os.path.exists
+) -> bool:
+    """Whether the CUDA MPS daemon serves this environment: its control pipe
+    ``$CUDA_MPS_PIPE_DIRECTORY/control`` (default ``/tmp/nvidia-mps/control``) exists. With MPS
+    the ranks sharing a GPU run their kernels side by side instead of time-slicing it, which
+    changes every timing of ranks on one GPU (a fact to report with them)."""
+    env = os.environ if env is None else env
+    pipe_dir = env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DEFAULT
+    return bool(exists(os.path.join(pipe_dir, "control")))
