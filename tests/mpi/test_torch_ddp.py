@@ -239,3 +239,23 @@ def test_ddp_and_fsdp_match_gloo_4_ranks():
         4, __file__, "rank_ddp_fsdp", "default,small-buckets-views,fp16-hook", timeout=300
     )
     assert "match gloo" in proc.stdout
+
+
+def rank_ddp_stream_work(comm, variants):
+    """The default mode's Work for CUDA tensors (a Python Work subclass over an event, see
+    cudampi.torch.work.finished_work) given to DDP's C++ reducer on the CPU, where there is no
+    event: its typed future must serve the built-in C++ hooks as the completed Work does."""
+    import cudampi.torch.backend as backend
+    from cudampi.torch import work
+
+    def stream_work(result):
+        return work._stream_work_class()([], work.completed_future(result), result, None)
+
+    backend.finished_work = stream_work
+    rank_ddp_fsdp(comm, variants)
+
+
+def test_ddp_and_fsdp_through_the_stream_ordered_work():
+    variants = "default,fp16-hook,builtin-fp16-hook"
+    proc = run_mpi(2, __file__, "rank_ddp_stream_work", variants, timeout=300)
+    assert "match gloo" in proc.stdout
