@@ -162,7 +162,7 @@ def _ipc(
     (stream-ordered calls back to back, as a training loop makes them) and the seconds of an
     allreduce of ``x``. No MPI call touches device memory."""
     from cudampi.comm import Communicator
-    from cudampi.comm.ipc.workspace import mps_active
+    from cudampi.probe.gpu import mps_active
 
     size = comm.size
     with Communicator(comm, path="ipc") as c:

@@ -63,6 +63,18 @@ class Setting:
         return on_device and self.one_node
 
 
+def caller_stream(ops: ArrayOps) -> int:
+    """The raw pointer of the caller's current CUDA stream on ``ops``' device."""
+    if ops.lib == "torch":
+        import torch
+
+        return int(torch.cuda.current_stream(ops.device).cuda_stream)
+    import cupy
+
+    with cupy.cuda.Device(ops.device):
+        return int(cupy.cuda.get_current_stream().ptr)
+
+
 def node_comm(coll: Any, config: Config) -> Any:
     """The ranks of ``coll`` that share this rank's node (MPI's shared-memory split), cut into
     groups of ``config.node_ranks`` consecutive ranks where that is set. The caller frees it."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm.buffers import DTYPE_CODE, adapt
-from cudampi.comm.engines.base import Engine, Engines, Setting, node_comm
+from cudampi.comm.engines.base import Engine, Engines, Setting, caller_stream, node_comm
 from cudampi.comm.handle import Handle
 from cudampi.comm.ipc import layout as L
 from cudampi.comm.ipc import plan
@@ -76,14 +76,7 @@ class IpcEngine(Engine):
     def _stream(self) -> int:
         if self._fixed_stream is not None:
             return self._fixed_stream
-        if self.ops.lib == "torch":
-            import torch
-
-            return int(torch.cuda.current_stream(self.ops.device).cuda_stream)
-        import cupy
-
-        with cupy.cuda.Device(self.ops.device):
-            return int(cupy.cuda.get_current_stream().ptr)
+        return caller_stream(self.ops)
 
     def _ptr(self, a: Any) -> int:
         return 0 if a is None else self.ops.ptr(a)

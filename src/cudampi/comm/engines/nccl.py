@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
-from cudampi.comm.engines.base import Engine, Engines, Setting
+from cudampi.comm.engines.base import Engine, Engines, Setting, caller_stream
 from cudampi.comm.handle import Handle
 from cudampi.comm.ops import COMPLEX, FLOAT, ArrayOps
 from cudampi.errors import CommError, DeviceError
@@ -206,18 +206,6 @@ def local_gpu(device: int | None) -> RankGpu:
 
 
 # ------------------------------------------------------------------ the engine
-
-
-def caller_stream(ops: ArrayOps) -> int:
-    """The raw pointer of the caller's current CUDA stream on ``ops``' device."""
-    if ops.lib == "torch":
-        import torch
-
-        return int(torch.cuda.current_stream(ops.device).cuda_stream)
-    import cupy
-
-    with cupy.cuda.Device(ops.device):
-        return int(cupy.cuda.get_current_stream().ptr)
 
 
 class NcclComm:

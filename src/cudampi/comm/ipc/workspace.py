@@ -115,14 +115,6 @@ def query_pointer(ptr: int) -> tuple[int, int, int] | None:
     return int(base), int(size), int(buffer_id)
 
 
-def mps_active(env: Any = None) -> bool:
-    """Is the CUDA MPS control daemon reachable (its pipe's control socket exists)? Then the
-    processes sharing a GPU run their kernels concurrently instead of time-slicing."""
-    env = os.environ if env is None else env
-    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
-    return os.path.exists(os.path.join(pipe, "control"))
-
-
 def _start_time(pid: int) -> str | None:
     """The kernel's start time of process ``pid`` (None when it cannot be read): with the pid
     it names one process, so a reused pid is not mistaken for a live peer."""
