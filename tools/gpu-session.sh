@@ -196,6 +196,15 @@ ipc)
   mps_each ipc_tests
   tar czf $OUT/cupy-cache.tgz .cupy-cache
   ;;
+ipcprofile)
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  ipc_prof() {
+    sec ipc profile, MPS $MPS
+    for n in ${PROF_SIZES:-1024}; do T 60 $W -m cudampi launch -n 2 tools/ipc-profile.py $n 2>&1 | tail -${PROF_LINES:-48}; done
+  }
+  mps_each ipc_prof
+  ;;
 ipcbench)
   # Every collective on ipc beside gpu-ring, staged, torch gloo and the copy peer, MPS off and
   # on, BENCH_NP (2) ranks (run `probe` first: gpu-ring needs the probe's result).

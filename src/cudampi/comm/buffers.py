@@ -150,23 +150,30 @@ def _from_numpy(a: Any, obj: Any) -> Buf:
     )
 
 
+_TORCH_NAMES: dict[Any, str] = {}
+
+
 def _from_torch(t: Any, obj: Any) -> Buf:
-    dev = t.device
-    if dev.type == "cuda":
-        device: int | None = int(dev.index if dev.index is not None else 0)
-    elif dev.type == "cpu":
+    if t.is_cuda:
+        device: int | None = t.get_device()
+    elif t.is_cpu:
         device = None
     else:
         raise DeviceError(
-            f"a torch tensor on device {str(dev)!r}; cudampi moves CPU and CUDA tensors only. "
-            "Move it with .cpu() or .cuda() first."
+            f"a torch tensor on device {str(t.device)!r}; cudampi moves CPU and CUDA tensors "
+            "only. Move it with .cpu() or .cuda() first."
         )
+    dt = t.dtype
+    name = _TORCH_NAMES.get(dt)
+    if name is None:
+        name = _TORCH_NAMES[dt] = _canon_torch_dtype(dt)
     return Buf(
         obj=obj,
-        arr=t.detach(),  # same memory; in-place writes must not be recorded by autograd
+        # same memory; in-place writes must not be recorded by autograd
+        arr=t.detach() if t.requires_grad else t,
         lib="torch",
         device=device,
-        dtype=_canon_torch_dtype(t.dtype),
+        dtype=name,
         shape=tuple(int(d) for d in t.shape),
         itemsize=int(t.element_size()),
         contiguous=bool(t.is_contiguous()),
@@ -210,7 +217,7 @@ def _from_cuda_foreign(x: Any, what: str) -> Buf:
 def flat(b: Buf) -> Any:
     """A 1-D view of a contiguous array (never a copy)."""
     if b.lib == "torch":
-        t = b.arr.reshape(-1)
+        t = b.arr if len(b.shape) == 1 else b.arr.reshape(-1)
         if t.numel() <= 1 and t.stride(0) != 1:
             # size-0/1 tensors count as contiguous whatever their stride; byte views need 1
             t = t.as_strided((t.numel(),), (1,))

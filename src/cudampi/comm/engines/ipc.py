@@ -54,6 +54,8 @@ class IpcEngine(Engine):
         """Launch on this stream instead of the caller's (the hierarchical engine's use)."""
         self.registered_calls = 0
         """Calls whose input or output the peers addressed in place (for tests and the log)."""
+        self._plans: dict[tuple[Any, ...], list[plan.Launch]] = {}
+        self._names: dict[tuple[str, str], dict[str, str]] = {}
 
     @classmethod
     def make(cls, engines: Engines, ops: ArrayOps, inner: str) -> Engine:
@@ -81,8 +83,21 @@ class IpcEngine(Engine):
     def _ptr(self, a: Any) -> int:
         return 0 if a is None else self.ops.ptr(a)
 
+    def _planned(self, key: tuple[Any, ...], make: Any) -> list[plan.Launch]:
+        """The launches of a call, planned once per distinct call: a training loop repeats the
+        same calls on the same buffers, and planning costs more than launching."""
+        got = self._plans.get(key)
+        if got is None:
+            if len(self._plans) >= 1024:
+                self._plans.clear()
+            got = self._plans[key] = make()
+        return got
+
     def _reduce(self, launches: list[plan.Launch], dtype: str, op: str) -> None:
-        self.ws.launch(launches, {"reduce": L.reduce_name(dtype, op, self.ws.size)}, self._stream())
+        names = self._names.get((dtype, op))
+        if names is None:
+            names = self._names[(dtype, op)] = {"reduce": L.reduce_name(dtype, op, self.ws.size)}
+        self.ws.launch(launches, names, self._stream())
 
     def _move(self, launches: list[plan.Launch]) -> None:
         self.ws.launch(launches, {"exchange": L.exchange_name(self.ws.size)}, self._stream())
@@ -113,8 +128,12 @@ class IpcEngine(Engine):
         reg = (0, 0, 0, 0)
         if self.setting.config.ipc_register and plan.two_shot(self.geo, len(xf), isz):
             reg = self._registered(x, out)
-        launches = plan.reduction(
-            self.geo, "allreduce", len(xf), isz, x, out, self._sig(dtype, op), registered=reg
+        n = len(xf)
+        launches = self._planned(
+            ("allreduce", n, isz, x, out, dtype, op, reg),
+            lambda: plan.reduction(
+                self.geo, "allreduce", n, isz, x, out, self._sig(dtype, op), registered=reg
+            ),
         )
         self._reduce(launches, dtype, op)
 
@@ -133,16 +152,12 @@ class IpcEngine(Engine):
     def reduce(
         self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
-        isz = self.ops.itemsize(xf)
-        launches = plan.reduction(
-            self.geo,
-            "reduce",
-            len(xf),
-            isz,
-            self._ptr(xf),
-            self._ptr(of),
-            self._sig(dtype, op),
-            root=root,
+        isz, n, x, out = self.ops.itemsize(xf), len(xf), self._ptr(xf), self._ptr(of)
+        launches = self._planned(
+            ("reduce", n, isz, x, out, dtype, op, root),
+            lambda: plan.reduction(
+                self.geo, "reduce", n, isz, x, out, self._sig(dtype, op), root=root
+            ),
         )
         self._reduce(launches, dtype, op)
 
@@ -157,17 +172,23 @@ class IpcEngine(Engine):
 
     def broadcast(self, xf: Any, root: int) -> None:
         isz, code = self._kind(xf)
-        n = self.ws.size
-        launches = plan.gather_like(
-            self.geo, "broadcast", [len(xf)] * n, isz, self._ptr(xf), self._ptr(xf), code,
-            root=root,
-        )  # fmt: skip
+        n, x = len(xf), self._ptr(xf)
+        launches = self._planned(
+            ("broadcast", n, isz, x, code, root),
+            lambda: plan.gather_like(
+                self.geo, "broadcast", [n] * self.ws.size, isz, x, x, code, root=root
+            ),
+        )
         self._move(launches)
 
     def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
         isz, code = self._kind(xf)
         call = "allgather" if len(set(counts)) == 1 else "allgatherv"
-        launches = plan.gather_like(self.geo, call, counts, isz, self._ptr(xf), self._ptr(of), code)
+        x, out = self._ptr(xf), self._ptr(of)
+        launches = self._planned(
+            (call, tuple(counts), isz, x, out, code),
+            lambda: plan.gather_like(self.geo, call, counts, isz, x, out, code),
+        )
         self._move(launches)
 
     def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy
 
@@ -66,6 +67,11 @@ class Launch:
     kernel: str
     """``reduce`` or ``exchange``."""
     params: numpy.ndarray
+
+    @cached_property
+    def args(self) -> tuple[numpy.ndarray]:
+        """The kernel's argument list: the parameter block as ``struct Params`` (by value)."""
+        return (self.params.view(PARAM_DTYPE),)
 
 
 def _base(geo: Geometry, x: int, out: int) -> numpy.ndarray:

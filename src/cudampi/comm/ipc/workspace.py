@@ -155,7 +155,7 @@ class Workspace:
         self._closed = False
         self._error: BaseException | None = None
         self._streams: dict[int, Any] = {}
-        self._last: tuple[int, Any] | None = None
+        self._last_stream: int | None = None
         self.calls = 0
         self.launches = 0
         """Kernel launches enqueued so far (every rank counts the same)."""
@@ -287,26 +287,23 @@ class Workspace:
 
     def launch(self, launches: list[plan.Launch], kernels: dict[str, str], stream_ptr: int) -> None:
         """Enqueue ``launches`` on the stream ``stream_ptr`` (``kernels`` maps each launch's
-        kernel to its name expression). Launches of one communicator never overlap: a launch
-        on another stream than the last one first waits for the last one."""
+        kernel to its name expression). Launches of one communicator never overlap: a launch on
+        another stream than the last one first waits for everything enqueued on that one so far
+        (outside a CUDA graph capture, where the graph orders them)."""
         self.check()
         import cupy
 
         stream = self.stream(stream_ptr)
-        with cupy.cuda.Device(self.device):
-            if self._last is not None and self._last[0] != stream_ptr:
-                stream.wait_event(self._last[1])
+        with _device(self.device):
+            last = self._last_stream
+            if last is not None and last != stream_ptr and not self.capturing(stream_ptr):
+                ev = cupy.cuda.Event(block=False, disable_timing=True)
+                ev.record(self.stream(last))
+                stream.wait_event(ev)
+            grid, block = (self.blocks,), (L.NTHREADS,)
             for lc in launches:
-                fn = kernel(self.device, kernels[lc.kernel])
-                fn(
-                    (self.blocks,),
-                    (L.NTHREADS,),
-                    (lc.params.view(plan.PARAM_DTYPE),),
-                    stream=stream,
-                )
-            ev = cupy.cuda.Event(block=False, disable_timing=True)
-            ev.record(stream)
-        self._last = (stream_ptr, ev)
+                kernel(self.device, kernels[lc.kernel])(grid, block, lc.args, stream=stream)
+        self._last_stream = stream_ptr
         self.calls += 1
         self.launches += len(launches)
 
@@ -401,8 +398,8 @@ class Workspace:
         import cupy
 
         with cupy.cuda.Device(self.device):
-            if self._last is not None:
-                self._last[1].synchronize()
+            if self._last_stream is not None:
+                self.stream(self._last_stream).synchronize()
         self._closed = True
         self._watch.join(timeout=1)
         self._release()
