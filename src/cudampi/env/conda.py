@@ -35,25 +35,38 @@ def conda_cuda(spec: EnvSpec) -> str:
 
 def environment_yml(spec: EnvSpec, env: dict[str, str]) -> str:
     """The conda/mamba environment file; ``env`` goes under ``variables:`` (set on activate)."""
+    if not spec.gpu:
+        return _environment_yml(spec, env, cuda=None, note="")
     cuda = conda_cuda(spec)
-    tag = "cuda" + cuda.replace(".", "")
     note = ""
     if cuda != spec.cuda:
         note = (
             f"# CUDA {spec.cuda} asked; conda-forge builds CUDA 12 packages against 12.9, "
             "which runs on any driver >= 12.9's minimum (CUDA minor-version compatibility).\n"
         )
+    return _environment_yml(spec, env, cuda=cuda, note=note)
+
+
+def _environment_yml(spec: EnvSpec, env: dict[str, str], *, cuda: str | None, note: str) -> str:
+    """``cuda``: conda-forge's CUDA variant, or None for the CPU builds."""
     mpi_lines: list[str]
-    if spec.mpi == "openmpi":
+    if spec.mpi == "openmpi" and cuda:
         mpi_lines = [
             f"  - openmpi={CONDA_PINS['openmpi']}  # conda-forge's Linux build: CUDA + UCX + UCC",
             f"  - ucx={CONDA_PINS['ucx']}  # built --with-cuda: cuda_copy, cuda_ipc, gdr_copy",
             "  - cuda-cudart  # UCX's cuda transports load libcudart at run time",
         ]
+    elif spec.mpi == "openmpi":
+        mpi_lines = [f"  - openmpi={CONDA_PINS['openmpi']}  # CUDA support stays off (CPU)"]
     else:
         mpi_lines = [
             f"  - mpich={CONDA_PINS['mpich']}  # built without CUDA: device buffers go host-staged",
         ]
+    if cuda:
+        cuda_line = f"  - cuda-version={cuda}  # every CUDA package below builds for this CUDA\n"
+        torch_build = "cuda" + cuda.replace(".", "") + "*  # the CUDA build, not cpu_*"
+    else:
+        cuda_line, torch_build = "", "cpu_*  # the CPU build"
     variables = "\n".join(f"  {k}: '{v}'" for k, v in env.items())
     pip_lines = [f"    - {r}" for r in extra_requirements(spec)]
     pip_lines.append(f"    - {source.requirement(spec)}  # cudampi itself (relative to this file)")
@@ -64,12 +77,9 @@ def environment_yml(spec: EnvSpec, env: dict[str, str]) -> str:
         "  - conda-forge\n"
         "  - nodefaults\n"
         "dependencies:\n"
-        f"  - python={spec.python}\n"
-        f"  - cuda-version={cuda}  # every CUDA package below builds for this CUDA\n"
-        + "\n".join(mpi_lines)
-        + "\n"
+        f"  - python={spec.python}\n" + cuda_line + "\n".join(mpi_lines) + "\n"
         f"  - mpi4py={CONDA_PINS['mpi4py']}  # the build for the MPI above (conda's mpi metapackage)\n"
-        f"  - pytorch={spec.torch}={tag}*  # the CUDA build, not cpu_*\n"
+        f"  - pytorch={spec.torch}={torch_build}\n"
         "  - numpy\n"
         "  - pip\n"
         "  - pip:\n"

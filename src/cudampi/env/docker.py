@@ -10,6 +10,11 @@ adds OpenSSH and runs as the non-root user ``mpiuser``. ``MODE`` picks what it d
 - ``jupyter``: JupyterLab on port 8888 behind a token (``JUPYTER_TOKEN``, generated if unset).
 
 The health check is ``cudampi doctor --json`` (exit 0 when the stack is usable).
+
+Host keys. Every container of a job serves the job's own key pair (``~/.ssh/id_rsa``, the MPI
+Operator's secret) as its sshd host key, and the image's ssh client trusts that key and no
+other (``KnownHostsCommand`` = :func:`known_hosts_sh`, ``StrictHostKeyChecking yes``): the
+client checks every host key, and only a host that holds the job's private key passes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from cudampi.errors import EnvGenError
 VENV = "/opt/venv"
 USER = "mpiuser"
 UID = 1000
+ENTRYPOINT = "/usr/local/bin/cudampi-entrypoint"
+KNOWN_HOSTS = "/usr/local/bin/cudampi-known-hosts"
 
 
 def site_packages(spec: EnvSpec) -> str:
@@ -32,20 +39,33 @@ def site_packages(spec: EnvSpec) -> str:
 
 
 def image_env(spec: EnvSpec, settings: dict[str, str]) -> dict[str, str]:
-    """Every ENV of the runtime stage, in order."""
+    """Every ENV of the runtime stage, in order (a CPU image has no GPU or UCX variables)."""
     env = {
         "PATH": f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "VIRTUAL_ENV": VENV,
+        # Jupyter's terminals start $SHELL (else sh).
+        "SHELL": "/bin/bash",
         "MODE": "train",
         "SSH_PORT": str(spec.ssh_port),
-        # The NVIDIA container runtime injects the driver into images that ask for it.
-        "NVIDIA_VISIBLE_DEVICES": "all",
-        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
-        UCX_PRELOAD: ucx_preload(site_packages(spec)),
-        "UCX_MODULE_DIR": f"{site_packages(spec)}/libucx/lib/ucx",
     }
+    if spec.gpu:
+        env.update(
+            {
+                # The NVIDIA container runtime injects the driver into images that ask for it.
+                "NVIDIA_VISIBLE_DEVICES": "all",
+                "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+                UCX_PRELOAD: ucx_preload(site_packages(spec)),
+                "UCX_MODULE_DIR": f"{site_packages(spec)}/libucx/lib/ucx",
+            }
+        )
     env.update(settings)
     return env
+
+
+def session_env(spec: EnvSpec, settings: dict[str, str]) -> dict[str, str]:
+    """What the image's processes see however they start (``docker exec``, a login shell, an
+    ssh session): its ENV without MODE (what the entrypoint does) and SHELL (sshd sets it)."""
+    return {k: v for k, v in image_env(spec, settings).items() if k not in ("MODE", "SHELL")}
 
 
 def cudampi_install(spec: EnvSpec) -> tuple[str, str]:
@@ -71,22 +91,28 @@ def dockerfile(spec: EnvSpec, settings: dict[str, str]) -> str:
     copy_cudampi, cudampi_arg = cudampi_install(spec)
     env_lines = " \\\n    ".join(f"{k}={_quote(v)}" for k, v in env.items())
     cmd = json.dumps(list(spec.command))
-    apt = "openssh-server openssh-client"
+    # iproute2: `ip addr`, which the doctor reads the network interfaces from.
+    apt = "openssh-server openssh-client iproute2"
+    gpus = "--gpus all " if spec.gpu else ""
     return f"""# syntax=docker/dockerfile:1
 {HEADER}# Build with this folder as the context (it holds everything the image needs):
 #   docker build -t {spec.image} .
-# Run:  docker run --gpus all {spec.image}                       (MODE=train: the CMD below)
-#       docker run --gpus all -e MODE=ssh -v $HOME/.ssh/id.pub:/home/{USER}/.ssh/authorized_keys:ro {spec.image}
-#       docker run --gpus all -e MODE=jupyter -e JUPYTER_TOKEN=... -p 8888:8888 {spec.image}
+# Run:  docker run {gpus}{spec.image}                       (MODE=train: the CMD below)
+#       docker run {gpus}-e MODE=ssh -v $PWD/job-ssh:/home/{USER}/.ssh:ro {spec.image}
+#         (job-ssh: the job's id_rsa, id_rsa.pub and authorized_keys, owned by uid {UID})
+#       docker run {gpus}-e MODE=jupyter -e JUPYTER_TOKEN=... -p 8888:8888 {spec.image}
 ARG BASE_IMAGE={spec.base_image_resolved}
 
 FROM ${{BASE_IMAGE}} AS build
+# A site's pip settings for this stage only, none kept in the image (a CA bundle, a wheel folder,
+# a mirror): podman build -v $PWD/site:/mnt:ro --build-arg PIP_CONFIG_FILE=/mnt/pip.conf ...
+ARG PIP_CONFIG_FILE
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv {VENV}
 ENV PATH={VENV}/bin:$PATH
 WORKDIR /src
 COPY requirements.lock requirements.txt ./
-# 1+2+3. The MPI wheel, mpi4py's binary wheel, numpy and the CUDA UCX: exact files, hash-checked;
+# 1+2+3. The MPI wheel, mpi4py's binary wheel, numpy{" and the CUDA UCX" if spec.gpu else ""}: exact files, hash-checked;
 # 4. then torch and the extras (the pins of 1-3 are already satisfied).
 RUN pip install --require-hashes --only-binary :all: --no-deps -r requirements.lock \\
     && pip install -r requirements.txt
@@ -107,7 +133,9 @@ RUN apt-get update \\
     && chmod 700 /home/{USER}/.ssh /home/{USER}/.sshd
 COPY ssh_config /etc/ssh/ssh_config.d/cudampi.conf
 COPY sshd_config /etc/cudampi/sshd_config
-COPY --chmod=0755 entrypoint.sh /usr/local/bin/cudampi-entrypoint
+COPY --chmod=0755 entrypoint.sh {ENTRYPOINT}
+COPY --chmod=0755 known_hosts.sh {KNOWN_HOSTS}
+COPY profile.sh /etc/profile.d/cudampi.sh
 COPY --from=build {VENV} {VENV}
 ENV {env_lines}
 # Numeric, so Kubernetes' runAsNonRoot can verify it.
@@ -116,7 +144,7 @@ WORKDIR {spec.workdir}
 EXPOSE {spec.ssh_port} 8888
 HEALTHCHECK --interval=5m --timeout=2m --start-period=1m --retries=3 \\
     CMD ["cudampi", "doctor", "--json"]
-ENTRYPOINT ["/usr/local/bin/cudampi-entrypoint"]
+ENTRYPOINT ["{ENTRYPOINT}"]
 CMD {cmd}
 """
 
@@ -132,8 +160,10 @@ def entrypoint_sh(spec: EnvSpec) -> str:
     return f"""#!/bin/bash
 {HEADER}# MODE=train (default): run the command with the CUDA UCX preloaded (ranks started
 #   locally inherit it; for other nodes pass it on: mpirun -x LD_PRELOAD -x UCX_MODULE_DIR).
-# MODE=ssh: sshd in the foreground, public-key login only, for multi-node mpirun.
-# MODE=jupyter: JupyterLab on :8888 with a token (JUPYTER_TOKEN; one is generated if unset).
+# MODE=ssh: sshd in the foreground, public-key login only, for multi-node mpirun. Its host key
+#   is the job's key pair (~/.ssh/id_rsa), which the image's ssh client trusts (and no other).
+# MODE=jupyter: JupyterLab on :8888 with a token (JUPYTER_TOKEN; one is generated if unset);
+#   options given as the command go to it (--ServerApp.x=y), a command does not.
 set -euo pipefail
 
 die() {{ echo "cudampi-entrypoint: $*" >&2; exit 2; }}
@@ -152,6 +182,8 @@ case "${{MODE:-train}}" in
       || die "MODE=ssh needs $ssh_dir/authorized_keys (mount a public key there: password login is off)"
     host_key="${{SSH_HOST_KEY:-$ssh_dir/id_rsa}}"
     if [ ! -r "$host_key" ]; then
+      echo "cudampi-entrypoint: no job key pair at $host_key: a host key is made for this" \\
+        "container, and the image's ssh client (which trusts only the job's key) refuses it" >&2
       host_key="$HOME/.sshd/ssh_host_ed25519_key"
       [ -r "$host_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$host_key"
     fi
@@ -166,6 +198,9 @@ case "${{MODE:-train}}" in
       echo "cudampi-entrypoint: JUPYTER_TOKEN was not set; this session's token: $JUPYTER_TOKEN" >&2
     fi
     export JUPYTER_TOKEN
+    # Options (--ServerApp.x=y) go to JupyterLab; a command is the image's CMD (the training
+    # command of MODE=train), not for JupyterLab.
+    case "${{1:-}}" in --*) ;; *) set -- ;; esac
     exec jupyter lab --no-browser --ip=0.0.0.0 --port=8888 --ServerApp.root_dir="$PWD" "$@"
     ;;
   *)
@@ -175,13 +210,56 @@ esac
 """
 
 
-def sshd_config(spec: EnvSpec) -> str:
+def profile_sh(spec: EnvSpec, settings: dict[str, str]) -> str:
+    """``/etc/profile.d/cudampi.sh``: login shells (Jupyter's terminals, ssh logins) get the
+    image's environment back after ``/etc/profile`` has reset PATH."""
+    env = session_env(spec, settings)
+    path = env.pop("PATH").split(":")[0]
+    exports = "\n".join(f"export {k}='{v}'" for k, v in env.items())
+    return f"""# shellcheck shell=sh
+{HEADER}# Login shells (Jupyter's terminals, ssh logins) reset PATH in /etc/profile, then read this.
+case ":$PATH:" in
+  *":{path}:"*) ;;
+  *) PATH="{path}:$PATH" ;;
+esac
+export PATH
+{exports}
+"""
+
+
+def known_hosts_sh(spec: EnvSpec) -> str:
+    """The ssh client's ``KnownHostsCommand``: the job's public key, vouched for the host asked.
+
+    ``$1`` is the host as known_hosts names it (``[worker-1]:2222``). Prints nothing when the
+    job's key pair is not there, and the client then refuses the host."""
+    return f"""#!/bin/sh
+{HEADER}# KnownHostsCommand of the image's ssh client (/etc/ssh/ssh_config.d/cudampi.conf). Every host
+# of the job serves the job's key pair as its sshd host key (cudampi-entrypoint, MODE=ssh), so
+# the job's public key, and only it, is the known host key of the host asked ($1).
+set -eu
+key="${{SSH_HOST_KEY:-${{SSH_AUTH_DIR:-$HOME/.ssh}}/id_rsa}}"
+if [ -r "$key.pub" ]; then
+  pub=$(cat "$key.pub")
+elif [ -r "$key" ]; then
+  pub=$(ssh-keygen -y -f "$key")
+else
+  exit 0
+fi
+# shellcheck disable=SC2086 # split "type base64 [comment]" into its fields
+set -- "$1" $pub
+printf '%s %s %s\\n' "$1" "$2" "$3"
+"""
+
+
+def sshd_config(spec: EnvSpec, settings: dict[str, str]) -> str:
     """sshd for a non-root user: key-only, no PAM, no privilege separation needed."""
+    setenv = " ".join(f'"{k}={v}"' for k, v in session_env(spec, settings).items())
     return f"""{HEADER}# sshd for MODE=ssh, run as {USER}: public keys only.
 Port {spec.ssh_port}
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PubkeyAuthentication yes
+AuthenticationMethods publickey
 PermitRootLogin no
 PermitEmptyPasswords no
 # PAM needs root; key-only login does not need it.
@@ -193,21 +271,23 @@ PrintMotd no
 X11Forwarding no
 AllowAgentForwarding no
 AllowTcpForwarding no
-# The daemons mpirun starts over ssh find the venv's prted and python.
-SetEnv PATH={VENV}/bin:/usr/local/bin:/usr/bin:/bin
+# ssh sessions get the image's environment, as `docker exec` does: the daemons mpirun starts
+# over ssh find the venv's prted and python, and their ranks see the image's settings.
+SetEnv {setenv}
 """
 
 
 def ssh_config(spec: EnvSpec) -> str:
     """Client side, for mpirun's ssh between the job's containers."""
-    return f"""{HEADER}# ssh between the job's containers: the port of MODE=ssh, keys only, no host-key prompts
-# (the hosts are the job's own pods/containers, created fresh each run).
+    return f"""{HEADER}# ssh between the job's containers: the port of MODE=ssh, keys only, no prompts. Host keys
+# are checked: every host of the job serves the job's key pair as its host key, and
+# cudampi-known-hosts vouches for that key only, so a host without the job's key is refused.
 Host *
     Port {spec.ssh_port}
     BatchMode yes
     PasswordAuthentication no
-    StrictHostKeyChecking no
-    UserKnownHostsFile /dev/null
+    StrictHostKeyChecking yes
+    KnownHostsCommand {KNOWN_HOSTS} %H
     LogLevel ERROR
     ConnectionAttempts 10
 """

@@ -21,8 +21,12 @@ def route_env(spec: EnvSpec, route: str) -> dict[str, str]:
     """The settings each route exports (conda-forge's Open MPI is CUDA-built; the wheel is not)."""
     multi = spec.nodes > 1
     if route == "conda":
-        return recommended_env(spec.mpi, 5, multi_node=multi, cuda_built=spec.mpi == "openmpi")
-    return recommended_env(spec.mpi, spec.ompi_major, multi_node=multi, cuda_built=False)
+        return recommended_env(
+            spec.mpi, 5, multi_node=multi, cuda_built=spec.mpi == "openmpi", gpus=spec.gpu
+        )
+    return recommended_env(
+        spec.mpi, spec.ompi_major, multi_node=multi, cuda_built=False, gpus=spec.gpu
+    )
 
 
 def generate(spec: EnvSpec, targets: tuple[str, ...] = TARGETS) -> dict[str, str]:
@@ -44,7 +48,9 @@ def generate(spec: EnvSpec, targets: tuple[str, ...] = TARGETS) -> dict[str, str
     if "docker" in targets:
         out["Dockerfile"] = docker.dockerfile(spec, env)
         out["entrypoint.sh"] = docker.entrypoint_sh(spec)
-        out["sshd_config"] = docker.sshd_config(spec)
+        out["known_hosts.sh"] = docker.known_hosts_sh(spec)
+        out["profile.sh"] = docker.profile_sh(spec, env)
+        out["sshd_config"] = docker.sshd_config(spec, env)
         out["ssh_config"] = docker.ssh_config(spec)
     if "slurm" in targets:
         out["job.sbatch"] = slurm.sbatch_script(spec, env)
@@ -101,7 +107,7 @@ class WrittenFile:
     sha256: str
 
 
-EXECUTABLE = ("install.sh", "entrypoint.sh", "job.sbatch")
+EXECUTABLE = ("install.sh", "entrypoint.sh", "known_hosts.sh", "job.sbatch")
 
 
 def write_files(

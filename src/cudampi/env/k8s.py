@@ -24,14 +24,13 @@ from importlib import resources
 from typing import Any
 
 from cudampi.config import UCX_PRELOAD
-from cudampi.env.docker import UID, USER, image_env
+from cudampi.env.docker import ENTRYPOINT, UID, USER, image_env
 from cudampi.env.pip import HEADER
 from cudampi.env.settings import mpirun_flags
 from cudampi.env.spec import EnvSpec
 from cudampi.errors import EnvGenError
 
 API_VERSION = "kubeflow.org/v2beta1"
-ENTRYPOINT = "/usr/local/bin/cudampi-entrypoint"
 
 MPI_IMPLEMENTATION = {"openmpi": "OpenMPI", "mpich": "MPICH"}
 
@@ -39,14 +38,10 @@ MPI_IMPLEMENTATION = {"openmpi": "OpenMPI", "mpich": "MPICH"}
 def launcher_args(spec: EnvSpec, settings: dict[str, str]) -> list[str]:
     """mpirun's argv on the launcher: ranks, placement, and what the remote ranks need."""
     if spec.mpi == "openmpi":
-        forward = [
-            "-x",
-            "LD_PRELOAD=" + image_env(spec, settings)[UCX_PRELOAD],
-            "-x",
-            "UCX_MODULE_DIR",
-            "-x",
-            "PATH",
-        ]
+        forward = ["-x", "PATH"]
+        if spec.gpu:
+            preload = "LD_PRELOAD=" + image_env(spec, settings)[UCX_PRELOAD]
+            forward = ["-x", preload, "-x", "UCX_MODULE_DIR", *forward]
         forward += [a for k in settings if not k.startswith("OMPI_MCA_") for a in ("-x", k)]
         return [
             "mpirun",
@@ -101,10 +96,9 @@ def mpijob(spec: EnvSpec, settings: dict[str, str]) -> dict[str, Any]:
             c["ports"] = [{"name": "ssh", "containerPort": spec.ssh_port, "protocol": "TCP"}]
         return c
 
-    worker_limits = {
-        "nvidia.com/gpu": spec.gpus_per_node,
-        "cpu": spec.cpus_per_task * spec.ranks_per_node_resolved,
-    }
+    worker_limits: dict[str, Any] = {"cpu": spec.cpus_per_task * spec.ranks_per_node_resolved}
+    if spec.gpu:
+        worker_limits = {"nvidia.com/gpu": spec.gpus_per_node, **worker_limits}
     return {
         "apiVersion": API_VERSION,
         "kind": "MPIJob",

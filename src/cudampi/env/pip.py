@@ -36,16 +36,19 @@ PYTORCH_INDEX = "https://download.pytorch.org/whl/{tag}"
 
 
 def torch_requirement(spec: EnvSpec) -> tuple[str, str | None]:
-    """``(requirement, extra index or None)``: PyPI's Linux torch wheels are CUDA 13.0 builds."""
+    """``(requirement, extra index or None)``: PyPI's Linux torch wheels are CUDA 13.0 builds;
+    the others (``+cu128``, ``+cpu``) come from PyTorch's index of that name."""
     if spec.cuda == "13.0":
         return f"torch=={spec.torch}", None
     return f"torch=={spec.torch}+{spec.cuda_tag}", PYTORCH_INDEX.format(tag=spec.cuda_tag)
 
 
-def mpi_requirements(spec: EnvSpec, *, gpu: bool = True) -> list[str]:
-    """Step 1-3 of the install order: MPI wheel, mpi4py, numpy (and UCX with CUDA)."""
+def mpi_requirements(spec: EnvSpec, *, gpu: bool | None = None) -> list[str]:
+    """Step 1-3 of the install order: MPI wheel, mpi4py, numpy (and UCX with CUDA).
+
+    ``gpu``: with the CUDA UCX (default: when the spec has CUDA)."""
     reqs = [f"{spec.mpi}=={spec.mpi_pin}", f"mpi4py=={spec.mpi4py}", f"numpy=={spec.numpy}"]
-    if gpu:
+    if spec.gpu if gpu is None else gpu:
         reqs.append(f"{spec.ucx_package}=={spec.ucx}")
     return reqs
 
@@ -76,8 +79,9 @@ def requirements_txt(spec: EnvSpec, *, cpu: bool = False) -> str:
             "`cudampi doctor` and host-memory jobs."
         )
     else:
+        stack = f"CUDA {spec.cuda}" if spec.gpu else "CPU only"
         lines.append(
-            f"# CUDA {spec.cuda}, torch {spec.torch}, {spec.mpi} {spec.mpi_pin}. "
+            f"# {stack}, torch {spec.torch}, {spec.mpi} {spec.mpi_pin}. "
             "Install order and why: install.sh."
         )
     lines.append("--only-binary mpi4py")
@@ -90,12 +94,14 @@ def requirements_txt(spec: EnvSpec, *, cpu: bool = False) -> str:
     lines.append(f"mpi4py=={spec.mpi4py}")
     lines.append(f"numpy=={spec.numpy}")
     if not cpu:
-        lines.append(
-            "# 3. UCX built with CUDA (cuda_copy, cuda_ipc): preloaded into the ranks "
-            "by cudampi-env.sh"
-        )
-        lines.append(f"{spec.ucx_package}=={spec.ucx}")
-        lines.append(f"# 4. torch (CUDA {spec.cuda} build) and the extras")
+        if spec.gpu:
+            lines.append(
+                "# 3. UCX built with CUDA (cuda_copy, cuda_ipc): preloaded into the ranks "
+                "by cudampi-env.sh"
+            )
+            lines.append(f"{spec.ucx_package}=={spec.ucx}")
+        step, build = ("4", f"CUDA {spec.cuda}") if spec.gpu else ("3", "CPU")
+        lines.append(f"# {step}. torch ({build} build) and the extras")
         lines.append(str(torch_req))
         lines.extend(extra_requirements(spec))
     return "\n".join(lines) + "\n"
@@ -161,6 +167,11 @@ def env_sh(spec: EnvSpec, env: dict[str, str]) -> str:
     rest = {k: v for k, v in env.items() if k not in UCX_RECIPE}
     recipe_lines = ("\n" + export(recipe, "  ")) if recipe else ""
     skipped = f" ({', '.join(recipe)} left unset)" if recipe else ""
+    if not spec.gpu:
+        return f"""# shellcheck shell=sh
+{HEADER}# Source it: . ./cudampi-env.sh   (CPU: the settings only, no CUDA UCX to preload)
+{export(rest)}
+"""
     return f"""# shellcheck shell=sh
 {HEADER}# Source it: . ./cudampi-env.sh   ({PYTHON} picks the venv's python; default: python3)
 _cudampi_py=${{{PYTHON}:-python3}}
@@ -259,7 +270,7 @@ MANYLINUX = (
 
 
 def resolve_lock_argv(
-    spec: EnvSpec, report_path: str, target: str, *, gpu: bool = True
+    spec: EnvSpec, report_path: str, target: str, *, gpu: bool | None = None
 ) -> list[str]:
     """The pip command that resolves :func:`mpi_requirements` for the image's platform."""
     argv = [
@@ -286,7 +297,7 @@ def resolve_lock_argv(
     return argv + mpi_requirements(spec, gpu=gpu)
 
 
-def resolve_lock(spec: EnvSpec, *, gpu: bool = True, timeout: float = 300) -> str:
+def resolve_lock(spec: EnvSpec, *, gpu: bool | None = None, timeout: float = 300) -> str:
     """Ask pip's resolver (metadata only, nothing installed) for the files and render the lock."""
     import tempfile
     from pathlib import Path

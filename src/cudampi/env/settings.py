@@ -209,19 +209,23 @@ def recommended_env(
     *,
     multi_node: bool = True,
     cuda_built: bool = False,
+    gpus: bool = True,
 ) -> dict[str, str]:
     """The exported environment settings for one MPI flavour (NCCL ones always included).
 
     ``cuda_built``: the MPI library is built with CUDA (conda-forge's Open MPI); the PyPI wheel
-    is not, and must not get ``OMPI_MCA_opal_cuda_support``.
+    is not, and must not get ``OMPI_MCA_opal_cuda_support``. ``gpus=False`` (a CPU stack) drops
+    the GPU settings: ``pml ucx`` on a host with neither GPUs nor InfiniBand cannot start.
     """
     key = flavour_key(mpi, ompi_major)
     out: dict[str, str] = {}
     for s in SETTINGS:
         if s.kind != "env" or not s.export:
             continue
-        if (s.when == "multi-node" and not multi_node) or (
-            s.when == "cuda-built" and not cuda_built
+        if (
+            (s.when == "multi-node" and not multi_node)
+            or (s.when == "cuda-built" and not (cuda_built and gpus))
+            or (s.when == "gpu" and not gpus)
         ):
             continue
         if key in s.applies_to or "nccl" in s.applies_to:

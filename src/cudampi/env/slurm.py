@@ -103,6 +103,7 @@ def parse_sbatch(text: str) -> SbatchScript:
 def srun_argv(spec: EnvSpec) -> list[str]:
     """The srun line that starts the ranks (argv; ``$VAR`` expanded by the batch shell)."""
     mpi = "pmix"
+    gpu = ["--gpu-bind=none", f"--export=ALL,LD_PRELOAD=${{{UCX_PRELOAD}:-}}"]
     return [
         "srun",
         f"--mpi={mpi}",
@@ -110,8 +111,7 @@ def srun_argv(spec: EnvSpec) -> list[str]:
         f"--ntasks-per-node={spec.ranks_per_node_resolved}",
         f"--cpus-per-task={spec.cpus_per_task}",
         "--cpu-bind=cores",
-        "--gpu-bind=none",
-        f"--export=ALL,LD_PRELOAD=${{{UCX_PRELOAD}:-}}",
+        *(gpu if spec.gpu else []),
         *spec.command,
     ]
 
@@ -123,7 +123,7 @@ def sbatch_script(spec: EnvSpec, env: dict[str, str]) -> str:
         "job-name": spec.name,
         "nodes": str(spec.nodes),
         "ntasks-per-node": str(spec.ranks_per_node_resolved),
-        "gpus-per-node": str(spec.gpus_per_node),
+        "gpus-per-node": str(spec.gpus_per_node) if spec.gpu else None,
         "cpus-per-task": str(spec.cpus_per_task),
         "time": spec.time_limit,
         "exclusive": "",
@@ -131,12 +131,14 @@ def sbatch_script(spec: EnvSpec, env: dict[str, str]) -> str:
     }
     if spec.partition:
         opts["partition"] = spec.partition
-    header = "\n".join(f"#SBATCH --{k}" + (f"={v}" if v else "") for k, v in opts.items())
+    header = "\n".join(
+        f"#SBATCH --{k}" + (f"={v}" if v else "") for k, v in opts.items() if v is not None
+    )
     del env  # the settings come from cudampi-env.sh, which the script sources
     srun = " \\\n  ".join(_shell_word(a) for a in srun_argv(spec))
     return f"""#!/bin/bash
 {header}
-{HEADER}# {spec.nodes} node(s) x {spec.ranks_per_node_resolved} rank(s), one GPU each. Submit: sbatch job.sbatch
+{HEADER}# {spec.nodes} node(s) x {spec.ranks_per_node_resolved} rank(s){", one GPU each" if spec.gpu else " (CPU)"}. Submit: sbatch job.sbatch
 # The PyPI route installed into {VENV} (sh install.sh "${VENV}").
 set -euo pipefail
 : "${{{VENV}:=$HOME/.venvs/{spec.name}}}"

@@ -25,6 +25,10 @@ CUDA_VERSIONS = ("12.6", "12.8", "12.9", "13.0")
 """CUDA versions the generators know how to pin: conda-forge's ``cuda-version`` builds and the
 PyTorch wheel indexes (``cu126`` ... ``cu130``)."""
 
+CPU = "cpu"
+"""``cuda = "cpu"``: no GPU. torch's CPU build (PyTorch's ``cpu`` index, ``torch==X+cpu``), no
+CUDA UCX, no GPU settings; the image runs anywhere (the container tests build it)."""
+
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 
 EXTRAS = ("cupy", "jupyter", "plot")
@@ -67,6 +71,7 @@ class EnvSpec:
     """Job, environment and image base name (a DNS label: lower case, digits, '-')."""
     python: str = "3.11"
     cuda: str = "13.0"
+    """A CUDA version of :data:`CUDA_VERSIONS`, or ``"cpu"`` (:data:`CPU`) for a stack without one."""
     torch: str = "2.11.0"
     """PyPI's torch 2.11.0 wheel for Linux is the CUDA 13.0 build (cuda-toolkit 13.0.2, NCCL
     2.28.9): the stack of the GPU machine the project is tested on."""
@@ -81,7 +86,7 @@ class EnvSpec:
     nodes: int = 2
     gpus_per_node: int = 8
     ranks_per_node: int = 0
-    """0: one rank per GPU (``gpus_per_node``)."""
+    """0: one rank per GPU (``gpus_per_node``); one per node on CPU."""
     cpus_per_task: int = 8
     time_limit: str = "01:00:00"
     partition: str = ""
@@ -108,7 +113,12 @@ class EnvSpec:
 
     @property
     def ranks_per_node_resolved(self) -> int:
-        return self.ranks_per_node or self.gpus_per_node
+        return self.ranks_per_node or (self.gpus_per_node if self.gpu else 1)
+
+    @property
+    def gpu(self) -> bool:
+        """False for ``cuda = "cpu"``: no CUDA UCX, no GPU settings, no GPU requests."""
+        return self.cuda != CPU
 
     @property
     def cuda_major(self) -> str:
@@ -116,8 +126,8 @@ class EnvSpec:
 
     @property
     def cuda_tag(self) -> str:
-        """``cu130`` for CUDA 13.0: the suffix of PyTorch's wheel index."""
-        return "cu" + self.cuda.replace(".", "")
+        """``cu130`` for CUDA 13.0, ``cpu`` on CPU: the suffix of PyTorch's wheel index."""
+        return "cu" + self.cuda.replace(".", "") if self.gpu else CPU
 
     @property
     def mpi_pin(self) -> str:
@@ -163,8 +173,12 @@ def _validate(s: EnvSpec) -> None:
         )
     if s.python not in PYTHON_VERSIONS:
         raise _fail("python", s.python, f"expected one of {', '.join(PYTHON_VERSIONS)}")
-    if s.cuda not in CUDA_VERSIONS:
-        raise _fail("cuda", s.cuda, f"expected one of {', '.join(CUDA_VERSIONS)} (major.minor)")
+    if s.cuda not in CUDA_VERSIONS and s.cuda != CPU:
+        raise _fail(
+            "cuda",
+            s.cuda,
+            f"expected one of {', '.join(CUDA_VERSIONS)} (major.minor), or {CPU!r} for none",
+        )
     if s.mpi not in MPI_FLAVOURS:
         raise _fail("mpi", s.mpi, f"expected one of {', '.join(MPI_FLAVOURS)}")
     for key in ("torch", "mpi4py", "numpy", "ucx"):
@@ -185,6 +199,8 @@ def _validate(s: EnvSpec) -> None:
         raise _fail(
             "extras", list(s.extras), f"unknown {bad}; known extras are {', '.join(EXTRAS)}"
         )
+    if not s.gpu and "cupy" in s.extras:
+        raise _fail("extras", list(s.extras), "cupy needs CUDA: drop it, or give a CUDA version")
     if len(set(s.extras)) != len(s.extras):
         raise _fail("extras", list(s.extras), "lists an extra twice")
     for key in ("nodes", "gpus_per_node", "cpus_per_task"):
@@ -193,7 +209,7 @@ def _validate(s: EnvSpec) -> None:
             raise _fail(key, value, "must be a whole number >= 1")
     if not isinstance(s.ranks_per_node, int) or s.ranks_per_node < 0:
         raise _fail("ranks_per_node", s.ranks_per_node, "must be >= 0 (0: one rank per GPU)")
-    if s.ranks_per_node > s.gpus_per_node:
+    if s.gpu and s.ranks_per_node > s.gpus_per_node:
         raise _fail(
             "ranks_per_node",
             s.ranks_per_node,
@@ -333,6 +349,7 @@ DEFAULT = EnvSpec()
 """The default description: the files in the repository's ``docker/`` are built from it."""
 
 __all__ = [
+    "CPU",
     "CUDA_VERSIONS",
     "DEFAULT",
     "EXTRAS",
