@@ -1,0 +1,80 @@
+"""Where an ipc call's time goes, 2+ ranks on the GPU: whole calls (pipelined and synced), the
+launch path alone, the raw kernel launch alone, GPU time per launch (events), and a cProfile of
+the pipelined calls on rank 0. Run under `cudampi launch -n 2 tools/ipc-profile.py`."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+
+import torch
+from mpi4py import MPI
+
+from cudampi.comm import Communicator
+from cudampi.comm.ipc import layout as L
+from cudampi.comm.ipc import plan
+from cudampi.comm.ipc.workspace import kernel
+
+w = MPI.COMM_WORLD
+torch.cuda.set_device(0)
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
+iters = 300
+x = torch.ones(n, device="cuda")
+y = torch.empty_like(x)
+
+
+def per_call(fn, k=iters, sync_each=False):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    w.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(k):
+        fn()
+        if sync_each:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / k * 1e6
+
+
+with Communicator(w, path="ipc") as c:
+    call = lambda: c.allreduce(x, out=y)  # noqa: E731
+    pipelined = per_call(call)
+    synced = per_call(call, sync_each=True)
+    eng = next(e for e in c._engines.stream_ordered())
+    ws = eng.ws
+    launches = plan.reduction(eng.geo, "allreduce", n, 4, x.data_ptr(), y.data_ptr(), (12, 1))
+    name = {"reduce": L.reduce_name("float32", "sum", ws.size)}
+    stream = torch.cuda.current_stream().cuda_stream
+    launch_only = per_call(lambda: ws.launch(launches, name, stream))
+    fn = kernel(0, name["reduce"])
+    cs = ws.stream(stream)
+    arg = (launches[0].params.view(plan.PARAM_DTYPE),)
+    raw = per_call(lambda: fn((ws.blocks,), (L.NTHREADS,), arg, stream=cs))
+    ws.launches += 20 + iters  # the raw launches above advanced the kernels' counters
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    w.Barrier()
+    e0.record()
+    for _ in range(100):
+        ws.launch(launches, name, stream)
+    e1.record()
+    torch.cuda.synchronize()
+    gpu = e0.elapsed_time(e1) * 1000 / 100
+    prof = cProfile.Profile()
+    w.Barrier()
+    prof.enable()
+    for _ in range(200):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    c.synchronize()
+    if w.rank == 0:
+        print(f"n={n} blocks={ws.blocks} us/call: pipelined {pipelined:.1f}, synced {synced:.1f}, "
+              f"launch path {launch_only:.1f}, raw kernel launch {raw:.1f}, GPU per launch {gpu:.1f}")
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
+        print("\n".join(s.getvalue().splitlines()[:45]))
