@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip(
+    "torch", reason="cudampi.torch needs torch (the 3.10/3.13 unit tiers have none)"
+)
+
 from cudampi.torch.hints import hint_for
 from cudampi.torch.rendezvous import lightning_hint, singleton_message
 
