@@ -24,7 +24,7 @@ from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.worker import MARKER, STAGE
 
 HOST_TESTS = ("host_p2p", "host_allreduce")
-DEVICE_TESTS = ("device_p2p", "device_allreduce", "host_staged")
+DEVICE_TESTS = ("device_p2p", "device_allreduce", "host_staged", "device_ipc")
 
 LAUNCHER_ENV_PREFIXES = (
     "PMIX_",
@@ -464,6 +464,13 @@ def run_probes(
         if backend is None:
             skipped[test] = no_device_reason or "no GPU"
             continue
+        if test == "device_ipc":
+            from cudampi.comm.engines.ipc import available
+
+            why = available()
+            if why is not None:
+                skipped[test] = why
+                continue
         if on_test is not None:
             on_test(test)
         runs[test] = run_test(spec, test, backend, env)

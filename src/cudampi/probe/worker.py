@@ -178,7 +178,8 @@ def _ipc(
         lat = _timed(comm, max(50, iters * 20), lambda: c.allreduce(small, out=out), dev.sync)
         secs = _timed(comm, iters, lambda: c.allreduce(x, out=y), dev.sync)
         c.synchronize()
-    extra.update(latency_us=lat * 1e6, mps=mps_active())
+    shared = len(set(comm.allgather(dev.index))) < size  # the probe's ranks share one node
+    extra.update(latency_us=lat * 1e6, mps=mps_active(), shared_gpu=shared)
     return secs, bool(ok)
 
 
