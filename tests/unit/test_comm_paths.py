@@ -130,3 +130,26 @@ def test_bad_path_names_are_config_errors():
     with pytest.raises(ConfigError, match="'ring'"):
         check_path("ring", "path")
     assert check_path(None, "path") is None
+
+
+def test_auto_takes_ipc_only_where_the_probe_proved_it_and_it_wins():
+    from dataclasses import replace
+
+    from cudampi.comm.paths import DeviceSupport, choose, ipc_support
+    from cudampi.probe.capabilities import ProbeOutcome
+
+    ok = ProbeOutcome("ok", "correct", 300.0)
+    assert ipc_support(ok, False, False, None, latency_us=20)[0]  # one GPU per rank
+    assert ipc_support(ok, True, True, None)[0]  # shared GPU under MPS
+    yes, why = ipc_support(ok, True, False, None)  # shared GPU, time-slicing
+    assert not yes and "MPS" in why
+    assert not ipc_support(ok, False, False, "CuPy is not installed")[0]
+    assert not ipc_support(None, False, True, None)[0]
+    assert not ipc_support(ProbeOutcome("crash", "segfault"), False, True, None)[0]
+    base = DeviceSupport(True, "p2p proven", False, "no")
+    assert choose("allreduce", "auto", True, "float32", 4096, base, mpi_reduces=True) == "gpu-ring"
+    on = replace(base, ipc=True, ipc_why="the probe proved the ipc engine correct")
+    got = choose("allreduce", "auto", True, "float32", 4096, on, mpi_reduces=True)
+    assert got == "ipc" and got.engine == "ipc" and got.inner == "alg"
+    assert choose("allreduce", "auto", False, "float32", 4096, on, mpi_reduces=True) == "host"
+    assert choose("send", "auto", True, "float32", 4096, on, mpi_reduces=True).engine == "mpi"

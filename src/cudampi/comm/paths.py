@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cudampi.config import PATHS, Config
 from cudampi.errors import ConfigError, DeviceError
-from cudampi.probe.capabilities import Capabilities
+from cudampi.probe.capabilities import Capabilities, ProbeOutcome
 
 REDUCING = ("allreduce", "reduce", "reduce_scatter")
 P2P = ("send", "recv", "isend", "irecv", "sendrecv")
@@ -53,6 +53,39 @@ class DeviceSupport:
     p2p_why: str
     collectives: bool
     collectives_why: str
+    ipc: bool = False
+    """May ``auto`` run device collectives on the ipc engine (see :func:`ipc_support`)?"""
+    ipc_why: str = "the ipc engine was not probed (run `cudampi doctor`)"
+
+
+def ipc_support(
+    probed: ProbeOutcome | None,
+    shared_gpu: bool | None,
+    mps: bool,
+    missing: str | None,
+    *,
+    latency_us: float | None = None,
+) -> tuple[bool, str]:
+    """Whether ``auto`` takes the ipc engine, and why: the probe ran it correctly
+    (``probed``), CuPy is there (``missing`` is None), and the ranks do not share a GPU without
+    the MPS daemon. On the H200 with two ranks on one GPU, ipc was the fastest cudampi path at
+    every size with MPS and the slowest at every size without it (docs/benchmarks.md), so the
+    rule is per setting, not per size."""
+    if missing is not None:
+        return False, f"the ipc engine is unavailable: {missing}"
+    if probed is None or probed.status == "skipped":
+        return False, "the ipc engine was not probed (run `cudampi doctor`)"
+    if not probed.ok:
+        return False, f"the probe found the ipc engine {probed.status}: {probed.detail}"
+    if shared_gpu and not mps:
+        return False, (
+            "the ranks share a GPU and the MPS daemon is not running: their contexts time-slice "
+            "the GPU and ipc's kernels wait a time slice for each other (slower than gpu-ring "
+            "there); start nvidia-cuda-mps-control -d, or use one GPU per rank"
+        )
+    speed = f", {latency_us:.0f} us at 4 KiB" if latency_us else ""
+    where = "ranks sharing a GPU under MPS" if shared_gpu else "one GPU per rank"
+    return True, f"the probe proved the ipc engine correct ({where}{speed})"
 
 
 def device_support(config: Config, caps: Capabilities | None) -> DeviceSupport:
@@ -150,6 +183,13 @@ def choose(
             "segfaults. Use path='gpu-ring' or 'staged', or set CUDAMPI_NATIVE_COLLECTIVES=yes."
         )
     if requested == "auto":
+        if support.ipc:
+            return PathChoice(
+                "ipc",
+                f"device memory, {support.ipc_why}: GPU kernels over CUDA IPC",
+                "ipc",
+                "alg" if support.p2p else "staged",
+            )
         if support.p2p:
             return PathChoice(
                 "gpu-ring",
