@@ -177,6 +177,28 @@ class Engine:
             self.ops.divide(of, self.setting.size, dtype)
 
 
+class CollectivesOnly(Engine):
+    """An engine of collectives only (ipc, nccl): user point-to-point goes through MPI's
+    engines (paths choose them for p2p), and a direct call says so."""
+
+    def _no_p2p(self) -> CommError:
+        return CommError(
+            f"the {self.name} engine moves collectives; point-to-point goes through MPI"
+        )
+
+    def send(self, f: Any, dest: int, tag: int) -> None:
+        raise self._no_p2p()
+
+    def recv(self, f: Any, source: int, tag: int) -> None:
+        raise self._no_p2p()
+
+    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+        raise self._no_p2p()
+
+    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+        raise self._no_p2p()
+
+
 def core_op(op: str) -> str:
     """The reduction that runs on the wire: ``avg`` is a ``sum`` divided afterwards."""
     return "sum" if op == "avg" else op

@@ -17,13 +17,20 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm.buffers import DTYPE_CODE, adapt
-from cudampi.comm.engines.base import Engine, Engines, Setting, caller_stream, node_comm
+from cudampi.comm.engines.base import (
+    CollectivesOnly,
+    Engine,
+    Engines,
+    Setting,
+    caller_stream,
+    node_comm,
+)
 from cudampi.comm.handle import Handle
 from cudampi.comm.ipc import layout as L
 from cudampi.comm.ipc import plan
 from cudampi.comm.ipc.workspace import Workspace
 from cudampi.comm.ops import REDUCE_OPS, ArrayOps
-from cudampi.errors import CommError, DeviceError
+from cudampi.errors import DeviceError
 
 
 def _workspace(comm: Any, s: Setting, device: int) -> Workspace:
@@ -40,7 +47,7 @@ def available() -> str | None:
     return None
 
 
-class IpcEngine(Engine):
+class IpcEngine(CollectivesOnly):
     name = "ipc"
     stream_ordered = True
 
@@ -223,20 +230,6 @@ class IpcEngine(Engine):
             code, max_pair=biggest,
         )  # fmt: skip
         self._move(launches)
-
-    # ------------------------------------------------------------------ point-to-point
-
-    def send(self, f: Any, dest: int, tag: int) -> None:
-        raise CommError("the ipc engine moves collectives; point-to-point goes through MPI")
-
-    def recv(self, f: Any, source: int, tag: int) -> None:
-        raise CommError("the ipc engine moves collectives; point-to-point goes through MPI")
-
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
-        raise CommError("the ipc engine moves collectives; point-to-point goes through MPI")
-
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
-        raise CommError("the ipc engine moves collectives; point-to-point goes through MPI")
 
 
 class HierEngine(Engine):

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
-from cudampi.comm.engines.base import Engine, Engines, Setting, caller_stream
-from cudampi.comm.handle import Handle
+from cudampi.comm.engines.base import CollectivesOnly, Engine, Engines, Setting, caller_stream
 from cudampi.comm.ops import COMPLEX, FLOAT, ArrayOps
 from cudampi.errors import CommError, DeviceError
 
@@ -264,7 +263,7 @@ class NcclComm:
             self.comm.destroy()
 
 
-class NcclEngine(Engine):
+class NcclEngine(CollectivesOnly):
     name = "nccl"
     stream_ordered = True
 
@@ -515,17 +514,3 @@ class NcclEngine(Engine):
             self.nc.comm.check_async_error()
         except self._nccl.NcclError as exc:
             raise CommError(f"nccl reported an error on {self._where()}: {exc}") from exc
-
-    # ------------------------------------------------------------------ point-to-point
-
-    def send(self, f: Any, dest: int, tag: int) -> None:
-        raise CommError("the nccl engine moves collectives; point-to-point goes through MPI")
-
-    def recv(self, f: Any, source: int, tag: int) -> None:
-        raise CommError("the nccl engine moves collectives; point-to-point goes through MPI")
-
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
-        raise CommError("the nccl engine moves collectives; point-to-point goes through MPI")
-
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
-        raise CommError("the nccl engine moves collectives; point-to-point goes through MPI")

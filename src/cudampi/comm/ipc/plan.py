@@ -20,6 +20,7 @@ from functools import cached_property
 
 import numpy
 
+from cudampi.comm.algorithms import offsets
 from cudampi.comm.ipc import layout as L
 
 CALL_IDS = {
@@ -207,7 +208,7 @@ def reduce_scatter(
     n = geo.nranks
     pe = _pack_elems(itemsize)
     window = (geo.capacity // n // L.PACK) * pe
-    offs = _offsets(counts)
+    offs = offsets(counts)
     rounds = max(1, -(-max(counts, default=0) // window))
     launches = []
     for j in range(rounds):
@@ -221,14 +222,6 @@ def reduce_scatter(
         _set_sig(p, signature("reduce_scatter", *sig, -1, sum(counts), tuple(counts), j, rounds))
         launches.append(Launch("reduce", p))
     return launches
-
-
-def _offsets(counts: list[int]) -> list[int]:
-    out, acc = [], 0
-    for c in counts:
-        out.append(acc)
-        acc += c
-    return out
 
 
 # ------------------------------------------------------------------------------ data movement
@@ -262,7 +255,7 @@ def gather_like(
     n, me = geo.nranks, geo.rank
     window = (geo.capacity // L.PACK) * L.PACK
     nbytes = [c * itemsize for c in counts]
-    displ = _offsets(nbytes)
+    displ = offsets(nbytes)
     if call == "broadcast":
         displ = [0] * n
     rounds = max(1, -(-max(nbytes, default=0) // window))
@@ -311,7 +304,7 @@ def all_to_all(
     window = (geo.capacity // n // L.PACK) * L.PACK
     sb = [c * itemsize for c in send_counts]
     rb = [c * itemsize for c in recv_counts]
-    sd, rd = _offsets(sb), _offsets(rb)
+    sd, rd = offsets(sb), offsets(rb)
     rounds = max(1, -(-(max_pair * itemsize) // window))
     sends = call == "alltoall" or geo.rank == root
     launches = []
