@@ -176,23 +176,16 @@ def rank_env_and_probe_cache(comm, cache_dir):
             assert "shape" in str(exc)
         else:
             raise AssertionError("CUDAMPI_DEBUG=1 must compare shapes")
-    # a probe result for this very stack makes device p2p trusted
+    # a probe result for this very stack on this host is read; what it proved drives the path
     if comm.rank == 0:
-        key = capmod.stack_key(MPI.Get_library_version(), os.environ)
-        capmod.save(
-            cache_dir,
-            capmod.Capabilities(
-                key=key,
-                mpi_library=MPI.Get_library_version(),
-                device_p2p=capmod.ProbeOutcome("ok", "test entry"),
-                device_allreduce=capmod.ProbeOutcome("crash", "test entry"),
-            ),
-        )
+        capmod.save(cache_dir, _entry(capmod, MPI, device_p2p={"status": "crash", "detail": "t"}))
     comm.Barrier()
     cfg = Config.load({"cache_dir": cache_dir}, env={})
     with Communicator(comm, config=cfg) as c:
-        assert c.capabilities is not None and c.capabilities.device_p2p.ok
-        assert c.device_support.p2p and not c.device_support.collectives
+        assert c.capabilities is not None and c.capabilities.device_p2p.status == "crash"
+        assert not c.device_support.p2p and "found device point-to-point crash" in (
+            c.device_support.p2p_why
+        )
     if comm.rank == 0:
         print("env and cache ok")
 
@@ -211,3 +204,98 @@ def test_env_settings_and_probe_cache_drive_the_path(tmp_path):
         timeout=120,
     )
     assert "env and cache ok" in proc.stdout
+
+
+def _entry(capmod, MPI, **fields):
+    """A cache entry of this rank's very stack on this host."""
+    import os
+    import socket
+
+    lib = MPI.Get_library_version()
+    base = capmod.Capabilities(
+        key=capmod.stack_key(lib, os.environ),
+        mpi_library=lib,
+        host_staged=capmod.ProbeOutcome("ok"),
+        host=socket.gethostname(),
+        env=capmod.stack_env(os.environ),
+    )
+    return capmod.Capabilities.from_json({**base.to_json(), **fields})
+
+
+def write_bad_entry(comm, cache_dir, kind):
+    """Rank 0 files a bad entry where this stack's entry is looked up; every rank waits."""
+    import json
+    import os
+    import socket
+    from pathlib import Path
+
+    from mpi4py import MPI
+
+    from cudampi.probe import capabilities as capmod
+
+    if comm.rank == 0:
+        lib = MPI.Get_library_version()
+        key = capmod.stack_key(lib, os.environ)
+        entry = {
+            "key": key,
+            "mpi_library": lib,
+            "host": socket.gethostname(),
+            "env": capmod.stack_env(os.environ),
+        }
+        if kind == "wrong-type":
+            entry["device_p2p"] = "ok"
+        else:  # claims device p2p for another library (and a GPU this host does not have)
+            entry.update(
+                mpi_library="MPICH Version: 5.0.2",
+                device_p2p={"status": "ok", "detail": "", "gbps": 900.0},
+                gpu="NVIDIA H200",
+            )
+        # filed under this host's name and under the bare key (older cudampi's place for it)
+        names = [f"{key}@{socket.gethostname()}", key]
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cache_dir) / "capabilities.json").write_text(json.dumps(dict.fromkeys(names, entry)))
+    comm.Barrier()
+    assert os.environ["CUDAMPI_CACHE_DIR"] == cache_dir
+
+
+def rank_bad_cache_entry(comm, cache_dir, kind):
+    """A cache entry with a wrong-typed field or of another stack: the Communicator and the torch
+    backend ignore it, say so (a warning on rank 0 and in the path's reason) and work."""
+    import warnings
+
+    import numpy as np
+
+    from cudampi.comm import Communicator
+
+    write_bad_entry(comm, cache_dir, kind)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with Communicator(comm) as c:
+            assert c.capabilities is None and not c.device_support.p2p
+            why = c.device_support.p2p_why
+            assert "was ignored" in why and "cudampi doctor" in why, why
+            assert ("'device_p2p' must be an object" if kind == "wrong-type" else "MPICH") in why
+            got = c.allreduce(np.full(8, comm.rank + 1.0))
+            assert got.tolist() == [comm.size * (comm.size + 1) / 2] * 8
+    said = [str(w.message) for w in seen if "was ignored" in str(w.message)]
+    assert len(said) == (1 if comm.rank == 0 else 0), said
+    import torch
+    import torch.distributed as dist
+
+    import cudampi.torch  # noqa: F401
+
+    dist.init_process_group("cudampi")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert t.tolist() == [float(comm.size)] * 4
+    dist.destroy_process_group()
+    if comm.rank == 0:
+        print(f"bad entry {kind} ignored", flush=True)
+
+
+@pytest.mark.parametrize("kind", ["wrong-type", "other-library"])
+def test_a_bad_cache_entry_is_ignored_and_said(tmp_path, kind):
+    cache = str(tmp_path / "cache")
+    env = {"CUDAMPI_CACHE_DIR": cache}
+    proc = run_mpi(2, __file__, "rank_bad_cache_entry", cache, kind, env=env, timeout=180)
+    assert f"bad entry {kind} ignored" in proc.stdout

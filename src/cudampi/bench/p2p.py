@@ -135,19 +135,18 @@ class _Mpi(_P2P):
         if lib.device == "cuda":
             from mpi4py import MPI
 
+            from cudampi.comm.paths import device_support
             from cudampi.config import Config
             from cudampi.probe import capabilities as capmod
 
             cfg = Config.load()
-            caps = capmod.load(cfg.cache_dir, capmod.stack_key(MPI.Get_library_version()))
-            proven = cfg.cuda_aware == "yes" or (
-                cfg.cuda_aware == "auto" and caps is not None and caps.device_p2p.ok
-            )
-            if not proven:
+            found = capmod.lookup(cfg.cache_dir, MPI.Get_library_version())
+            support = device_support(cfg, found.entry, found.note)
+            if not support.p2p:
                 self.comm.Free()
-                seen = "no probe result" if caps is None else f"probe: {caps.device_p2p.status}"
                 raise Skip(
-                    f"MPI point-to-point on device memory is not proven CUDA-aware here ({seen}); "
+                    f"MPI point-to-point on device memory is not proven CUDA-aware here "
+                    f"({support.p2p_why}); "
                     "device Send segfaults on non-CUDA-aware Open MPI. Run `cudampi doctor`, or "
                     "preload UCX with --mca pml ucx (see docs)"
                 )

@@ -12,6 +12,7 @@ separate duplicate of the communicator so it can never match a collective's inte
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,9 +72,11 @@ class Communicator:
         self._coll = comm.Dup()
         self.rank: int = self.mpi_comm.Get_rank()
         self.size: int = self.mpi_comm.Get_size()
-        key = capmod.stack_key(MPI.Get_library_version(), os.environ)
-        self.capabilities: capmod.Capabilities | None = capmod.load(self.config.cache_dir, key)
-        self._support = device_support(self.config, self.capabilities)
+        found = capmod.lookup(self.config.cache_dir, MPI.Get_library_version(), os.environ)
+        self.capabilities: capmod.Capabilities | None = found.entry
+        self._support = device_support(self.config, found.entry, found.note)
+        if found.ignored and self.rank == 0:
+            warnings.warn(f"cudampi: {found.note}", RuntimeWarning, stacklevel=2)
         shared = node_comm(self._coll, self.config)
         one_node = shared.Get_size() == self.size
         shared.Free()

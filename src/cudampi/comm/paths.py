@@ -88,13 +88,17 @@ def ipc_support(
     return True, f"the probe proved the ipc engine correct ({where}{speed})"
 
 
-def device_support(config: Config, caps: Capabilities | None) -> DeviceSupport:
+def device_support(config: Config, caps: Capabilities | None, note: str = "") -> DeviceSupport:
+    """What MPI may be given device memory for: the config's yes/no, else what the probe entry
+    ``caps`` proved (see :func:`cudampi.probe.capabilities.lookup`; ``note`` says why there is
+    none). The one reader of the probe's verdicts: nothing else decides on them."""
+    missing = note or "no probe result for this MPI stack (run `cudampi doctor`)"
     if config.cuda_aware == "yes":
         p2p, p2p_why = True, "cuda_aware=yes (CUDAMPI_CUDA_AWARE) says MPI p2p takes device memory"
     elif config.cuda_aware == "no":
         p2p, p2p_why = False, "cuda_aware=no (CUDAMPI_CUDA_AWARE)"
     elif caps is None:
-        p2p, p2p_why = False, "no probe result for this MPI stack (run `cudampi doctor`)"
+        p2p, p2p_why = False, missing
     elif caps.device_p2p.ok:
         p2p, p2p_why = True, "the probe proved device point-to-point correct"
     else:
@@ -104,7 +108,7 @@ def device_support(config: Config, caps: Capabilities | None) -> DeviceSupport:
     elif config.native_collectives == "no":
         coll, coll_why = False, "native_collectives=no (CUDAMPI_NATIVE_COLLECTIVES)"
     elif caps is None:
-        coll, coll_why = False, "no probe result for this MPI stack (run `cudampi doctor`)"
+        coll, coll_why = False, missing
     elif caps.device_allreduce.ok:
         coll, coll_why = True, "the probe proved MPI's device Allreduce correct"
     else:

@@ -734,9 +734,20 @@ def check_nccl_settings(env: Mapping[str, str], interfaces: Sequence[Interface])
     )
 
 
-def check_cache(path: str | None, keys: Sequence[str], runtime_ran: bool, note: str) -> Check:
+def check_cache(
+    path: str | None, keys: Sequence[str], runtime_ran: bool, note: str, error: str = ""
+) -> Check:
     if not runtime_ran:
         return Check("capabilities cache", "n/a", f"nothing probed: {note}", "", "cache")
+    if error:
+        return Check(
+            "capabilities cache",
+            "warn",
+            f"not saved: {error}",
+            "give a writable folder: --cache-dir DIR or CUDAMPI_CACHE_DIR=DIR; until then "
+            "cudampi assumes nothing is CUDA-aware",
+            "cache",
+        )
     if path is None:
         return Check(
             "capabilities cache",
@@ -919,6 +930,6 @@ def all_checks(f: Facts) -> list[Check]:
         check_settings(f.settings_env, gpus_present, f.ompi),
         check_interfaces(f.launcher.interfaces, f.env),
         check_nccl_settings(f.env, f.launcher.interfaces),
-        check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note),
+        check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note, f.cache_error),
     ]
     return checks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -97,6 +98,8 @@ class Facts:
     """The same probes again with the libucx recipe `cudampi launch` applies, run by itself when
     the libucx wheel is importable, ``--preload-ucx`` was not given and plain device p2p failed."""
     recipe_package: str | None = None
+    cache_error: str = ""
+    """Why the probed capabilities could not be saved (an unwritable cache folder)."""
 
 
 def resolve_ucx_package(choice: str | None) -> str | None:
@@ -215,6 +218,7 @@ def gather(
     capabilities: Capabilities | None = None
     cache_path: str | None = None
     keys: tuple[str, ...] = ()
+    cache_error = ""
     vendor = probe_version[0] or library.vendor
     spec = build_spec(options, probe_mpiexec or "mpiexec", vendor, ucx_package)
     predicted_env = ranks_env(spec, env)
@@ -253,7 +257,7 @@ def gather(
         runtime = RuntimeResult(
             {**host_runs.runs, **device.runs}, {**host_runs.skipped, **device.skipped}
         )
-        capabilities, cache_path, keys = _save_capabilities(runtime, options)
+        capabilities, cache_path, keys, cache_error = _save_capabilities(runtime, options)
         found = libucx_package_dir()
         if (
             ucx_package is None
@@ -266,7 +270,8 @@ def gather(
             recipe_package = str(found)
             rspec = build_spec(options, spec.mpiexec, vendor, recipe_package)
             recipe = run_probes(rspec, backend, reason, env, on_test=job(" with the libucx recipe"))
-            rcaps, rpath, rkeys = _save_capabilities(recipe, options)
+            rcaps, rpath, rkeys, rerror = _save_capabilities(recipe, options)
+            cache_error = cache_error or rerror
             if rcaps is not None:
                 cache_path, keys = rpath, (*keys, *rkeys)
     return Facts(
@@ -302,19 +307,20 @@ def gather(
         cache_keys=keys,
         recipe=recipe,
         recipe_package=recipe_package,
+        cache_error=cache_error,
     )
 
 
 def _save_capabilities(
     runtime: RuntimeResult, options: DoctorOptions
-) -> tuple[Capabilities | None, str | None, tuple[str, ...]]:
+) -> tuple[Capabilities | None, str | None, tuple[str, ...], str]:
     """Cache what the probe proved under the key the ranks computed for themselves: what a
     :class:`~cudampi.comm.Communicator` computes in a job launched the same way (same MPI,
     same ``--mca``/``-x`` settings, same launcher). Nothing is saved when the host probes failed:
     with no entry, cudampi assumes nothing is CUDA-aware."""
     facts = runtime.rank_facts
     if facts is None or not all(runtime.outcome(t).ok for t in HOST_TESTS):
-        return None, None, ()
+        return None, None, (), ""
     p2p = runtime.outcome("device_p2p")
     copy = runtime.runs.get("copy")
     copy_gbps = copy.outcome.gbps if copy is not None and copy.outcome.ok else None
@@ -327,6 +333,7 @@ def _save_capabilities(
         from cudampi.config import Config
 
         cache_dir = Config.load().cache_dir
+    host = str(facts.get("hostname") or socket.gethostname())
     caps = Capabilities(
         key=str(facts["key"]),
         mpi_library=str(facts["library_version"]),
@@ -336,7 +343,11 @@ def _save_capabilities(
         host_copy_gbps=copy_gbps,
         silent_staging=staging_verdict(p2p.gbps if p2p.ok else None, copy_gbps),
         gpu=str(gpu) if gpu else None,
+        host=host,
         env=dict(facts.get("env") or {}),
     )
-    path = caps_mod.save(cache_dir, caps)
-    return caps, str(path), (caps.key,)
+    try:
+        path = caps_mod.save(cache_dir, caps)
+    except OSError as exc:
+        return caps, None, (), f"cannot write {caps_mod.cache_file(cache_dir)}: {exc}"
+    return caps, str(path), (caps.key,), ""

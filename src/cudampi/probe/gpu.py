@@ -247,6 +247,34 @@ def _run(argv: list[str], timeout: float = 30.0) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
+def parse_driver_information(text: str) -> str | None:
+    """The model of one GPU from the NVIDIA driver's ``/proc/driver/nvidia/gpus/*/information``
+    (``Model: \t\t NVIDIA H200``), or None."""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "Model" and value.strip():
+            return " ".join(value.split())
+    return None
+
+
+def driver_gpus(root: str = "/proc/driver/nvidia/gpus") -> tuple[str, ...] | None:
+    """The models of the GPUs the NVIDIA driver shows this process (a container sees only its
+    own), read from /proc without starting CUDA; None when the driver shows nothing here."""
+    try:
+        folders = sorted(Path(root).iterdir())
+    except OSError:
+        return None
+    models = []
+    for folder in folders:
+        try:
+            model = parse_driver_information((folder / "information").read_text())
+        except OSError:
+            continue
+        if model:
+            models.append(model)
+    return tuple(models) or None
+
+
 def query_gpu_system(env: Mapping[str, str] | None = None) -> GpuSystem:
     """NVML, nvidia-smi topo -m (network cards), /proc/modules, /dev/infiniband (never raises)."""
     env = os.environ if env is None else env

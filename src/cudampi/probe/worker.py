@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -317,6 +318,7 @@ def _library_facts(mpi: Any) -> dict[str, Any]:
         "mpix_query_cuda_support": mpix,
         "size": mpi.COMM_WORLD.size,
         "host": mpi.Get_processor_name(),
+        "hostname": socket.gethostname(),  # what a Communicator on this host compares with
     }
 
 

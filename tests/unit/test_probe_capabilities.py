@@ -1,0 +1,138 @@
+"""The capabilities cache: an entry is believed only if it passes the schema and describes this
+very stack (library, settings, host, and for a device claim a GPU of its model here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cudampi.comm.paths import device_support
+from cudampi.config import Config
+from cudampi.probe import capabilities as cap
+from cudampi.probe.gpu import driver_gpus, parse_driver_information
+
+LIB = "Open MPI v5.0.11, package: Open MPI runner@host Distribution, ident: 5.0.11\nmore"
+ENV = {"OMPI_MCA_pml": "ucx"}
+HOST = "node1"
+H200 = ("NVIDIA H200",)
+
+
+def entry(**changes):
+    caps = cap.Capabilities(
+        key=cap.stack_key(LIB, ENV),
+        mpi_library=LIB,
+        device_p2p=cap.ProbeOutcome("ok", "correct", 880.5),
+        device_allreduce=cap.ProbeOutcome("crash", "SIGSEGV in coll"),
+        host_staged=cap.ProbeOutcome("ok"),
+        gpu="NVIDIA H200",
+        host=HOST,
+        env=dict(ENV),
+    ).to_json()
+    caps.update(changes)
+    return caps
+
+
+def find(tmp_path, data, *, gpus=H200, host=HOST, env=ENV, lib=LIB):
+    (tmp_path / "capabilities.json").write_text(json.dumps(data))
+    return cap.lookup(tmp_path, lib, env, host=host, gpus=lambda: gpus)
+
+
+def named(data):
+    """``data`` filed where this stack's entry on HOST is looked up."""
+    return {cap.entry_name(cap.stack_key(LIB, ENV), HOST): data}
+
+
+def test_a_saved_entry_of_this_stack_is_believed(tmp_path):
+    caps = cap.Capabilities.from_json(entry())
+    cap.save(tmp_path, caps)
+    found = cap.lookup(tmp_path, LIB, ENV, host=HOST, gpus=lambda: H200)
+    assert found.entry == caps and not found.ignored
+    support = device_support(Config.load(env={}), found.entry, found.note)
+    assert support.p2p and "the probe proved" in support.p2p_why
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("device_p2p", "ok", "'device_p2p' must be an object"),
+        ("device_p2p", None, "'device_p2p' must be an object"),
+        ("device_p2p", {"status": "great"}, "device_p2p.status must be one of"),
+        ("device_allreduce", {"status": "ok", "gbps": "fast"}, "device_allreduce.gbps"),
+        ("host_copy_gbps", "12", "'host_copy_gbps' must be int or float or null"),
+        ("silent_staging", 1, "'silent_staging' must be bool or null"),
+        ("gpu", 7, "'gpu' must be str or null"),
+        ("env", {"UCX_TLS": 3}, "'env' must map names to strings"),
+        ("probed_at", True, "'probed_at' must be int or float"),
+        ("key", None, "'key' must be str"),
+    ],
+)
+def test_a_wrong_typed_field_is_ignored_and_said(tmp_path, field, value, words):
+    found = find(tmp_path, named(entry(**{field: value})))
+    assert found.entry is None and found.ignored
+    assert words in found.note and "Run `cudampi doctor` on this host" in found.note
+    support = device_support(Config.load(env={}), found.entry, found.note)
+    assert not support.p2p and words in support.p2p_why
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"mpi_library": "MPICH Version: 5.0.2"}, "it was probed with 'MPICH Version: 5.0.2'"),
+        ({"host": "node2"}, "it was probed on host 'node2', this is 'node1'"),
+        ({"env": {}}, "it was probed with settings {}"),
+        ({"gpu": None}, "claims device support but names no GPU"),
+        ({"gpu": "NVIDIA A100"}, "on a NVIDIA A100, but this host has NVIDIA H200"),
+        ({"key": "0" * 16}, "names key '0000000000000000'"),
+    ],
+)
+def test_an_entry_of_another_stack_is_ignored(tmp_path, change, words):
+    found = find(tmp_path, named(entry(**change)))
+    assert found.entry is None and found.ignored and words in found.note, found.note
+
+
+def test_a_device_claim_needs_a_gpu_the_driver_shows(tmp_path):
+    found = find(tmp_path, named(entry()), gpus=None)  # no NVIDIA driver here
+    assert found.entry is None and "the NVIDIA driver shows no GPU here" in found.note
+    # an entry that claims nothing about device memory needs no GPU
+    host_only = entry(device_p2p={"status": "skipped"}, gpu=None)
+    found = find(tmp_path, named(host_only), gpus=None)
+    assert found.entry is not None and not found.entry.claims_device
+
+
+def test_no_entry_and_unreadable_files_are_not_errors(tmp_path):
+    found = cap.lookup(tmp_path, LIB, ENV, host=HOST, gpus=lambda: H200)
+    assert found.entry is None and not found.ignored and "run `cudampi doctor`" in found.note
+    (tmp_path / "capabilities.json").write_text("{not json")
+    assert cap.lookup(tmp_path, LIB, ENV, host=HOST, gpus=lambda: H200).entry is None
+    # an entry of the format before hosts were recorded is not found (probe again)
+    (tmp_path / "capabilities.json").write_text(json.dumps({entry()["key"]: entry()}))
+    assert cap.lookup(tmp_path, LIB, ENV, host=HOST, gpus=lambda: H200).entry is None
+
+
+def test_entries_of_several_hosts_share_one_file(tmp_path):
+    for host in ("a", "b"):
+        cap.save(tmp_path, cap.Capabilities.from_json(entry(host=host)))
+    for host in ("a", "b"):
+        got = cap.lookup(tmp_path, LIB, ENV, host=host, gpus=lambda: H200).entry
+        assert got is not None and got.host == host
+
+
+def test_save_into_a_folder_that_cannot_be_made_raises_oserror(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError):
+        cap.save(tmp_path / "file" / "cache", cap.Capabilities.from_json(entry()))
+
+
+def test_driver_information_gives_the_model(tmp_path):
+    text = (
+        "Model: \t\t NVIDIA H200\nIRQ:   \t\t 37\nGPU UUID: \t GPU-1234\nBus Location: \t "
+        "0000:18:00.0\n"
+    )
+    assert parse_driver_information(text) == "NVIDIA H200"
+    assert parse_driver_information("IRQ: 3\n") is None
+    assert driver_gpus(str(tmp_path / "none")) is None
+    gpu = tmp_path / "gpus" / "0000:18:00.0"
+    gpu.mkdir(parents=True)
+    (gpu / "information").write_text(text)
+    assert driver_gpus(str(tmp_path / "gpus")) == ("NVIDIA H200",)
