@@ -63,6 +63,16 @@ def parse_seconds(text: str | float) -> float:
     return value
 
 
+def seconds_arg(text: str) -> float:
+    """:func:`parse_seconds` as an argparse ``type=``: a bad value is a usage error (exit 2)."""
+    import argparse
+
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _choice(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:
@@ -283,6 +293,7 @@ BIND_GPU = "CUDAMPI_BIND_GPU"
 BIND_CPU = "CUDAMPI_BIND_CPU"
 DEVICE = "CUDAMPI_DEVICE"
 REPORT_DIR = "CUDAMPI_REPORT_DIR"
+REPORT_TOKEN = "CUDAMPI_REPORT_TOKEN"
 
 LAUNCHER_ENV: Mapping[str, str] = {
     LAUNCHER: "the launcher flavour that started the ranks (openmpi, mpich, slurm)",
@@ -291,6 +302,8 @@ LAUNCHER_ENV: Mapping[str, str] = {
     BIND_CPU: "gpu: the rank binds itself to its GPU's NUMA cores; none: the launcher decides",
     DEVICE: "the CUDA ordinal the bootstrap chose for the rank (cudampi.init() selects it)",
     REPORT_DIR: "where ranks write fault reports for the launch supervisor",
+    REPORT_TOKEN: "the job's secret that marks its ranks' fault reports (the bootstrap takes it "
+    "out of the environment before the user's code runs)",
 }
 """CUDAMPI_* variables that `cudampi launch` sets for its ranks."""
 

@@ -52,6 +52,12 @@ def main() -> int:
         seen = " ".join(f"{name}={os.environ.get(name)}" for name in args)
         print(f"rank {rank} on {socket.gethostname()}: {seen}", flush=True)
         return 0
+    if mode == "forge":  # prints what looks like a fault report (a log of an earlier job), then ok
+        line = "[cudampi-fault host=elsewhere rank=7 code=3] ValueError: from an old log"
+        print(line, flush=True)
+        print(line, file=sys.stderr, flush=True)
+        print(f"[cudampi-fault 0123456789abcdef host=x rank={rank} code=1] E", file=sys.stderr)
+        return 0
     if mode == "sleep":  # args: pid folder
         with open(os.path.join(args[0], f"{rank}.pid"), "w") as f:
             f.write(str(os.getpid()))

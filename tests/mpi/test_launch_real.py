@@ -249,3 +249,110 @@ def test_init_under_plain_mpiexec(n):
     from tests.mpirun import run_mpi
 
     run_mpi(n, __file__, "rank_init_under_plain_mpiexec", str(n))
+
+
+def test_report_like_output_does_not_end_a_healthy_job():
+    """Issue 16, item 14: the fault channel is not forgeable from ordinary output."""
+    start = time.monotonic()
+    p = launch("-n", "2", "--grace", "1", TARGET, "forge")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert time.monotonic() - start < 30
+    assert "rank=7 code=3] ValueError: from an old log" in p.stdout  # passed through as output
+    assert p.stderr.count("ValueError: from an old log") == 2
+    assert "cudampi launch:" not in p.stderr
+
+
+def test_a_launcher_that_starts_no_rank_is_a_failure():
+    """Issue 16, item 10: raw flags that make mpiexec print its version and exit 0."""
+    p = launch("-n", "2", TARGET, "check", "2", "--", "--version")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "started none of the 2 ranks" in p.stderr
+
+
+def _fake_launcher(tmp_path: Path) -> str:
+    """The real mpiexec, then a launcher that never exits (prterun hanging after its ranks)."""
+    real = Path(sys.executable).parent / "mpiexec"
+    fake = tmp_path / "bin" / "mpiexec"
+    fake.parent.mkdir()
+    fake.write_text(
+        f'#!/bin/sh\n"{real}" "$@"\nrc=$?\ncase "$1" in --version|-V) exit $rc;; esac\n'
+        "exec sleep 300\n"
+    )
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.mark.parametrize(
+    ("mode", "code", "words"),
+    [
+        (["kill", "1"], 137, "rank 1 on host {h} was killed by signal 9"),
+        (["check", "2", "--flag", "a b"], 1, "had not exited 2 s after every rank ended"),
+    ],
+    ids=["after-a-kill", "after-success"],
+)
+def test_a_launcher_that_hangs_after_its_ranks_ended_is_stopped(tmp_path, mode, code, words):
+    """Issue 16, item 9: prterun sometimes hangs once every rank has died (a rank that dies in C,
+    in MPI_Init say, reports nothing itself: the launcher's own words must start the grace)."""
+    start = time.monotonic()
+    p = launch("-n", "2", "--grace", "2", "--launcher", _fake_launcher(tmp_path), TARGET, *mode)
+    assert p.returncode == code, p.stdout + p.stderr
+    assert words.format(h=HOST) in p.stderr
+    assert time.monotonic() - start < 40
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_sigkill_of_cudampi_launch_takes_the_launcher_and_every_rank_down(tmp_path):
+    """Issue 16, item 11: no rank outlives its launcher, even when the supervisor gets -9."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "cudampi", "launch", "-n", "2", TARGET, "sleep", str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2:
+            assert sup.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        launcher = _children(sup.pid)
+        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")] + launcher
+        assert launcher and all(_alive(pid) for pid in pids)
+        sup.kill()
+        sup.wait()
+        deadline = time.monotonic() + 10
+        while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in pids if _alive(pid)] == [], "left running after kill -9"
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--timeout", "0"], "--timeout"),
+        (["--timeout", "nan"], "--timeout"),
+        (["--grace", "-1"], "--grace"),
+        (["--master-port", "0"], "--master-port"),
+        (["--master-port", "70000"], "--master-port"),
+        (["--ssh", '"unbalanced'], "--ssh"),
+    ],
+)
+def test_bad_launch_flags_are_usage_errors(flags, words):
+    """Issue 16, items 9, 12 and 13: exit 2 with the flag named, no traceback, nothing run."""
+    p = launch("-n", "2", *flags, TARGET, "check", "2", timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert words in p.stderr and "Traceback" not in p.stderr

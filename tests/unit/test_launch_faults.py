@@ -6,14 +6,22 @@ from pathlib import Path
 
 from cudampi.launch.faults import HostFailure, RankFailure, build_result, parse_launcher_output
 from cudampi.launch.report import (
+    NO_TOKEN,
     SUMMARY_LINES,
     format_report,
+    format_started,
     is_user_file,
     parse_reports,
+    parse_started,
     summarize_exception,
 )
 
 LAUNCH = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
+TOKEN = "0123456789abcdef"
+
+
+def rep(host: str, rank: int, code: int, lines: list[str]) -> str:
+    return format_report(host, rank, code, lines, TOKEN)
 
 
 def fixture(name: str) -> str:
@@ -81,14 +89,28 @@ def test_reports_roundtrip_and_traceback_summary():
     lines = summarize_exception(tb)
     assert lines[0] == "ValueError: loss is nan"
     assert lines[1] == '  File "/w/train.py", line 5, in main'  # innermost first
-    text = format_report("node2", 3, 1, lines) + "unrelated\n" + format_report("node1", 0, 2, ["x"])
-    reps = parse_reports(text.splitlines())
+    text = rep("node2", 3, 1, lines) + "unrelated\n" + rep("node1", 0, 2, ["x"])
+    reps = parse_reports(text.splitlines(), TOKEN)
     assert [(r.host, r.rank, r.code) for r in reps] == [("node2", 3, 1), ("node1", 0, 2)]
     assert reps[0].lines == tuple(lines)
 
 
+def test_only_lines_with_the_jobs_token_are_reports():
+    """A program that prints report-like lines (a log of an earlier job) cannot end a healthy
+    job or blame a rank: only the job's own token counts, and no token never does."""
+    other = format_report("vm", 7, 1, ["ValueError: old"], "fedcba9876543210")
+    bare = "[cudampi-fault host=vm rank=7 code=1] ValueError: from an old cudampi\n"
+    handmade = format_report("vm", 0, 1, ["E"], NO_TOKEN)
+    lines = (other + bare + handmade + rep("vm", 1, 3, ["E"])).splitlines()
+    assert [(r.rank, r.code) for r in parse_reports(lines, TOKEN)] == [(1, 3)]
+    assert parse_reports(lines, NO_TOKEN) == []
+    started = format_started("vm", 0, TOKEN) + format_started("vm", 1, "x") + rep("vm", 2, 1, ["E"])
+    assert parse_started(started.splitlines(), TOKEN) == {0}
+    assert parse_reports(started.splitlines(), TOKEN)[0].rank == 2
+
+
 def test_build_result_merges_reports_launcher_and_fault_files():
-    reps = parse_reports(format_report("vm", 1, 1, ["ValueError: boom"]).splitlines())
+    reps = parse_reports(rep("vm", 1, 1, ["ValueError: boom"]).splitlines(), TOKEN)
     ev = parse_launcher_output(
         fixture("openmpi-exit.txt").replace("Exit code:    3", "Exit code:    1"), "openmpi"
     )
@@ -114,8 +136,8 @@ def test_build_result_merges_reports_launcher_and_fault_files():
     assert res.failures[0].lines[0] == "Fatal Python error: Segmentation fault"
     assert "killed by signal 11 (SIGSEGV)" in res.summary()
     # ranks stopped by the job's own end are not listed next to the real fault
-    stopped = format_report("vm", 0, 130, ["KeyboardInterrupt"])
-    both = parse_reports((stopped + format_report("vm", 1, 4, ["E"])).splitlines())
+    stopped = rep("vm", 0, 130, ["KeyboardInterrupt"])
+    both = parse_reports((stopped + rep("vm", 1, 4, ["E"])).splitlines(), TOKEN)
     res = build_result(131, both, parse_launcher_output("", "mpich"), stopped_for_fault=True)
     assert [f.rank for f in res.failures] == [1] and res.exit_code == 4
     assert build_result(0, [], parse_launcher_output("", "openmpi")).ok

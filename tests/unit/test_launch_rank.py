@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cudampi.launch.report import parse_reports
+from cudampi.launch.report import TOKEN_ENV, parse_reports, parse_started
 
 SCRIPT = """
 import os, sys
@@ -27,8 +27,12 @@ if mode == "code":
 """
 
 
-def boot(*args: str) -> subprocess.CompletedProcess[str]:
+TOKEN = "0123456789abcdef"
+
+
+def boot(*args: str, token: str = TOKEN) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_"))}
+    env[TOKEN_ENV] = token
     return subprocess.run(
         [sys.executable, "-m", "cudampi.launch.rank", *args],
         capture_output=True,
@@ -56,12 +60,23 @@ def test_failures_are_reported_with_host_rank_and_first_lines(tmp_path: Path):
     p = boot(str(s), "raise")
     assert p.returncode == 1
     assert "cudampi/launch/rank.py" not in p.stderr.split("[cudampi-fault")[0]  # user frames only
-    (rep,) = parse_reports(p.stderr.splitlines())
+    (rep,) = parse_reports(p.stderr.splitlines(), TOKEN)
     assert (rep.host, rep.rank, rep.code) == (socket.gethostname(), 0, 1)
     assert rep.lines[0] == "KeyError: 'missing weights'"
     assert rep.lines[1].endswith("in deep")
     p = boot(str(s), "exit")
-    (rep,) = parse_reports(p.stderr.splitlines())
+    (rep,) = parse_reports(p.stderr.splitlines(), TOKEN)
     assert p.returncode == 1 and rep.lines == ("SystemExit: bad config",)
-    assert p.stderr.startswith("bad config\n")  # printed as python itself would
+    assert p.stderr.split("started]\n", 1)[1].startswith("bad config\n")  # as python prints it
     assert boot().returncode == 2
+
+
+def test_the_rank_says_it_started_and_hides_the_token(tmp_path: Path):
+    s = tmp_path / "s.py"
+    s.write_text("import os\nprint('token seen:', os.environ.get('CUDAMPI_REPORT_TOKEN'))\n")
+    p = boot(str(s))
+    assert p.returncode == 0 and "token seen: None" in p.stdout
+    assert parse_started(p.stderr.splitlines(), TOKEN) == {0}
+    # run by hand (no token): no started line, and its report is for a person, not a supervisor
+    p = boot(str(s), token="")
+    assert p.stderr == "" and "token seen: None" in p.stdout

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from cudampi.config import Config, parse_size
+from cudampi.config import Config, parse_size, seconds_arg
 from cudampi.errors import ConfigError
 
 
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=2, help="probe ranks (default 2)")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds_arg,
         default=None,
         metavar="SECONDS",
         help="seconds each probe job may run before it is reported hung (default: CUDAMPI_PROBE_TIMEOUT or 90)",

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cudampi.config import seconds_arg
 from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch import detect, net
 from cudampi.launch.plan import (
@@ -112,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--master-addr", default=None, help="MASTER_ADDR (default: rank 0's host)")
     parser.add_argument(
-        "--master-port", type=int, default=None, help="MASTER_PORT (default: a free port)"
+        "--master-port", type=_port, default=None, help="MASTER_PORT (default: a free port)"
     )
     parser.add_argument(
         "--ifname",
@@ -153,12 +154,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grace",
-        type=float,
+        type=seconds_arg,
         default=10.0,
         help="seconds the launcher gets to end the job after a rank reports a failure",
     )
     parser.add_argument(
-        "--timeout", type=float, default=None, help="stop the job after this many seconds"
+        "--timeout", type=seconds_arg, default=None, help="stop the job after this many seconds"
     )
     parser.add_argument(
         "-m",
@@ -193,6 +194,16 @@ def _nnodes(text: str) -> int:
 
 EXEC = "--exec"
 """The rank bootstrap's marker for a program that is not Python run in-process."""
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {text!r}")
+    return port
 
 
 def split_target(
@@ -268,6 +279,15 @@ def _exports(items: list[str]) -> tuple[tuple[str, str], ...]:
             value = os.environ[name]
         out.append((name, value))
     return tuple(out)
+
+
+def _ssh(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise ConfigError(f"--ssh {text!r}: {exc} (quote it as a shell would)") from None
 
 
 def _free_port() -> int:
@@ -351,7 +371,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         master_addr=args.master_addr,
         master_port=args.master_port if args.master_port is not None else _free_port(),
         ifname=args.ifname,
-        rsh_agent=tuple(shlex.split(args.ssh)) if args.ssh else (),
+        rsh_agent=_ssh(args.ssh),
         extra=raw,
         env=_exports(args.export),
     )

@@ -10,6 +10,8 @@ What every rank of ``cudampi launch`` runs first, before the user's code and bef
    any other program (``--exec``), which replaces this process once 1-2 are done (it keeps the
    environment, the CPU binding and the death signal; the launcher reports how it ended).
 
+Under ``cudampi launch`` every rank first says it started, as a tagged stderr line carrying the
+job's token (``CUDAMPI_REPORT_TOKEN``, taken out of the environment before the user's code runs).
 A failure (an exception, a non-zero ``sys.exit``) is reported as tagged stderr lines naming host
 and rank (see :mod:`cudampi.launch.report`); if MPI was initialized the job is aborted so the
 other ranks do not hang in a collective. A fatal signal's Python traceback goes to
@@ -27,7 +29,13 @@ from collections.abc import MutableMapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-from cudampi.launch.report import format_report, summarize_exception
+from cudampi.launch.report import (
+    NO_TOKEN,
+    TOKEN_ENV,
+    format_report,
+    format_started,
+    summarize_exception,
+)
 
 USAGE = "usage: python -m cudampi.launch.rank [-m module | script.py | --exec program] [args...]"
 EXEC = "--exec"
@@ -137,9 +145,13 @@ def run(argv: Sequence[str]) -> int:
         rest = args[1:]
     host = socket.gethostname()
     rank = -1
+    token = os.environ.pop(TOKEN_ENV, "") or NO_TOKEN
     try:
         info = export_rank_env(os.environ)
         rank = info.rank
+        if token != NO_TOKEN:
+            sys.stderr.write(format_started(host, rank, token))
+            sys.stderr.flush()
         if info.launcher in ("openmpi", "mpich"):
             # (Not under srun: slurmstepd forks tasks from threads that may end before them.)
             _die_with_parent()
@@ -153,7 +165,7 @@ def run(argv: Sequence[str]) -> int:
         select_in_rank(info.local_rank, os.environ)
         choose_socket_ifname(os.environ)
         if program is not None:
-            return _exec(host, rank, program, rest)
+            return _exec(host, rank, program, rest, token)
         if module is not None:
             sys.argv = [module, *rest]
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -168,22 +180,22 @@ def run(argv: Sequence[str]) -> int:
             sys.stderr.write(exc.code + "\n")  # what python prints for sys.exit("message")
         if code != 0:
             msg = exc.code if isinstance(exc.code, str) else f"exited with code {code}"
-            _report(host, rank, code, [f"SystemExit: {msg}"])
+            _report(host, rank, code, [f"SystemExit: {msg}"], token)
             _abort_mpi(code)
         return code
     except KeyboardInterrupt:
-        _report(host, rank, 130, ["KeyboardInterrupt"])
+        _report(host, rank, 130, ["KeyboardInterrupt"], token)
         return 130
     except BaseException as exc:
         tb = traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__))
         sys.stderr.write("".join(tb))
-        _report(host, rank, 1, summarize_exception(tb))
+        _report(host, rank, 1, summarize_exception(tb), token)
         _abort_mpi(1)
         return 1
     return 0
 
 
-def _exec(host: str, rank: int, program: str, args: list[str]) -> int:
+def _exec(host: str, rank: int, program: str, args: list[str], token: str) -> int:
     """Replace this process with ``program`` (returns only if it cannot be started)."""
     try:
         sys.stdout.flush()
@@ -191,7 +203,7 @@ def _exec(host: str, rank: int, program: str, args: list[str]) -> int:
         os.execvp(program, [program, *args])
     except OSError as exc:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
-        _report(host, rank, code, [f"cannot run {program!r} on {host}: {exc.strerror}"])
+        _report(host, rank, code, [f"cannot run {program!r} on {host}: {exc.strerror}"], token)
         return code
     return 0  # not reached
 
@@ -206,12 +218,12 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
-def _report(host: str, rank: int, code: int, lines: list[str]) -> None:
+def _report(host: str, rank: int, code: int, lines: list[str], token: str) -> None:
     try:
         sys.stdout.flush()
     except Exception:
         pass
-    sys.stderr.write(format_report(host, rank, code, lines))
+    sys.stderr.write(format_report(host, rank, code, lines, token))
     sys.stderr.flush()
 
 

@@ -3,10 +3,18 @@
 Files on other hosts are not visible to the supervisor, but every launcher forwards stderr, so a
 failing rank writes a few lines like::
 
-    [cudampi-fault host=node2 rank=3 code=1] ValueError: loss is nan
+    [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 code=1] ValueError: loss is nan
 
-(one per line of the report; the first names the failure). The supervisor collects them with
-:func:`parse_reports` and builds the summary from them plus what the launcher said.
+(one per line of the report; the first names the failure), and every rank says it started::
+
+    [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 started]
+
+The second word is the job's token: a random secret the supervisor makes for each job and hands
+the ranks in ``CUDAMPI_REPORT_TOKEN`` (the bootstrap removes it from the environment before the
+user's code runs). The supervisor takes only lines with its own token, so nothing a program
+prints (a log of an earlier job, a test of this module) can end a healthy job or blame a rank.
+It collects them with :func:`parse_reports` / :func:`parse_started` and builds the summary from
+them plus what the launcher said.
 """
 
 from __future__ import annotations
@@ -16,8 +24,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cudampi.config import REPORT_TOKEN
+
 TAG = "cudampi-fault"
-_LINE = re.compile(rf"\[{TAG} host=(\S+) rank=(-?\d+) code=(-?\d+)\] ?(.*)$")
+TOKEN_ENV = REPORT_TOKEN
+"""The variable that hands a job's report token to its ranks."""
+NO_TOKEN = "-"
+"""The token of a rank started without one (the bootstrap run by hand): no supervisor reads it."""
+_LINE = re.compile(rf"\[{TAG} (\S+) host=(\S+) rank=(-?\d+) (?:code=(-?\d+)\] ?(.*)|started\])$")
 MAX_LINES = 12
 
 
@@ -29,27 +43,56 @@ class RankReport:
     lines: tuple[str, ...]
 
 
-def format_report(host: str, rank: int, code: int, lines: Iterable[str]) -> str:
+def new_token() -> str:
+    """A fresh report token for one job."""
+    import secrets
+
+    return secrets.token_hex(8)
+
+
+def format_report(host: str, rank: int, code: int, lines: Iterable[str], token: str) -> str:
     """The tagged text of one report (ends with a newline)."""
     body = [ln.rstrip() for ln in lines if ln.strip()][:MAX_LINES] or ["(no message)"]
-    return "".join(f"[{TAG} host={host} rank={rank} code={code}] {ln}\n" for ln in body)
+    return "".join(f"[{TAG} {token} host={host} rank={rank} code={code}] {ln}\n" for ln in body)
 
 
-def is_report_line(line: str) -> bool:
-    return f"[{TAG} " in line
+def format_started(host: str, rank: int, token: str) -> str:
+    """The line a rank writes when it starts (ends with a newline)."""
+    return f"[{TAG} {token} host={host} rank={rank} started]\n"
 
 
-def parse_reports(lines: Iterable[str]) -> list[RankReport]:
-    """Every report in ``lines`` (in first-seen order), one per (host, rank)."""
-    found: dict[tuple[str, int], tuple[int, list[str]]] = {}
+def report_prefix(token: str) -> str:
+    """What every tagged line of the job with ``token`` contains."""
+    return f"[{TAG} {token} "
+
+
+def is_report_line(line: str, token: str) -> bool:
+    return token != NO_TOKEN and report_prefix(token) in line
+
+
+def _matches(lines: Iterable[str], token: str) -> Iterable[re.Match[str]]:
     for line in lines:
         m = _LINE.search(line.rstrip("\n"))
-        if not m:
-            continue
-        host, rank, code, text = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+        if m and token != NO_TOKEN and m.group(1) == token:
+            yield m
+
+
+def parse_reports(lines: Iterable[str], token: str) -> list[RankReport]:
+    """Every report of the job with ``token`` in ``lines`` (in first-seen order), one per
+    (host, rank); lines with another token (or none) are ordinary output."""
+    found: dict[tuple[str, int], tuple[int, list[str]]] = {}
+    for m in _matches(lines, token):
+        if m.group(4) is None:
+            continue  # a "started" line
+        host, rank, code, text = m.group(2), int(m.group(3)), int(m.group(4)), m.group(5)
         entry = found.setdefault((host, rank), (code, []))
         entry[1].append(text)
     return [RankReport(h, r, c, tuple(ls)) for (h, r), (c, ls) in found.items()]
+
+
+def parse_started(lines: Iterable[str], token: str) -> set[int]:
+    """The ranks of the job with ``token`` that said they started."""
+    return {int(m.group(3)) for m in _matches(lines, token) if m.group(4) is None}
 
 
 SUMMARY_LINES = 8

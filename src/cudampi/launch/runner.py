@@ -1,16 +1,24 @@
 """Run a plan: start the launcher, pass its output through, supervise, summarize faults.
 
 The launcher runs in its own session (so a Ctrl-C reaches only the supervisor, which then stops
-the job in order: the launcher's own interrupt, then SIGTERM, then SIGKILL of its process group).
-Its stderr passes through line by line while the ranks' tagged fault reports are collected; a
-reported fault gives the launcher ``grace`` seconds to end the job itself (Open MPI does at once;
-Hydra waits for the other ranks) before the supervisor ends it. Rank processes left on this host
-afterwards (their launcher killed with -9) are killed from their fault-file pids.
+the job in order: the launcher's own interrupt, then SIGTERM, then SIGKILL of its process group),
+and it cannot outlive the supervisor: killed even with -9, the supervisor's death sends the
+launcher SIGTERM (``PR_SET_PDEATHSIG``), on which it stops its ranks (each rank also dies with
+the launcher daemon that started it, see :mod:`cudampi.launch.rank`).
+
+Its stderr passes through line by line while the ranks' tagged lines, carrying this job's token
+(:mod:`cudampi.launch.report`), are collected. A fault, reported by a rank or by the launcher
+itself, gives the launcher ``grace`` seconds to end the job (Open MPI does at once; Hydra waits
+for the other ranks) before the supervisor ends it; so does a launcher that lingers after every
+rank has ended (prterun sometimes hangs once its ranks have died). A launcher that exits 0
+without having started every rank is a failure. Rank processes left on this host afterwards
+(their launcher killed with -9) are killed from their fault-file pids.
 """
 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import os
 import signal
 import subprocess
@@ -18,15 +26,27 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import IO
 
 from cudampi.errors import LaunchError
-from cudampi.launch.faults import JobResult, build_result, parse_launcher_output
+from cudampi.launch.faults import (
+    JobResult,
+    LauncherEvents,
+    build_result,
+    parse_launcher_output,
+)
 from cudampi.launch.plan import Command, LaunchPlan, build_command, merge_env
-from cudampi.launch.report import TAG, is_report_line, parse_reports
+from cudampi.launch.report import (
+    TOKEN_ENV,
+    is_report_line,
+    new_token,
+    parse_reports,
+    parse_started,
+    report_prefix,
+)
 
 STOP_STEPS = (3.0, 3.0)
 """Seconds to wait after the launcher's interrupt, then after SIGTERM, before SIGKILL."""
@@ -66,12 +86,12 @@ class _Stream:
             nl = text.find("\n")
             if nl < 0:
                 self.line += text
-                if not _may_be_report(self.line):
+                if not _may_be_report(self.line, self.sup.prefix):
                     self._write(self.line[self.flushed :])
                     self.flushed = len(self.line)
                 return
             line, text = self.line + text[: nl + 1], text[nl + 1 :]
-            if is_report_line(line) and self.flushed == 0:
+            if is_report_line(line, self.sup.token) and self.flushed == 0:
                 self.sup.add_report(line)
             else:
                 self._write(line[self.flushed :])
@@ -85,18 +105,19 @@ class _Stream:
             self.line, self.flushed = "", 0
 
 
-_PREFIX = f"[{TAG} "
-
-
-def _may_be_report(partial: str) -> bool:
-    return partial.startswith(_PREFIX) or _PREFIX.startswith(partial)
+def _may_be_report(partial: str, prefix: str) -> bool:
+    return partial.startswith(prefix) or prefix.startswith(partial)
 
 
 class _Supervisor:
-    def __init__(self, proc: subprocess.Popen[bytes], flavour: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], flavour: str, token: str) -> None:
         self.proc = proc
         self.flavour = flavour
+        self.token = token
+        self.prefix = report_prefix(token)
         self.tail: deque[str] = deque(maxlen=400)
+        self.tail_seen = 0
+        """Lines added to ``tail`` so far (the launcher's messages are parsed when it grows)."""
         self.report_lines: list[str] = []
         self.first_fault: float | None = None
         self.stopped_for_fault = False
@@ -106,12 +127,18 @@ class _Supervisor:
     def add_report(self, line: str) -> None:
         with self.lock:
             self.report_lines.append(line)
-            if self.first_fault is None:
+            if self.first_fault is None and parse_reports([line], self.token):
                 self.first_fault = time.monotonic()
 
     def add_tail(self, line: str) -> None:
         with self.lock:
             self.tail.append(line)
+            self.tail_seen += 1
+
+    def launcher_events(self) -> LauncherEvents:
+        with self.lock:
+            text = "".join(self.tail)
+        return parse_launcher_output(text, self.flavour)
 
     def pump(self, pipe: IO[bytes], out: IO[str]) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -175,29 +202,90 @@ def _read_fault_files(report_dir: str | None) -> dict[int, str]:
     return out
 
 
-def _kill_leftovers(fault_files: Mapping[int, str]) -> list[int]:
-    """SIGKILL rank processes of this job still alive on this host (orphans); their pids."""
+def _local_rank_pids(fault_files: Mapping[int, str]) -> dict[int, int]:
+    """rank -> pid of the ranks that ran on this host (the first line of their fault file)."""
     import socket
 
     here = socket.gethostname()
-    killed = []
-    for text in fault_files.values():
+    out = {}
+    for rank, text in fault_files.items():
         first = text.splitlines()[0] if text else ""
         fields = dict(w.split("=", 1) for w in first.split() if "=" in w)
-        if fields.get("host") != here or not fields.get("pid", "").isdigit():
-            continue
-        pid = int(fields["pid"])
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"cudampi.launch.rank" in cmdline:
+        if fields.get("host") == here and fields.get("pid", "").isdigit():
+            out[rank] = int(fields["pid"])
+    return out
+
+
+def _rank_alive(pid: int) -> bool:
+    """Is ``pid`` still a running rank bootstrap (not gone, not a zombie, not reused)?"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and b"cudampi.launch.rank" in cmdline
+
+
+def _kill_leftovers(fault_files: Mapping[int, str]) -> list[int]:
+    """SIGKILL rank processes of this job still alive on this host (orphans); their pids."""
+    killed = []
+    for pid in _local_rank_pids(fault_files).values():
+        if _rank_alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             except ProcessLookupError:
                 pass
     return killed
+
+
+def _die_with_supervisor() -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the kernel send the launcher SIGTERM when the supervisor dies.
+
+    libc's prctl is looked up here, before the fork: the child only calls it."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+    return preexec
+
+
+def _all_ranks_ended(report_dir: str | None, nprocs: int) -> bool:
+    """Every one of the ``nprocs`` ranks ran on this host, and every one has ended."""
+    if not report_dir:
+        return False
+    pids = _local_rank_pids(_read_fault_files(report_dir))
+    return len(pids) >= nprocs and not any(_rank_alive(pid) for pid in pids.values())
+
+
+def _not_started(nprocs: int, said: set[int], with_files: set[int]) -> str | None:
+    """Why a launcher that exited 0 did not run the job, or None.
+
+    ``said``: ranks whose "started" line came through; ``with_files``: ranks whose fault file
+    appeared on this host. No rank at all is a failure; so are missing ranks once lines came
+    through (a launcher whose output went elsewhere, e.g. to --output-filename, sends none)."""
+    ran = said | with_files
+    if not ran:
+        return (
+            f"the launcher exited with status 0 but started none of the {nprocs} ranks (raw "
+            "launcher flags after -- such as --version or --help make it print and exit). "
+            "Fix: check the launcher flags"
+        )
+    missing = sorted(set(range(nprocs)) - ran)
+    if said and missing:
+        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+        return (
+            f"the launcher exited with status 0 but only {nprocs - len(missing)} of {nprocs} "
+            f"ranks started (missing: {shown}). Fix: check the launcher flags after --"
+        )
+    return None
 
 
 def execute(
@@ -213,24 +301,30 @@ def execute(
     """Run ``plan`` to the end and return what happened (the summary is not printed here)."""
     err = sys.stderr if err is None else err
     out = sys.stdout if out is None else out
+    token = new_token()
+    # The token reaches the ranks through the launcher's environment (not its argv).
+    plan = dataclasses.replace(plan, forward=(*plan.forward, TOKEN_ENV))
     cmd = command_for(plan, workdir)
     write_hostfile(cmd)
     report_dir = dict(plan.env).get("CUDAMPI_REPORT_DIR")
     if report_dir:
         os.makedirs(report_dir, exist_ok=True)
     start = time.monotonic()
+    launcher_env = merge_env(os.environ if env is None else env, cmd)
+    launcher_env[TOKEN_ENV] = token
     try:
         proc = subprocess.Popen(
             list(cmd.argv),
-            env=merge_env(os.environ if env is None else env, cmd),
+            env=launcher_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=_die_with_supervisor(),  # only calls prctl (looked up before the fork)
         )
     except OSError as exc:
         raise LaunchError(f"could not start {cmd.argv[0]!r}: {exc}") from None
-    sup = _Supervisor(proc, plan.launcher.flavour)
+    sup = _Supervisor(proc, plan.launcher.flavour, token)
     assert proc.stdout is not None and proc.stderr is not None
     readers = [
         threading.Thread(target=sup.pump, args=(proc.stdout, out), daemon=True),
@@ -242,14 +336,30 @@ def execute(
     old_int = signal.signal(signal.SIGINT, sup.on_sigint) if in_main else None
     old_term = signal.signal(signal.SIGTERM, sup.on_sigint) if in_main else None
     timed_out = False
+    lingered: float | None = None  # when every rank was seen ended, the launcher still running
+    parsed_at, checked_at = 0, 0.0
     try:
         while proc.poll() is None:
             now = time.monotonic()
             if sup.interrupts:
                 sup.stop()
                 break
+            if now - checked_at >= 0.5:
+                checked_at = now
+                # The launcher's own words about a failed rank or host start the grace too: a
+                # rank that died in C (MPI_Init) reports nothing, and prterun may then hang.
+                if sup.first_fault is None and sup.tail_seen != parsed_at:
+                    parsed_at = sup.tail_seen
+                    ev = sup.launcher_events()
+                    if ev.ranks or ev.hosts or ev.problems:
+                        sup.first_fault = now
+                if lingered is None and _all_ranks_ended(report_dir, plan.nprocs):
+                    lingered = now
             if sup.first_fault is not None and now - sup.first_fault > grace:
                 sup.stopped_for_fault = True
+                sup.stop()
+                break
+            if lingered is not None and now - lingered > grace:
                 sup.stop()
                 break
             if timeout is not None and now - start > timeout:
@@ -262,27 +372,46 @@ def execute(
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
     proc.wait()
+    # Whatever the launcher left in its process group (a wrapper's children, a rank it lost
+    # track of) goes with it. Its pid cannot have been reused while the group has members.
+    sup.kill_group(signal.SIGKILL)
     for reader in readers:
         reader.join(timeout=10)
     faults = _read_fault_files(report_dir)
     _kill_leftovers(faults)
     with sup.lock:
         text = "".join(sup.tail)
-        reports = parse_reports(sup.report_lines)
+        reports = parse_reports(sup.report_lines, token)
+        said = parse_started(sup.report_lines, token)
     events = parse_launcher_output(text, plan.launcher.flavour)
+    hung = lingered is not None and not sup.stopped_for_fault and not timed_out
+    if hung:
+        events = dataclasses.replace(
+            events,
+            problems=(
+                *events.problems,
+                f"{plan.launcher.name or os.path.basename(plan.launcher.path)} had not exited "
+                f"{grace:g} s after every rank ended "
+                "(a launcher that hangs once its ranks are gone): cudampi launch stopped it",
+            ),
+        )
     result = build_result(
         proc.returncode,
         reports,
         events,
         faults,
         interrupted=bool(sup.interrupts),
-        stopped_for_fault=sup.stopped_for_fault,
+        stopped_for_fault=sup.stopped_for_fault or hung,
         duration_s=time.monotonic() - start,
         argv=cmd.argv,
     )
+    if hung and not [f for f in result.failures if f.exit_code or f.signal]:
+        result = dataclasses.replace(result, exit_code=1)
     if timed_out:
-        from dataclasses import replace
-
         real = tuple(f for f in result.failures if f.exit_code != 130)
-        result = replace(result, exit_code=124, timed_out=timeout, failures=real)
+        result = dataclasses.replace(result, exit_code=124, timed_out=timeout, failures=real)
+    elif result.ok:
+        why = _not_started(plan.nprocs, said, set(faults))
+        if why is not None:
+            result = dataclasses.replace(result, exit_code=1, problems=(*result.problems, why))
     return result
