@@ -280,3 +280,16 @@ def test_started_plainly_it_says_one_rank_and_how_to_run_more(tmp_path):
     data = json.loads(js.read_text())
     assert data["verdict"]["one_rank"] is True
     assert all(r["spread"] >= 1.0 and "noisy" in r for r in data["results"])
+
+
+def test_an_output_file_that_cannot_be_written_is_a_message_not_a_traceback():
+    """Issue 16, item 13: a folder that does not exist is refused before anything runs; a file
+    that fails at the end (here in /proc, writable to nobody) ends the job with its message."""
+    proc = bench(2, "allreduce", "-b", "8", "-e", "8", "--json", "/proc/nope/x.json")
+    assert proc.returncode == 2, proc.stderr
+    assert "--json '/proc/nope/x.json': the folder '/proc/nope' does not exist" in proc.stderr
+    proc = bench(
+        2, "allreduce", "-b", "8", "-e", "8", "-n", "1", "--paths", "host", "--json", "/proc/x.json"
+    )
+    assert proc.returncode != 0 and "--json '/proc/x.json' cannot be written" in proc.stderr
+    assert "Traceback" not in proc.stderr

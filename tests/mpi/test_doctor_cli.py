@@ -348,3 +348,44 @@ def test_progress_lines_on_a_terminal(isolated_cache):
     json.loads(out)  # stdout is still the report alone
     piped = _doctor("--no-runtime")
     assert "doctor [" not in piped.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "words"),
+    [
+        (["--timeout", "nan"], {}, "argument --timeout: expected a positive, finite number"),
+        (["--timeout", "0"], {}, "argument --timeout: expected a positive, finite number"),
+        ([], {"CUDAMPI_PROBE_TIMEOUT": "inf"}, "CUDAMPI_PROBE_TIMEOUT='inf': expected a positive"),
+        ([], {"CUDAMPI_PROBE_TIMEOUT": "-3"}, "CUDAMPI_PROBE_TIMEOUT='-3': expected a positive"),
+    ],
+)
+def test_a_bad_timeout_is_a_usage_error_and_starts_nothing(isolated_cache, args, env, words):
+    """Issue 16, item 12."""
+    proc = _doctor("--json", *args, env=env, timeout=60)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_no_home_is_named_as_the_cause(isolated_cache):
+    """Issue 16, item 13: Open MPI cannot start without HOME; the doctor says so."""
+    env = {k: v for k, v in os.environ.items() if k != "HOME"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cudampi", "doctor", "--json", "--no-runtime"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    home = _check(_json(proc), "HOME")
+    assert home["status"] == "fail" and "Open MPI cannot start without it" in home["detail"]
+    assert home["fix"].startswith("export HOME=")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the device probes make this run long on a GPU machine")
+def test_a_cache_folder_that_cannot_be_made_is_a_warning(tmp_path):
+    """Issue 16, item 13: the doctor reports it instead of a traceback."""
+    (tmp_path / "file").write_text("")
+    proc = _doctor("--json", env={"CUDAMPI_CACHE_DIR": str(tmp_path / "file" / "cache")})
+    cache = _check(_json(proc), "capabilities cache")
+    assert cache["status"] == "warn" and "not saved: cannot write" in cache["detail"], cache
+    assert "--cache-dir" in cache["fix"] and "Traceback" not in proc.stderr

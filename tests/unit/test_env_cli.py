@@ -97,3 +97,11 @@ def test_write_fails_when_the_folder_would_not_work_on_its_own(tmp_path):
     assert "requirements.lock: missing, and it could not be resolved" in r.stderr
     assert "fix: run `cudampi env lock" in r.stderr
     assert (tmp_path / "gen" / "install.sh").exists()  # the rest is written
+
+
+def test_out_naming_a_file_is_a_message_not_a_traceback(tmp_path):
+    """Issue 16, item 13."""
+    (tmp_path / "f").write_text("")
+    r = cudampi_cli("env", "write", "--out", str(tmp_path / "f"), "--only", "conda")
+    assert r.returncode == 1 and "is a file; the files go into a folder" in r.stderr
+    assert "Traceback" not in r.stderr

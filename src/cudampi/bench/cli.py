@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cudampi.bench import options as opts
-from cudampi.errors import BenchError, ConfigError
+from cudampi.errors import BenchError, ConfigError, CudampiError
 
 _PARSER_KEY = "_bench_parser"
 
@@ -122,13 +122,14 @@ def run(args: argparse.Namespace) -> int:
         if world.size == 1:
             raise
         # one rank failing alone would leave the others waiting in a collective: end the job
-        _abort(world, 2 if isinstance(exc, ConfigError) else 1)
+        _abort(world, 2 if isinstance(exc, ConfigError) else 1, exc)
     return 1
 
 
-def _abort(world: Any, code: int) -> None:
+def _abort(world: Any, code: int, exc: BaseException) -> None:
     sys.stderr.write(f"--- cudampi bench: rank {world.rank} of {world.size} failed:\n")
-    sys.stderr.write(traceback.format_exc())
+    # cudampi's own errors are messages for the user; anything else is a bug: its traceback
+    sys.stderr.write(f"{exc}\n" if isinstance(exc, CudampiError) else traceback.format_exc())
     sys.stderr.flush()
     world.Abort(code)
 
@@ -202,14 +203,21 @@ def _run_in_job(world: Any, o: opts.Options, args: argparse.Namespace) -> int:
         session.close()
 
 
+def _write(flag: str, path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise BenchError(f"{flag} {path!r} cannot be written: {exc.strerror or exc}") from None
+
+
 def emit(session: Any, o: opts.Options, text: str, json_text: str, csv_text: str | None) -> None:
     """Rank 0 writes the table / JSON / CSV where the flags say."""
     if session.rank != 0:
         return
     if o.json and o.json != "-":
-        Path(o.json).write_text(json_text)
+        _write("--json", o.json, json_text)
     if o.csv and o.csv != "-" and csv_text is not None:
-        Path(o.csv).write_text(csv_text)
+        _write("--csv", o.csv, csv_text)
     if o.json == "-":
         sys.stdout.write(json_text)
     elif o.csv == "-" and csv_text is not None:

@@ -7,7 +7,9 @@ dtype), so ``-n`` is the iteration count; the rank count of a self-relaunch is `
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from cudampi.bench.arrays import parse_dtype
 from cudampi.bench.metrics import COLLECTIVES
@@ -91,6 +93,19 @@ def parse_paths(text: str, mode: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def check_writable(flag: str, path: str) -> None:
+    """Refuse an output file that cannot be written before anything runs (the whole benchmark
+    would run first, then fail on rank 0 alone)."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path!r} is a folder; give a file name")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path!r}: the folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ConfigError(f"{flag} {path!r} cannot be written (permission denied); give another")
+
+
 def from_args(args: argparse.Namespace) -> Options:
     """Validate the parsed flags (every error is a ConfigError naming the flag and the value)."""
     what = list(args.what or ["all"])
@@ -147,6 +162,9 @@ def from_args(args: argparse.Namespace) -> Options:
         raise ConfigError(f"--model {args.model!r} names no model; choose from {', '.join(MODELS)}")
     if args.min_busbw is not None and args.min_busbw < 0:
         raise ConfigError(f"--min-busbw {args.min_busbw!r} cannot be negative")
+    for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
+        if path and path != "-":
+            check_writable(flag, path)
     return Options(
         mode=mode,
         ops=tuple(ops),

@@ -23,7 +23,7 @@ from cudampi.probe.launcher import (
     nccl_ifname_missing,
     visible_devices,
 )
-from cudampi.probe.mpi_library import MpiInstallation, MpiLibrary
+from cudampi.probe.mpi_library import OPEN_MPI, MpiInstallation, MpiLibrary
 from cudampi.probe.mpich import MpichInfo
 from cudampi.probe.ompi import OmpiInfo
 from cudampi.probe.runtime import ProbeRun, staging_verdict
@@ -87,6 +87,25 @@ def check_mpi_library(lib: MpiLibrary) -> Check:
         "ok",
         f"{_lib_label(lib)} from {lib.path or 'an unknown path'} ({first})",
         "",
+        MPI,
+    )
+
+
+def check_home(env: Mapping[str, str], lib: MpiLibrary) -> Check:
+    """Open MPI cannot start without a home folder (opal_init: "Unable to get the user home
+    directory"): mpirun, every rank and every probe fail, and nothing else names the cause."""
+    home = env.get("HOME", "")
+    if home and Path(home).is_dir():
+        return Check("HOME", "ok", home, "", MPI)
+    seen = "HOME is unset" if not home else f"HOME={home!r} is not a folder"
+    if lib.ok and lib.vendor != OPEN_MPI:
+        return Check("HOME", "warn", f"{seen}; {_lib_label(lib)} does not need it", "", MPI)
+    return Check(
+        "HOME",
+        "fail",
+        f"{seen}: Open MPI cannot start without it (opal_init: 'Unable to get the user home "
+        "directory'), so mpirun/mpiexec, every rank and the runtime probes fail",
+        "export HOME=/path/to/a/folder (in the container, the batch script or the service unit)",
         MPI,
     )
 
@@ -844,6 +863,7 @@ def all_checks(f: Facts) -> list[Check]:
         check_python(f.python_version, f.python, f.platform),
         check_mpi4py(f.library),
         check_mpi_library(f.library),
+        check_home(f.env, f.library),
         check_installations(f.installations, f.library),
         check_launcher_match(f.path_launcher, f.library, f.matching_mpiexec, f.installations),
         check_probe_launcher(

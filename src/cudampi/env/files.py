@@ -113,11 +113,12 @@ EXECUTABLE = ("install.sh", "entrypoint.sh", "known_hosts.sh", "job.sbatch")
 def write_files(
     files: Mapping[str, str], out_dir: str | Path, *, check: bool = False
 ) -> list[WrittenFile]:
-    """Write ``files`` into ``out_dir``; with ``check`` only compare (nothing is written)."""
+    """Write ``files`` into ``out_dir``; with ``check`` only compare (nothing is written).
+    :class:`EnvGenError` if the folder cannot be made or a file written."""
     out = Path(out_dir)
     results = []
-    if not check:
-        out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise EnvGenError(f"{str(out)!r} is a file; the files go into a folder: give another --out")
     for name, text in files.items():
         path = out / name
         try:
@@ -125,9 +126,14 @@ def write_files(
         except OSError:
             old = None
         changed = old != text
-        if changed and not check:
-            path.write_text(text)
-        if not check and name in EXECUTABLE:
-            path.chmod(0o755)
+        try:
+            if not check:
+                out.mkdir(parents=True, exist_ok=True)
+            if changed and not check:
+                path.write_text(text)
+            if not check and name in EXECUTABLE:
+                path.chmod(0o755)
+        except OSError as exc:
+            raise EnvGenError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
         results.append(WrittenFile(name, changed, hashlib.sha256(text.encode()).hexdigest()))
     return results

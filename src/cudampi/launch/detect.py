@@ -122,6 +122,11 @@ def _version_of(path: str) -> tuple[str, str, str]:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LaunchError(f"could not run {path!r} --version: {exc}") from None
+    if "Unable to get the user home directory" in out.stdout + out.stderr:
+        raise LaunchError(
+            f"{path} cannot start: Open MPI needs a home folder and HOME is unset or not a "
+            "folder. Fix: export HOME=/path/to/a/folder"
+        )
     return parse_launcher_version(out.stdout + out.stderr)
 
 

@@ -212,6 +212,11 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
         return unnamed[0] if len(unnamed) == 1 else short
 
     if flavour == "openmpi":
+        if "Unable to get the user home directory" in text:
+            problems.append(
+                "Open MPI cannot start without a home folder (HOME is unset or not a folder "
+                "where the launcher or a rank runs). Fix: export HOME=/path/to/a/folder"
+            )
         for m in _OMPI_EXIT.finditer(text):
             add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
         for m in _OMPI_SIGNAL.finditer(text):
