@@ -323,7 +323,17 @@ GENERATED_ENV: Mapping[str, str] = {
 }
 """CUDAMPI_* variables of the generated environment files."""
 
-EXTERNAL_ENV = frozenset(LAUNCHER_ENV) | frozenset(GENERATED_ENV)
+# Set by the user in torchrun's environment (the same on every host); read by the torch backend's
+# join of torchrun's processes (cudampi.torch.join), never shown in a report.
+PMI_SECRET = "CUDAMPI_PMI_SECRET"
+
+JOB_ENV: Mapping[str, str] = {
+    PMI_SECRET: "the job's secret for cudampi's PMI server under torchrun (needed when the job "
+    "spans hosts: the same random value on every host)",
+}
+"""CUDAMPI_* variables a user sets for a job that are not settings."""
+
+EXTERNAL_ENV = frozenset(LAUNCHER_ENV) | frozenset(GENERATED_ENV) | frozenset(JOB_ENV)
 """Every CUDAMPI_* variable that is not a setting (Config accepts them and reads none)."""
 
 TEST_ENV_PREFIX = "CUDAMPI_TEST_"
@@ -335,6 +345,7 @@ def known_env() -> dict[str, str]:
     out = {Config.env_name(name): f.metadata["doc"] for name, f in Config.fields().items()}
     out.update(LAUNCHER_ENV)
     out.update(GENERATED_ENV)
+    out.update(JOB_ENV)
     return out
 
 

@@ -128,3 +128,121 @@ def test_open_mpi_under_torchrun_names_the_fix_on_every_rank(tmp_path):
     assert err.count("does not speak PMI-1") >= 2, err[-4000:]
     assert "cudampi launch -n 2 script.py" in err and "MPI4PY_LIBMPI" in err
     assert time.monotonic() - t0 < 90
+
+
+_ATTACKED = """
+import json, os, sys, time
+import torch, torch.distributed as dist
+import cudampi.torch
+import cudampi.torch.join as join
+
+dist.init_process_group("cudampi")
+rank, folder = dist.get_rank(), sys.argv[1]
+
+
+def listening_port(pid):
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # LISTEN
+                return int(f[1].rsplit(":", 1)[1], 16)
+
+
+if rank == 0:
+    server = join._SERVER[0].pid
+    where = {"host": join._server_host(os.environ)[1], "port": listening_port(server)}
+    with open(f"{folder}/pmi.tmp", "w") as f:
+        json.dump({**where, "pid": server}, f)
+    os.rename(f"{folder}/pmi.tmp", f"{folder}/pmi.json")
+t = torch.ones(1)
+while True:  # collectives while the test attacks the PMI server; rank 0 says when to stop
+    go = torch.tensor([float(os.path.exists(f"{folder}/go"))])
+    dist.broadcast(go, 0)
+    dist.all_reduce(t)
+    t.fill_(1.0)
+    if go.item():
+        break
+    time.sleep(0.05)
+dist.barrier()
+if rank == 0:
+    print("survived the attacks", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_the_pmi_server_admits_only_its_own_job(tmp_path):
+    """Issue 16, item 16: a stranger on the host connects to the running job's PMI server and
+    sends cmd=abort, connects and closes, poses as rank 1 and leaves, reads the key-value space,
+    and sends a line that never ends. The job must go on and end well, and the server must not
+    grow."""
+    import json
+    import socket
+
+    script = tmp_path / "attacked.py"
+    script.write_text(textwrap.dedent(_ATTACKED))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    job = subprocess.Popen(
+        [*cmd, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=torchrun_env("mpich"),
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "pmi.json").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        pmi = json.loads((tmp_path / "pmi.json").read_text())
+        where = (pmi["host"], pmi["port"])
+        before = _rss_kib(pmi["pid"])
+        replies = []
+        for line in (
+            b"cmd=abort exitcode=9\n",
+            b"",
+            b"cmd=initack pmiid=1\n",
+            b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=get kvsname=kvs_1_0 key=x\n",
+        ):
+            with socket.create_connection(where, timeout=10) as s:
+                s.sendall(line)
+                s.settimeout(2)
+                try:
+                    replies.append(s.recv(4096))
+                except (TimeoutError, OSError):
+                    replies.append(b"(no reply)")
+            time.sleep(1)
+            assert job.poll() is None, f"the job ended after a stranger sent {line!r}"
+        endless = socket.create_connection(where, timeout=10)
+        sent = 0
+        try:
+            while sent < 300 << 20:
+                endless.sendall(b"x" * (1 << 20))
+                sent += 1 << 20
+        except OSError:
+            pass
+        endless.close()
+        time.sleep(1)
+        grown = _rss_kib(pmi["pid"]) - before
+        assert job.poll() is None, "the job ended under the attack: " + job.communicate()[1][-3000:]
+        (tmp_path / "go").write_text("")
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == 0 and "survived the attacks" in out, err[-3000:]
+    assert all(r in (b"", b"(no reply)") for r in replies), replies  # nothing read
+    assert grown < 20 << 10, f"the PMI server grew by {grown} KiB ({sent >> 20} MiB sent)"

@@ -34,6 +34,7 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = 1 << 21  # float32 elements of the all_reduce that must cross the veth: 8 MiB
+SECRET = "netns-test-secret-0123456789abcdef"
 
 
 def mpich_lib() -> Path:
@@ -132,8 +133,8 @@ import cudampi.torch  # noqa: F401  (registers the backend)
 import cudampi.torch.join as join
 
 dialled = []  # the PMI server's address this rank is pointed at (cudampi.torch.join)
-client_env = join.client_env
-join.client_env = lambda address, rank: dialled.append(address) or client_env(address, rank)
+connect = join.connect
+join.connect = lambda address, *args: dialled.append(address) or connect(address, *args)
 
 dist.init_process_group("cudampi")
 from mpi4py import MPI  # started by init_process_group, through cudampi's PMI server
@@ -190,7 +191,7 @@ dist.destroy_process_group()
 """.replace("BIG", str(BIG))
 
 
-def torchrun_env(extra: dict[str, str]) -> dict[str, str]:
+def torchrun_env(extra: dict[str, str | None]) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -213,9 +214,11 @@ def torchrun_env(extra: dict[str, str]) -> dict[str, str]:
         # gloo (the comparison) binds to the address of the hostname, which resolves nowhere
         # here (it falls back to loopback): name its interface.
         GLOO_SOCKET_IFNAME="cm0",
+        # The job's PMI secret, the same on both hosts (a batch script would make it).
+        CUDAMPI_PMI_SECRET=SECRET,
     )
     env.update(extra)
-    return env
+    return {k: v for k, v in env.items() if v is not None}
 
 
 class JobHung(AssertionError):
@@ -225,7 +228,7 @@ class JobHung(AssertionError):
 def run_job(
     hosts: Hosts,
     script: Path,
-    extra: dict[str, str],
+    extra: dict[str, str | None],
     timeout: float,
     after: str = "",
     grace: float = 0.0,
@@ -311,3 +314,16 @@ def test_a_rank_raising_on_host_2_ends_both_torchruns(hosts: Hosts, tmp_path: Pa
     assert "RuntimeError: planted failure on rank 2" in out2, both
     # host 1's torchrun never heard of host 2's failure: its ranks ended on the PMI watch
     assert "cudampi: rank 2 called MPI_Abort (exit code 1); ending rank" in out1, both
+
+
+def test_a_job_across_hosts_without_a_pmi_secret_is_refused_on_every_rank(
+    hosts: Hosts, tmp_path: Path
+):
+    """Issue 16, item 16: across hosts the PMI server listens on the network, so the job must
+    share a secret (torch's store is readable by anyone who reaches it): every rank says so."""
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(_WORKER))
+    (rc1, out1), (rc2, out2) = run_job(hosts, script, {"CUDAMPI_PMI_SECRET": None}, timeout=60)
+    both = f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
+    assert rc1 != 0 and rc2 != 0, both
+    assert (out1 + out2).count("export CUDAMPI_PMI_SECRET=") >= 4, both

@@ -12,12 +12,15 @@ import time
 
 import pytest
 
+from cudampi.launch import pmi
 from cudampi.launch.pmi import (
     Client,
     PmiServer,
     PmiState,
     client_env,
+    connect,
     hydra_kvsname,
+    max_entries,
     parse_command,
     single_node_mapping,
     watch,
@@ -25,6 +28,7 @@ from cudampi.launch.pmi import (
 from tests.mpirun import ROOT, mpi_env
 
 KVSNAME = hydra_kvsname(4242)
+SECRET = "0123456789abcdef0123456789abcdef"
 
 
 def test_parse_command():
@@ -73,6 +77,10 @@ def test_kvs_put_get_and_process_mapping():
     assert got == ["cmd=get_result rc=0 msg=success value=vm\n"]
     too_long = st.handle(c, f"cmd=put kvsname={KVSNAME} key=k value={'x' * 2000}\n")[0][0]
     assert "rc=-1" in too_long
+    for i in range(max_entries(2)):  # a rank putting without end is cut off
+        st.handle(c, f"cmd=put kvsname={KVSNAME} key=k{i} value=v\n")
+    full = st.handle(c, f"cmd=put kvsname={KVSNAME} key=one-more value=v\n")[0][0]
+    assert "rc=-1 msg=kvs_full" in full and len(st.kvs) == max_entries(2)
 
 
 def test_barrier_releases_everyone_only_when_all_entered():
@@ -98,9 +106,14 @@ def test_name_service_abort_finalize():
     assert st.handle(c, "cmd=finalize\n")[0] == ["cmd=finalize_ack rc=0\n"] and c.finalized
 
 
+def server(size: int, log=None) -> PmiServer:
+    return PmiServer(size, log=log or (lambda m: None), secret=SECRET).start()
+
+
 def _rank(port: int, rank: int, out: dict[int, list[str]]) -> None:
-    """One client as MPICH's simple PMI speaks: handshake, put, barrier, get, finalize."""
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+    """One client as MPICH's simple PMI speaks over the connection Hydra would hand it (PMI_FD):
+    init, put, barrier, get, finalize, after cudampi's authentication."""
+    with connect(f"127.0.0.1:{port}", rank, SECRET) as s:
         f = s.makefile("rw", encoding="ascii", newline="\n")
 
         def ask(line: str, n: int = 1) -> list[str]:
@@ -108,8 +121,7 @@ def _rank(port: int, rank: int, out: dict[int, list[str]]) -> None:
             f.flush()
             return [f.readline().strip() for _ in range(n)]
 
-        got = ask(f"cmd=initack pmiid={rank}", 4)
-        got += ask("cmd=init pmi_version=1 pmi_subversion=1")
+        got = ask("cmd=init pmi_version=1 pmi_subversion=1")
         got += ask(f"cmd=put kvsname={KVSNAME} key=card[{rank}] value=addr{rank}")
         got += ask("cmd=barrier_in")
         for peer in range(3):
@@ -119,18 +131,18 @@ def _rank(port: int, rank: int, out: dict[int, list[str]]) -> None:
 
 
 def test_server_serves_three_ranks_over_tcp_and_finishes():
-    server = PmiServer(3, log=lambda m: None).start()
+    srv = server(3)
     out: dict[int, list[str]] = {}
-    threads = [threading.Thread(target=_rank, args=(server.port, r, out)) for r in range(3)]
+    threads = [threading.Thread(target=_rank, args=(srv.port, r, out)) for r in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    assert server.done.wait(10), "the server did not finish after every rank finalized"
-    server.close()
+    assert srv.done.wait(10), "the server did not finish after every rank finalized"
+    srv.close()
     for r in range(3):
         got = out[r]
-        assert got[2] == f"cmd=set rank={r}" and got[1] == "cmd=set size=3"
+        assert got[0] == "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0"
         assert "cmd=barrier_out rc=0" in got
         for peer in range(3):
             assert f"cmd=get_result rc=0 msg=success value=addr{peer}" in got
@@ -139,12 +151,10 @@ def test_server_serves_three_ranks_over_tcp_and_finishes():
 
 def test_a_rank_that_vanishes_is_reported():
     logs: list[str] = []
-    server = PmiServer(1, log=logs.append).start()
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(b"cmd=initack pmiid=0\n")
-        s.recv(200)
-    assert server.done.wait(10)
-    server.close()
+    srv = server(1, logs.append)
+    connect(f"127.0.0.1:{srv.port}", 0, SECRET).close()
+    assert srv.done.wait(10)
+    srv.close()
     assert any("rank 0 closed its PMI connection without MPI_Finalize" in m for m in logs), logs
 
 
@@ -159,10 +169,10 @@ def test_the_server_process_prints_its_port_and_outlives_its_parent_while_ranks_
         cwd=ROOT,
     )
     assert proc.stdout is not None and proc.stdin is not None
+    proc.stdin.write(SECRET + "\n")
+    proc.stdin.flush()
     port = int(proc.stdout.readline())
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"cmd=initack pmiid=1\n")
-        _recv_until(s, b"cmd=set debug=0\n")
+    with connect(f"127.0.0.1:{port}", 1, SECRET) as s:
         proc.stdin.close()  # the starting rank is gone, rank 1 still runs: keep serving it
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(3)
@@ -171,6 +181,19 @@ def test_the_server_process_prints_its_port_and_outlives_its_parent_while_ranks_
     t0 = time.monotonic()  # rank 1 gone too: out within --grace (1 s) and a poll
     assert proc.wait(20) == 0
     assert time.monotonic() - t0 < 10
+
+
+def test_the_server_process_needs_a_secret():
+    proc = subprocess.run(
+        [sys.executable, "-m", "cudampi.launch.pmi", "--size", "2"],
+        input="short\n",
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "at least 16 characters" in proc.stderr
 
 
 def _recv_until(s: socket.socket, token: bytes) -> bytes:
@@ -183,23 +206,20 @@ def _recv_until(s: socket.socket, token: bytes) -> bytes:
 
 
 def _connect_rank(port: int, rank: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(f"cmd=initack pmiid={rank}\n".encode())
-    _recv_until(s, b"cmd=set debug=0\n")
-    return s
+    return connect(f"127.0.0.1:{port}", rank, SECRET)
 
 
 def _watcher(port: int, rank: int) -> tuple[threading.Thread, list[tuple[str, int]]]:
     heard: list[tuple[str, int]] = []
-    thread = watch(f"127.0.0.1:{port}", rank, lambda why, code: heard.append((why, code)))
+    thread = watch(f"127.0.0.1:{port}", rank, lambda why, code: heard.append((why, code)), SECRET)
     return thread, heard
 
 
 @pytest.mark.parametrize("how", ["abort", "vanish"])
 def test_watchers_hear_when_a_rank_aborts_or_dies(how):
-    server = PmiServer(3, log=lambda m: None).start()
-    ranks = [_connect_rank(server.port, r) for r in range(3)]
-    watchers = [_watcher(server.port, r) for r in range(3)]
+    srv = server(3)
+    ranks = [_connect_rank(srv.port, r) for r in range(3)]
+    watchers = [_watcher(srv.port, r) for r in range(3)]
     time.sleep(0.2)  # the watchers are registered before anything fails
     if how == "abort":
         ranks[1].sendall(b"cmd=abort exitcode=7\n")
@@ -212,56 +232,154 @@ def test_watchers_hear_when_a_rank_aborts_or_dies(how):
         assert len(heard) == 1 and heard[0][0].startswith("rank 1 "), heard
         assert want in heard[0][0] and heard[0][1] == (7 if how == "abort" else 1)
     assert watchers[1][1] == []  # the failing rank is not told about itself
-    late = _watcher(server.port, 2)  # a watcher that comes after the failure hears it at once
+    late = _watcher(srv.port, 2)  # a watcher that comes after the failure hears it at once
     late[0].join(10)
     assert late[1] and late[1][0][0].startswith("rank 1 ")
     for s in ranks:
         s.close()
-    server.close()
+    srv.close()
 
 
 def test_watchers_are_released_quietly_when_every_rank_finalizes():
-    server = PmiServer(2, log=lambda m: None).start()
-    ranks = [_connect_rank(server.port, r) for r in range(2)]
-    watchers = [_watcher(server.port, r) for r in range(2)]
+    srv = server(2)
+    ranks = [_connect_rank(srv.port, r) for r in range(2)]
+    watchers = [_watcher(srv.port, r) for r in range(2)]
     time.sleep(0.2)
     for s in ranks:
         s.sendall(b"cmd=finalize\n")
         _recv_until(s, b"finalize_ack")
         s.close()
-    assert server.done.wait(10)
+    assert srv.done.wait(10)
     for thread, heard in watchers:
         thread.join(10)
         assert not thread.is_alive() and heard == []
-    server.close()
+    srv.close()
 
 
-def test_a_watcher_that_loses_the_server_ends_and_a_stray_connection_does_not():
-    server = PmiServer(2, log=lambda m: None).start()
-    stray = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    stray.sendall(b"GET / HTTP/1.0\n")
-    stray.close()  # not a rank: ends nothing
-    thread, heard = _watcher(server.port, 0)
+def test_a_watcher_that_loses_the_server_ends():
+    srv = server(2)
+    thread, heard = _watcher(srv.port, 0)
     time.sleep(0.3)
-    assert server.aborted is None and heard == []
-    server.close()  # the server dies with a rank still running
+    assert srv.aborted is None and heard == []
+    srv.close()  # the server dies with a rank still running
     thread.join(10)
     assert heard and "PMI server" in heard[0][0] and heard[0][1] == 1
 
 
 def test_client_env():
-    assert client_env("10.0.0.1:4000", 3) == {"PMI_PORT": "10.0.0.1:4000", "PMI_ID": "3"}
+    assert client_env(7, 3, 4) == {"PMI_FD": "7", "PMI_RANK": "3", "PMI_SIZE": "4"}
 
 
 def test_a_watch_line_with_a_bad_rank_is_a_watcher_not_a_rank():
-    server = PmiServer(1, log=lambda m: None).start()
-    odd = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    odd.sendall(b"cmd=cudampi_watch rank=x\n")
-    rank = _connect_rank(server.port, 0)
+    srv = server(1)
+    odd = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    odd.sendall(f"cmd=cudampi_watch secret={SECRET} rank=x\n".encode())
+    rank = _connect_rank(srv.port, 0)
     rank.sendall(b"cmd=finalize\n")
     _recv_until(rank, b"finalize_ack")
     rank.close()
-    assert server.done.wait(10)  # the odd watcher neither counted as a rank nor held the job
+    assert srv.done.wait(10)  # the odd watcher neither counted as a rank nor held the job
     assert _recv_until(odd, b"\n").startswith(b"cmd=cudampi_done")
     odd.close()
-    server.close()
+    srv.close()
+
+
+# --- issue 16, item 16: nobody but the job's processes can end it, read it or grow it --------
+
+ATTACKS = {
+    "abort": b"cmd=abort exitcode=9\n",
+    "initack-then-close": b"cmd=initack pmiid=1\n",
+    "connect-and-close": b"",
+    "wrong-secret": b"cmd=cudampi_auth secret=0000000000000000 rank=1\n",
+    "no-secret-watch": b"cmd=cudampi_watch rank=0\n",
+    "read-kvs": f"cmd=get kvsname={KVSNAME} key=card[0]\n".encode(),
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_a_stranger_cannot_end_or_read_the_job(attack):
+    logs: list[str] = []
+    srv = server(2, logs.append)
+    ranks = [_connect_rank(srv.port, r) for r in range(2)]
+    ranks[0].sendall(f"cmd=put kvsname={KVSNAME} key=card[0] value=secret-addr\n".encode())
+    _recv_until(ranks[0], b"put_result")
+    watchers = [_watcher(srv.port, r) for r in range(2)]
+    stranger = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    stranger.sendall(ATTACKS[attack])
+    if attack != "connect-and-close":
+        assert stranger.recv(4096) == b""  # closed unheard: no reply, no data
+    stranger.close()
+    time.sleep(0.3)
+    assert srv.aborted is None and all(not heard for _, heard in watchers), srv.aborted
+    assert srv.refused == 1 and "refused a connection from 127.0.0.1:" in logs[-1], logs
+    for s in ranks:  # the job goes on and ends well
+        s.sendall(b"cmd=finalize\n")
+        _recv_until(s, b"finalize_ack")
+        s.close()
+    assert srv.done.wait(10) and srv.aborted is None
+    srv.close()
+
+
+def test_a_rank_cannot_be_taken_twice():
+    srv = server(2)
+    first = _connect_rank(srv.port, 1)
+    with pytest.raises(ConnectionError):
+        _connect_rank(srv.port, 1)
+    assert srv.aborted is None and srv.refused == 1
+    first.close()
+    srv.close()
+
+
+def test_lines_are_bounded_and_a_silent_connection_times_out(monkeypatch):
+    """A line that never ends costs the server at most MAX_FIRST_LINE bytes before the
+    connection is closed (MAX_LINE for a rank, which then counts as ended)."""
+    monkeypatch.setattr(pmi, "AUTH_TIMEOUT", 0.5)
+    logs: list[str] = []
+    srv = server(2, logs.append)
+    endless = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    sent = 0
+    with pytest.raises(OSError):
+        for _ in range(10_000):  # up to 640 MiB: the server must close long before
+            endless.sendall(b"x" * 65536)
+            sent += 65536
+    assert sent < 64 << 20 and "longer than 256 bytes" in " ".join(logs), (sent, logs)
+    endless.close()
+    silent = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    assert silent.recv(10) == b""  # closed after AUTH_TIMEOUT
+    assert "no authentication line in time" in logs[-1]
+    silent.close()
+    rank = _connect_rank(srv.port, 0)
+    watcher = _watcher(srv.port, 1)
+    with pytest.raises(OSError):
+        for _ in range(10_000):
+            rank.sendall(b"y" * 65536)
+    watcher[0].join(10)
+    assert "rank 0 sent a line longer than 4096 characters" in " ".join(logs)
+    assert srv.aborted is not None and srv.aborted[0] == 0  # a rank that misbehaves has ended
+    rank.close()
+    srv.close()
+
+
+def test_a_flood_of_connections_is_refused_beyond_the_limit(monkeypatch):
+    monkeypatch.setattr(pmi, "MAX_PENDING", 4)
+    srv = server(1)
+    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(4)]
+    time.sleep(0.3)
+    extra = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    assert extra.recv(10) == b"" and srv.refused >= 1
+    for s in [*idle, extra]:
+        s.close()
+    rank = _connect_rank(srv.port, 0)  # the job's own rank still gets in
+    rank.close()
+    srv.close()
+
+
+def test_the_server_listens_on_the_jobs_interface_only():
+    pytest.importorskip("torch")
+    from cudampi.torch.join import _server_host
+
+    assert _server_host({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}) == ("127.0.0.1",) * 2
+    listen, dial = _server_host(
+        {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1"}
+    )
+    assert listen == dial and listen != "0.0.0.0"

@@ -1,12 +1,20 @@
 """A PMI-1 server: one MPI job out of processes that another launcher started (torchrun, ...).
 
 An MPI library finds its peers through its process manager: ``mpiexec`` (Hydra) answers the
-PMI-1 wire protocol on a socket named by ``PMI_PORT``, and every rank introduces itself with
-``PMI_ID``. torchrun starts plain processes, so each would be a one-process MPI job (an MPI
-singleton). Rank 0 starts this server (``python -m cudampi.launch.pmi --size N``) and every rank
-sets ``PMI_PORT``/``PMI_ID`` before MPI initialises: MPI_Init then builds one COMM_WORLD of N
-ranks, exactly as under ``mpiexec``. MPICH, Intel MPI and MVAPICH speak PMI-1; Open MPI 5 speaks
-only PMIx, so it stays a singleton (the torch backend then says so and names the fix).
+PMI-1 wire protocol on a socket it hands each rank (``PMI_FD``, with ``PMI_RANK``/``PMI_SIZE``).
+torchrun starts plain processes, so each would be a one-process MPI job (an MPI singleton).
+Rank 0 starts this server (``python -m cudampi.launch.pmi --size N``, the job's secret on its
+standard input); every rank connects to it, proves it knows the secret (:func:`connect`), and
+hands the connection to MPI as ``PMI_FD`` before MPI initialises: MPI_Init then builds one
+COMM_WORLD of N ranks, exactly as under ``mpiexec``. MPICH, Intel MPI and MVAPICH speak PMI-1;
+Open MPI 5 speaks only PMIx, so it stays a singleton (the torch backend then says so and names
+the fix).
+
+Only the job's processes may talk to it: the server listens on the interface the job uses
+(loopback on one host), a connection whose first line is not ``cmd=cudampi_auth secret=S
+rank=R`` (or ``cmd=cudampi_watch secret=S rank=R``) with the job's secret is closed unheard,
+lines and key/value sizes are bounded, and a stranger's connection can neither end the job nor
+read its key-value space.
 
 The protocol (MPICH ``src/pmi``, ``doc/wiki/design/PMI_v1_Wire_Protocol``): text lines of
 ``key=value`` pairs, ``cmd=`` first. :class:`PmiState` is the pure state machine (tested without
@@ -24,6 +32,7 @@ abort, or loses the server, ends its process.
 from __future__ import annotations
 
 import argparse
+import hmac
 import os
 import socket
 import sys
@@ -46,6 +55,20 @@ def hydra_kvsname(pid: int | None = None) -> str:
 
 
 MAXES = {"kvsname_max": 256, "keylen_max": 64, "vallen_max": 1024}
+MAX_LINE = 4096
+"""The longest request line served (MPICH's longest, a put of the largest value, is ~1.4 KB)."""
+MAX_FIRST_LINE = 256
+"""The longest first line of a connection (the authentication)."""
+AUTH_TIMEOUT = 10.0
+"""Seconds a new connection has to authenticate before it is closed."""
+MAX_PENDING = 64
+"""Connections that have not authenticated yet; more are closed at once."""
+
+
+def max_entries(size: int) -> int:
+    """Keys the key-value space (and names the name service) hold at most for ``size`` ranks:
+    MPICH puts a few per rank; a rank putting without end is cut off, not served."""
+    return 1024 + 64 * size
 
 
 def parse_command(line: str) -> dict[str, str]:
@@ -102,8 +125,9 @@ class PmiState:
         req = parse_command(line)
         cmd = req.get("cmd", "")
         if cmd == "initack":
-            rank = int(req.get("pmiid", "-1"))
-            if not 0 <= rank < self.size:
+            pmiid = req.get("pmiid", "")
+            rank = int(pmiid) if pmiid.isdigit() else -1
+            if not 0 <= rank < self.size or client.rank not in (-1, rank):
                 self.log(f"PMI_ID {rank} is outside the job of {self.size} ranks")
                 return [format_reply("initack", rc=-1)], []
             client.rank = rank
@@ -136,6 +160,9 @@ class PmiState:
             key, value = req.get("key", ""), req.get("value", "")
             if len(key) > MAXES["keylen_max"] or len(value) > MAXES["vallen_max"]:
                 return [format_reply("put_result", rc=-1, msg="key_or_value_too_long")], []
+            if key not in self.kvs and len(self.kvs) >= max_entries(self.size):
+                self.log(f"rank {client.rank} filled the key-value space ({len(self.kvs)} keys)")
+                return [format_reply("put_result", rc=-1, msg="kvs_full")], []
             self.kvs[key] = value
             return [format_reply("put_result", rc=0, msg="success")], []
         if cmd == "get":
@@ -150,18 +177,23 @@ class PmiState:
             released, self.waiting = self.waiting, []
             return [], released
         if cmd == "publish_name":
-            self.published[req.get("service", "")] = req.get("port", "")
+            service, port = req.get("service", ""), req.get("port", "")
+            full = service not in self.published and len(self.published) >= max_entries(self.size)
+            if full or len(service) > MAXES["keylen_max"] or len(port) > MAXES["vallen_max"]:
+                return [format_reply("publish_result", rc=-1, msg="refused")], []
+            self.published[service] = port
             return [format_reply("publish_result", rc=0, msg="success")], []
         if cmd == "unpublish_name":
             had = self.published.pop(req.get("service", ""), None) is not None
             return [format_reply("unpublish_result", rc=0 if had else -1)], []
         if cmd == "lookup_name":
-            port = self.published.get(req.get("service", ""))
-            if port is None:
+            found = self.published.get(req.get("service", ""))
+            if found is None:
                 return [format_reply("lookup_result", rc=-1, msg="not_found")], []
-            return [format_reply("lookup_result", rc=0, port=port)], []
+            return [format_reply("lookup_result", rc=0, port=found)], []
         if cmd == "abort":
-            client.aborted = int(req.get("exitcode", "1") or 1)
+            code = req.get("exitcode", "1")
+            client.aborted = int(code) if code.lstrip("-").isdigit() else 1
             self.log(f"rank {client.rank} called MPI_Abort (exit code {client.aborted})")
             return [], []
         if cmd == "finalize":
@@ -181,8 +213,9 @@ class PmiState:
 class PmiServer:
     """Serve :class:`PmiState` on a TCP socket until every rank has finalized or gone.
 
-    ``done`` is set when all ``size`` ranks have connected and each has finalized, aborted or
-    disconnected (or when :meth:`close` is called). Watch connections (:func:`watch`) hear
+    Only connections that open with the job's ``secret`` (:func:`connect`, :func:`watch`) are
+    served. ``done`` is set when all ``size`` ranks have connected and each has finalized,
+    aborted or disconnected (or when :meth:`close` is called). Watch connections hear
     ``cudampi_abort`` when a rank aborts or dies, ``cudampi_done`` at the end.
     """
 
@@ -194,9 +227,14 @@ class PmiServer:
         process_mapping: str | None = None,
         log: Callable[[str], None] | None = None,
         verbose: bool = False,
+        *,
+        secret: str,
     ) -> None:
+        if len(secret) < 16:
+            raise ValueError("the PMI server needs a secret of at least 16 characters")
         self._log = log or (lambda msg: print(f"cudampi pmi: {msg}", file=sys.stderr, flush=True))
         self._verbose = verbose
+        self._secret = secret.encode()
         self.state = PmiState(size, process_mapping, log=self._log)
         self._lock = threading.Lock()
         self._sock = socket.create_server((host, port), backlog=max(64, size))
@@ -204,6 +242,9 @@ class PmiServer:
         self.clients: list[Client] = []
         self._conns: dict[int, socket.socket] = {}
         self._watchers: dict[socket.socket, int] = {}  # watch connection -> its rank
+        self._pending = 0  # connections that have not authenticated yet
+        self.refused = 0
+        """Connections closed unheard (no or a wrong secret, too long or too slow a line)."""
         self.aborted: tuple[int, int, str] | None = None  # (rank, exit code, why), first only
         self.done = threading.Event()
 
@@ -216,11 +257,18 @@ class PmiServer:
         # Ranks and watchers both connect; accept until closed (watchers may come after all ranks).
         while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, peer = self._sock.accept()
             except OSError:
                 return
+            with self._lock:
+                crowded = self._pending >= MAX_PENDING
+                if not crowded:
+                    self._pending += 1
+            if crowded:
+                self._refuse(conn, peer, "too many connections waiting to authenticate")
+                continue
             threading.Thread(
-                target=self._serve, args=(conn,), name="cudampi-pmi", daemon=True
+                target=self._serve, args=(conn, peer), name="cudampi-pmi", daemon=True
             ).start()
 
     def _send(self, client: Client, text: str) -> None:
@@ -228,21 +276,75 @@ class PmiServer:
         if conn is not None:
             _send_quietly(conn, text)
 
-    def _serve(self, conn: socket.socket) -> None:
-        reader = conn.makefile("r", encoding="ascii", newline="\n")
-        first = _readline(reader)
-        req = parse_command(first)
-        if req.get("cmd") == "cudampi_watch":
-            rank = req.get("rank", "")
-            self._watch(conn, int(rank) if rank.isdigit() else -1)
-            return
-        client = Client()
+    def _refuse(self, conn: socket.socket, peer: Any, why: str) -> None:
         with self._lock:
-            self.clients.append(client)
-            self._conns[id(client)] = conn
+            self.refused += 1
+            n = self.refused
+        if n <= 3:  # a few lines, not one per attempt of a flood
+            self._log(f"refused a connection from {_peer(peer)}: {why}")
         try:
-            line = first
-            while line:
+            conn.close()
+        except OSError:
+            pass
+
+    def _authenticate(self, conn: socket.socket, peer: Any) -> tuple[str, int] | None:
+        """(kind, rank) of a connection whose first line proves the secret; else None (closed).
+        kind: ``rank`` or ``watch``."""
+        try:
+            conn.settimeout(AUTH_TIMEOUT)
+            first = _recv_line(conn, MAX_FIRST_LINE)
+        except (OSError, ValueError) as exc:
+            why = "no authentication line in time" if isinstance(exc, TimeoutError) else str(exc)
+            self._refuse(conn, peer, why)
+            return None
+        finally:
+            with self._lock:
+                self._pending -= 1
+        req = parse_command(first)
+        kinds = {"cudampi_auth": "rank", "cudampi_watch": "watch"}
+        given = req.get("secret", "").encode()
+        if req.get("cmd") not in kinds or not hmac.compare_digest(given, self._secret):
+            self._refuse(conn, peer, "it did not give the job's secret")
+            return None
+        rank_text = req.get("rank", "")
+        rank = int(rank_text) if rank_text.isdigit() else -1
+        kind = kinds[req["cmd"]]
+        if kind == "rank" and not 0 <= rank < self.state.size:
+            self._refuse(
+                conn, peer, f"rank {rank_text!r} is not one of the job's {self.state.size}"
+            )
+            return None
+        conn.settimeout(None)
+        return kind, rank
+
+    def _serve(self, conn: socket.socket, peer: Any = None) -> None:
+        who = self._authenticate(conn, peer)
+        if who is None:
+            return
+        kind, rank = who
+        if kind == "watch":
+            self._watch(conn, rank)
+            return
+        client = Client(rank=rank)
+        with self._lock:
+            if any(c.rank == rank for c in self.clients):
+                taken = True
+            else:
+                taken = False
+                self.clients.append(client)
+                self._conns[id(client)] = conn
+        if taken:
+            self._refuse(conn, peer, f"rank {rank} is already connected")
+            return
+        _send_quietly(conn, format_reply("cudampi_auth", rc=0))
+        reader = conn.makefile("r", encoding="ascii", errors="replace", newline="\n")
+        try:
+            while True:
+                line = reader.readline(MAX_LINE + 1)
+                if not line.endswith("\n"):
+                    if len(line) > MAX_LINE:
+                        self._log(f"rank {rank} sent a line longer than {MAX_LINE} characters")
+                    break  # gone (or misbehaving): handled as a rank that ended below
                 if self._verbose:
                     self._log(f"rank {client.rank} -> {line.strip()}")
                 with self._lock:
@@ -258,21 +360,19 @@ class PmiServer:
                         self._abort(client.rank, client.aborted, "called MPI_Abort")
                 if client.finalized:
                     break
-                line = reader.readline()
         except (OSError, ValueError):
             pass
         finally:
             conn.close()
             with self._lock:
-                if client.rank >= 0 and not client.finalized and client.aborted is None:
+                if not client.finalized and client.aborted is None:
                     self._log(
                         f"rank {client.rank} closed its PMI connection without MPI_Finalize "
                         "(the process ended or was killed)"
                     )
                     self._abort(client.rank, 1, "ended without MPI_Finalize")
                 self._conns.pop(id(client), None)
-                ranks = sum(c.rank >= 0 for c in self.clients)
-                if ranks >= self.state.size and not self._conns:
+                if len(self.clients) >= self.state.size and not self._conns:
                     self._finish()
 
     def _watch(self, conn: socket.socket, rank: int) -> None:
@@ -330,10 +430,30 @@ class PmiServer:
                     pass
 
 
+def _peer(peer: Any) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+def _recv_line(conn: socket.socket, limit: int) -> str:
+    """One line from ``conn`` read a byte at a time (nothing after it is taken from the socket:
+    it may be handed on, as the rank's PMI_FD); ``ValueError`` past ``limit`` bytes."""
+    got = bytearray()
+    while not got.endswith(b"\n"):
+        if len(got) >= limit:
+            raise ValueError(f"its first line is longer than {limit} bytes")
+        byte = conn.recv(1)
+        if not byte:
+            raise ValueError("it closed before a full line")
+        got += byte
+    return got.decode("ascii", errors="replace")
+
+
 def _readline(reader: Any) -> str:
     """One protocol line, or "" once the peer is gone."""
     try:
-        return str(reader.readline())
+        return str(reader.readline(MAX_LINE))
     except (OSError, ValueError):
         return ""
 
@@ -349,16 +469,42 @@ def _abort_line(rank: int, code: int, why: str) -> str:
     return format_reply("cudampi_abort", rank=rank, exitcode=code, why=quote(why))
 
 
+def _dial(address: str, first: str, timeout: float) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock.sendall(first.encode())
+    return sock
+
+
+def connect(address: str, rank: int, secret: str, timeout: float = 30.0) -> socket.socket:
+    """Rank ``rank``'s PMI connection to the server at ``host:port``, authenticated with the
+    job's ``secret``: a blocking socket ready for MPI (:func:`client_env`), which must stay open
+    (and referenced) for the life of the process. ``ConnectionError`` if refused."""
+    sock = _dial(address, format_reply("cudampi_auth", secret=secret, rank=rank), timeout)
+    try:
+        reply = parse_command(_recv_line(sock, MAX_FIRST_LINE))
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise ConnectionError(f"the PMI server at {address} refused rank {rank}: {exc}") from None
+    if reply.get("cmd") != "cudampi_auth" or reply.get("rc") != "0":
+        sock.close()
+        raise ConnectionError(f"the PMI server at {address} refused rank {rank}: {reply}")
+    sock.settimeout(None)  # blocking, as MPI's PMI client reads it
+    return sock
+
+
 def watch(
-    address: str, rank: int, on_end: Callable[[str, int], None], timeout: float = 30.0
+    address: str,
+    rank: int,
+    on_end: Callable[[str, int], None],
+    secret: str,
+    timeout: float = 30.0,
 ) -> threading.Thread:
     """Open rank ``rank``'s watch connection to the server at ``host:port``; a daemon thread
     calls ``on_end(message, exit_code)`` if another rank aborts or dies, or the server vanishes
     (it returns quietly once the server says every rank has finalized)."""
-    host, _, port = address.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock = _dial(address, format_reply("cudampi_watch", secret=secret, rank=rank), timeout)
     sock.settimeout(None)
-    sock.sendall(format_reply("cudampi_watch", rank=rank).encode())
 
     def run() -> None:
         req = parse_command(_readline(sock.makefile("r", encoding="ascii", newline="\n")))
@@ -382,26 +528,34 @@ def single_node_mapping(size: int) -> str:
     return f"(vector,(0,1,{size}))"
 
 
-def client_env(address: str, rank: int) -> dict[str, str]:
-    """What a rank must have in its environment before MPI_Init to join the server's job."""
-    return {"PMI_PORT": address, "PMI_ID": str(rank)}
+def client_env(fd: int, rank: int, size: int) -> dict[str, str]:
+    """What a rank must have in its environment before MPI_Init to join the server's job over
+    its authenticated connection ``fd`` (:func:`connect`), as Hydra hands its ranks theirs."""
+    return {"PMI_FD": str(fd), "PMI_RANK": str(rank), "PMI_SIZE": str(size)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cudampi.launch.pmi --size N``: print the port, serve, exit when all are done.
+    """``python -m cudampi.launch.pmi --size N``: read the job's secret (the first line of
+    standard input), print the port, serve, exit when all are done.
 
     Also exits (after ``--grace`` seconds for ranks still finishing) when its standard input
     closes, i.e. when the rank that started it has ended.
     """
     p = argparse.ArgumentParser(prog="python -m cudampi.launch.pmi", description=__doc__)
     p.add_argument("--size", type=int, required=True)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (the job's network)")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--mapping", default=None, help="PMI_process_mapping value to serve")
     p.add_argument("--grace", type=float, default=60.0)
     p.add_argument("--verbose", action="store_true", help="log every request and reply")
     a = p.parse_args(argv)
-    server = PmiServer(a.size, a.host, a.port, a.mapping, verbose=a.verbose).start()
+    secret = sys.stdin.readline().strip()  # not an argument: argv is visible to every user
+    try:
+        server = PmiServer(a.size, a.host, a.port, a.mapping, verbose=a.verbose, secret=secret)
+    except ValueError as exc:
+        print(f"cudampi pmi: {exc} (the first line of standard input)", file=sys.stderr)
+        return 2
+    server.start()
     print(server.port, flush=True)
 
     def watch_parent() -> None:

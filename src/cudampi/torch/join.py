@@ -3,29 +3,44 @@
 torchrun starts plain processes: each would initialise MPI as a one-process job (an MPI
 singleton). When the cudampi group is created before MPI has started, rank 0 starts cudampi's
 PMI-1 server (:mod:`cudampi.launch.pmi`), publishes its address in torch's rendezvous store, and
-every rank points MPI at it (``PMI_PORT``/``PMI_ID``) before importing ``mpi4py.MPI``: MPI_Init
-then makes one COMM_WORLD whose ranks are torch's. That works for MPIs that speak PMI-1 (MPICH,
-Intel MPI, MVAPICH). Each rank also keeps a watch connection to the server: when a rank aborts or
-dies, the others exit instead of waiting in a collective for ever. Open MPI 5 speaks only PMIx:
-its processes stay singletons, and every rank raises a ConfigError that names the fixes.
+every rank connects to it with the job's secret and hands the connection to MPI (``PMI_FD``)
+before importing ``mpi4py.MPI``: MPI_Init then makes one COMM_WORLD whose ranks are torch's. That
+works for MPIs that speak PMI-1 (MPICH, Intel MPI, MVAPICH). Each rank also keeps a watch
+connection to the server: when a rank aborts or dies, the others exit instead of waiting in a
+collective for ever. Open MPI 5 speaks only PMIx: its processes stay singletons, and every rank
+raises a ConfigError that names the fixes.
+
+The secret: ``CUDAMPI_PMI_SECRET`` when the environment torchrun passes on has it (the same value
+on every host; required when the job spans hosts, since torch's store is readable by anyone who
+reaches it); else, on one host, rank 0 makes one and hands it over in a file only this user can
+read (its path goes through the store). The server listens on loopback on one host, else on the
+address this host reaches MASTER_ADDR from.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from cudampi.config import PMI_SECRET
 from cudampi.errors import ConfigError
-from cudampi.launch.pmi import client_env, single_node_mapping, watch
+from cudampi.launch.pmi import client_env, connect, single_node_mapping, watch
 from cudampi.torch.rendezvous import mpi_launcher
 
 STORE_KEY = "cudampi/pmi_address"
+SECRET_KEY = "cudampi/pmi_secret_file"
+SECRET_ENV = PMI_SECRET
+"""The job's PMI secret, set by the user in torchrun's environment (the same on every host)."""
 _SERVER: list[subprocess.Popen[str]] = []  # rank 0's PMI server, kept for the process's life
+_PMI: list[int] = []  # this rank's PMI connection (a file descriptor MPI reads as PMI_FD)
 
 
 def mpi_started() -> bool:
@@ -42,12 +57,17 @@ def needs_join(env: Mapping[str, str], size: int) -> bool:
     return size > 1 and mpi_launcher(env) is None and not mpi_started()
 
 
-def _server_host(env: Mapping[str, str]) -> tuple[str, str]:
-    """(listen address, address the ranks dial): loopback when torchrun's ranks share this host,
-    else every interface and the address this host routes towards MASTER_ADDR from."""
+def one_host(env: Mapping[str, str]) -> bool:
+    """Do all of torchrun's ranks run on this host?"""
     local = env.get("LOCAL_WORLD_SIZE")
     world = env.get("WORLD_SIZE")
-    if local and world and local == world:
+    return bool(local and world and local == world)
+
+
+def _server_host(env: Mapping[str, str]) -> tuple[str, str]:
+    """(listen address, address the ranks dial): loopback when torchrun's ranks share this host,
+    else the address this host routes towards MASTER_ADDR from (only that interface)."""
+    if one_host(env):
         return "127.0.0.1", "127.0.0.1"
     master = env.get("MASTER_ADDR") or ""
     addr = ""
@@ -63,18 +83,21 @@ def _server_host(env: Mapping[str, str]) -> tuple[str, str]:
             addr = socket.gethostbyname(socket.gethostname())
         except OSError:
             addr = "127.0.0.1"
-    return "0.0.0.0", addr
+    return addr, addr
 
 
-def _start_server(size: int, env: Mapping[str, str]) -> str:
+def _start_server(size: int, env: Mapping[str, str], secret: str) -> str:
     listen, dial = _server_host(env)
     argv = [sys.executable, "-m", "cudampi.launch.pmi", "--size", str(size), "--host", listen]
     if listen == "127.0.0.1":
         argv += ["--mapping", single_node_mapping(size)]
+    child_env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stdin is not None
+    proc.stdin.write(secret + "\n")  # its standard input stays open: it closes when we end
+    proc.stdin.flush()
     line = proc.stdout.readline().strip()
     if not line.isdigit():
         proc.kill()
@@ -86,33 +109,87 @@ def _start_server(size: int, env: Mapping[str, str]) -> str:
     return f"{dial}:{line}"
 
 
+def _job_secret(store: Any, rank: int, env: Mapping[str, str], wait: Any) -> tuple[str, str]:
+    """(the job's PMI secret, the folder rank 0 made to hand it over or "")."""
+    given = env.get(SECRET_ENV, "")
+    if given:
+        if len(given) < 16:
+            raise ConfigError(
+                f"{SECRET_ENV} has {len(given)} characters; the PMI secret needs at least 16. "
+                f"Fix: export {SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(16))')"
+            )
+        return given, ""
+    if not one_host(env):
+        raise ConfigError(
+            f"torchrun's ranks span several hosts (WORLD_SIZE={env.get('WORLD_SIZE')}, "
+            f"LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')}), so cudampi's PMI server must "
+            f"listen on the network, and only a secret shared by the job's processes keeps "
+            f"others out. Fix: export {SECRET_ENV}=<the same random value on every host> in "
+            f"torchrun's environment, e.g. {SECRET_ENV}=$(python -c 'import secrets; "
+            "print(secrets.token_hex(16))') in the batch script before torchrun"
+        )
+    folder = ""
+    if rank == 0:
+        folder = tempfile.mkdtemp(prefix="cudampi-pmi-")  # 0700: this user's only
+        path = os.path.join(folder, "secret")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(16))
+        store.set(SECRET_KEY, path)
+    wait([SECRET_KEY])
+    path = store.get(SECRET_KEY).decode()
+    try:
+        with open(path) as f:
+            return f.read().strip(), folder
+    except OSError as exc:
+        raise ConfigError(
+            f"cudampi: rank {rank} on {socket.gethostname()} cannot read the PMI secret that "
+            f"rank 0 left in {path!r} ({exc.strerror}): torchrun's ranks must run as one user "
+            f"on one host, or set {SECRET_ENV} in torchrun's environment."
+        ) from None
+
+
 def join_world(store: Any, rank: int, size: int, timeout: timedelta | None = None) -> Any:
     """``MPI.COMM_WORLD`` of one job of ``size`` ranks, ``rank`` being torch's rank here.
 
     Collective over torch's ranks (all of them must call it, through the world group's creator).
     """
-    if rank == 0:
-        store.set(STORE_KEY, _start_server(size, os.environ))
-    if timeout is not None:
-        store.wait([STORE_KEY], timeout)
-    address = store.get(STORE_KEY).decode()
-    saved = {k: os.environ.get(k) for k in ("PMI_PORT", "PMI_ID")}
-    os.environ.update(client_env(address, rank))
+
+    def wait(keys: list[str]) -> None:
+        if timeout is not None:
+            store.wait(keys, timeout)
+
+    secret, folder = _job_secret(store, rank, os.environ, wait)
     try:
-        from mpi4py import MPI  # MPI_Init: reaches the PMI server and meets the other ranks
+        if rank == 0:
+            store.set(STORE_KEY, _start_server(size, os.environ, secret))
+        wait([STORE_KEY])
+        address = store.get(STORE_KEY).decode()
+        # MPI owns the connection from here on: a socket object would close it when collected
+        # (at interpreter exit, before MPI_Finalize's last PMI barrier), a bare fd stays open.
+        fd = connect(address, rank, secret).detach()
+        _PMI[:] = [fd]
+        names = ("PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID")
+        saved = {k: os.environ.pop(k, None) for k in names}
+        os.environ.update(client_env(fd, rank, size))
+        try:
+            from mpi4py import MPI  # MPI_Init: talks to the PMI server, meets the other ranks
+        finally:
+            # Later processes (a DataLoader worker that execs Python, a tool) must not pose as us.
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     finally:
-        # Later processes (a DataLoader worker that execs Python, a tool) must not pose as us.
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        if folder:  # every rank read it before MPI_Init could return here
+            shutil.rmtree(folder, ignore_errors=True)
     world = MPI.COMM_WORLD
     if world.size != size or world.rank != rank:
         for proc in _SERVER:
             proc.kill()
         raise ConfigError(torchrun_message(size, MPI.Get_library_version(), world.size))
-    watch(address, rank, _end_with_the_job(rank, size))
+    watch(address, rank, _end_with_the_job(rank, size), secret)
     return world
 
 
