@@ -82,8 +82,10 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
-def _meta(parse: Callable[[str], Any], doc: str) -> dict[str, Any]:
-    return {"parse": parse, "doc": doc}
+def _meta(parse: Callable[[str], Any], doc: str, *, agreed: bool = False) -> dict[str, Any]:
+    """``agreed``: the setting changes what a rank sends, so every rank of a communicator must
+    have the same value (checked once when the communicator is made)."""
+    return {"parse": parse, "doc": doc, "agreed": agreed}
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,9 @@ class Config:
     path: str = field(
         default="auto",
         metadata=_meta(
-            _choice(*PATHS), "collective path: auto, ipc, gpu-ring, staged, native or host"
+            _choice(*PATHS),
+            "collective path: auto, ipc, gpu-ring, staged, native or host",
+            agreed=True,
         ),
     )
     cuda_aware: str = field(
@@ -113,17 +117,20 @@ class Config:
     )
     debug: bool = field(
         default=False,
-        metadata=_meta(_parse_bool, "full cross-rank argument check before every collective"),
+        metadata=_meta(
+            _parse_bool, "full cross-rank argument check before every collective", agreed=True
+        ),
     )
     chunk_bytes: int = field(
         default=4 << 20,
-        metadata=_meta(parse_size, "pipeline chunk of gpu-ring and staged transfers"),
+        metadata=_meta(parse_size, "pipeline chunk of gpu-ring and staged transfers", agreed=True),
     )
     small_bytes: int = field(
         default=256 << 10,
         metadata=_meta(
             parse_size,
             "messages at or below this use latency-optimal algorithms (recursive doubling)",
+            agreed=True,
         ),
     )
     algorithm: str = field(
@@ -133,6 +140,7 @@ class Config:
             "large-message reduce-scatter/allgather of cudampi's own collectives: ring (any "
             "topology) or direct (all pairs at once, best on one node's NVLink/NVSwitch); auto: "
             "direct for device arrays when every rank is on one node, else ring",
+            agreed=True,
         ),
     )
     ipc_bytes: int = field(
@@ -141,6 +149,7 @@ class Config:
             parse_size,
             "ipc engine: bytes of each of the two data buffers of a rank's workspace (larger "
             "calls run in several launches); every rank of a node must use the same value",
+            agreed=True,
         ),
     )
     ipc_oneshot_bytes: int = field(
@@ -149,6 +158,7 @@ class Config:
             parse_size,
             "ipc engine: allreduce up to this size runs one-shot (every rank reads every rank), "
             "above it two-shot (reduce-scatter + all-gather)",
+            agreed=True,
         ),
     )
     ipc_register: bool = field(
@@ -165,6 +175,7 @@ class Config:
             int,
             "ipc engine: thread blocks per launch (0: the GPU's multiprocessors shared among "
             "the ranks on it, at most 64)",
+            agreed=True,
         ),
     )
     node_ranks: int = field(
@@ -269,6 +280,11 @@ class Config:
                 _parse_field(known[name], value, name) if isinstance(value, str) else value
             )
         return cls(**values)
+
+    def agreed(self) -> dict[str, Any]:
+        """The settings every rank of a communicator must share (they change what a rank
+        sends: chunking, algorithms, checks, the path), by name."""
+        return {n: getattr(self, n) for n, f in self.fields().items() if f.metadata["agreed"]}
 
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied, validated like :meth:`load` (``None`` = unchanged)."""

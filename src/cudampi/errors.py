@@ -26,6 +26,11 @@ class MismatchError(CommError):
     """Ranks disagree on shape, dtype, count, op or root for one collective call."""
 
 
+class CommTimeoutError(CommError):
+    """Ranks did not arrive at a call within its deadline, or left the job while others wait
+    for them; the communicator cannot be used again (see :mod:`cudampi.comm.deadline`)."""
+
+
 class DeviceError(CommError):
     """An array is on a device this call cannot use (wrong GPU, no GPU, no CUDA-aware MPI)."""
 

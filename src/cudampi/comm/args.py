@@ -33,8 +33,35 @@ def check_array(b: Buf, what: str) -> None:
         )
 
 
+def check_writable(b: Buf, what: str) -> None:
+    """An array the call writes must be writable: MPI writes through the address whatever the
+    array says (a read-only NumPy view of ``bytes`` would change the immutable ``bytes``; a
+    read-only memory map segfaults)."""
+    if not b.writable:
+        raise CommError(
+            f"{what}: the {b.describe()} is read-only, and this call writes into it. Pass a "
+            "writable array (numpy: a copy, or np.frombuffer of a bytearray; a memmap opened "
+            "with mode 'r+')."
+        )
+
+
+def check_color(color: Any, key: Any) -> None:
+    """``split``'s color is MPI.UNDEFINED or a non-negative int; its key an int."""
+    from mpi4py import MPI
+
+    ok = isinstance(color, int) and not isinstance(color, bool)
+    if not ok or (color < 0 and color != MPI.UNDEFINED):
+        raise CommError(
+            f"split: color={color!r} is neither a non-negative integer nor MPI.UNDEFINED "
+            "(a rank that passes MPI.UNDEFINED gets None)"
+        )
+    if not isinstance(key, int) or isinstance(key, bool):
+        raise CommError(f"split: key={key!r} is not an integer")
+
+
 def check_out(x: Buf, ob: Buf, shape: tuple[int, ...], what: str) -> None:
     """``ob`` can take this call's output of ``shape`` for the input ``x``."""
+    check_writable(ob, what)
     if ob.lib != x.lib or ob.device != x.device:
         raise DeviceError(
             f"{what}: a {ob.describe()}, but the input is a {x.describe()}; out must be the "

@@ -54,6 +54,9 @@ class Buf:
     shape: tuple[int, ...]
     itemsize: int
     contiguous: bool
+    writable: bool = True
+    """False for memory the array says must not be written (a read-only NumPy array, a CUDA
+    array interface marked read-only)."""
 
     @property
     def count(self) -> int:
@@ -147,6 +150,7 @@ def _from_numpy(a: Any, obj: Any) -> Buf:
         shape=tuple(int(d) for d in a.shape),
         itemsize=int(dt.itemsize),
         contiguous=bool(a.flags.c_contiguous),
+        writable=bool(a.flags.writeable),
     )
 
 
@@ -194,6 +198,16 @@ def _from_cupy(a: Any, obj: Any) -> Buf:
 
 
 def _from_cuda_foreign(x: Any, what: str) -> Buf:
+    import dataclasses
+
+    cai = getattr(x, "__cuda_array_interface__", None)
+    data = cai.get("data") if isinstance(cai, dict) else None
+    read_only = bool(data[1]) if isinstance(data, tuple) and len(data) > 1 else False
+    b = _from_cuda_wrapped(x, what)
+    return dataclasses.replace(b, writable=False) if read_only else b
+
+
+def _from_cuda_wrapped(x: Any, what: str) -> Buf:
     try:
         import cupy
 

@@ -11,6 +11,7 @@ separate duplicate of the communicator so it can never match a collective's inte
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable
@@ -19,15 +20,16 @@ from typing import Any
 
 from cudampi.comm import args
 from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, same_memory
+from cudampi.comm.deadline import Watch
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
 from cudampi.comm.engines.mpi import can_reduce
 from cudampi.comm.handle import Handle, Worker, completed
 from cudampi.comm.ops import ArrayOps, check_op
 from cudampi.comm.paths import DeviceSupport, PathChoice, check_path, choose, device_support
-from cudampi.comm.validate import Signature, check
+from cudampi.comm.validate import Signature, agree, check
 from cudampi.config import Config
-from cudampi.errors import CommError, CudampiError, DeviceError
+from cudampi.errors import CommError, CommTimeoutError, CudampiError, DeviceError
 from cudampi.observe import Observer
 
 
@@ -56,6 +58,11 @@ class Communicator:
     ``comm`` is duplicated, so this object's traffic never matches the caller's own messages.
     ``path`` (auto, gpu-ring, staged, native, host) is the default path of every call; a call's
     ``path=`` wins over it, and it wins over CUDAMPI_PATH.
+
+    Making one is collective: the ranks agree once on every setting that changes what a rank
+    sends (``Config.agreed()``, the default path and what MPI may be given device memory for);
+    where they differ every rank raises :class:`~cudampi.errors.MismatchError`. Every call has a
+    deadline (``config.timeout``, see :mod:`~cudampi.comm.deadline`).
     """
 
     def __init__(self, comm: Any, *, path: str | None = None, config: Config | None = None) -> None:
@@ -77,6 +84,14 @@ class Communicator:
         self._support = device_support(self.config, found.entry, found.note)
         if found.ignored and self.rank == 0:
             warnings.warn(f"cudampi: {found.note}", RuntimeWarning, stacklevel=2)
+        try:
+            agree(self._coll, self._agreed())
+        except Exception:
+            for c in (self._coll, self.mpi_comm):
+                c.Free()
+            raise
+        self._watch = Watch(self._coll, self.config.timeout)
+        self._seq = 0
         shared = node_comm(self._coll, self.config)
         one_node = shared.Get_size() == self.size
         shared.Free()
@@ -93,6 +108,16 @@ class Communicator:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _agreed(self) -> dict[str, Any]:
+        """What every rank must share (see the class doc)."""
+        s = self._support
+        return {
+            **self.config.agreed(),
+            "path": self._path,
+            "device p2p": "proven" if s.p2p else "not proven",
+            "device collectives": "proven" if s.collectives else "not proven",
+        }
+
     def close(self) -> None:
         """Finish queued calls and free the duplicated communicators."""
         if self._closed:
@@ -101,6 +126,7 @@ class Communicator:
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+        self._watch.close()
         self._engines.close()
         self._observer.close()
         for c in (self._coll, self.mpi_comm):
@@ -121,10 +147,15 @@ class Communicator:
     def split(self, color: int, key: int = 0) -> Communicator | None:
         """A sub-communicator of the ranks passing the same ``color`` (None for MPI.UNDEFINED)."""
 
-        def run() -> Any:
-            return self._coll.Split(color, key)
+        def build() -> _Plan:
+            args.check_color(color, key)
 
-        new = self._collective(lambda: _Plan(Signature("split"), run), "split", False)
+            def run() -> Any:
+                return self._coll.Split(color, key)
+
+            return _Plan(Signature("split"), run)
+
+        new = self._collective(build, "split", False)
         from mpi4py import MPI
 
         if new == MPI.COMM_NULL:
@@ -193,6 +224,12 @@ class Communicator:
         if self._closed:
             raise CommError(f"{what}: this Communicator was closed")
         self._chosen = None
+        if self._watch.failed is not None:
+            raise CommTimeoutError(
+                f"{what}: this Communicator failed earlier and cannot be used: {self._watch.failed}"
+            )
+        self._seq += 1  # in the caller's order: the same on every rank that makes the same calls
+        seq = self._seq
         try:
             plan = build()
             if plan.ops is not None and not plan.ordered:
@@ -201,6 +238,7 @@ class Communicator:
             if self._reject_ordered(what):
                 raise
             plan = _Plan(Signature(what), error=exc)
+        plan.sig = dataclasses.replace(plan.sig, seq=seq)
         # Every collective is observed here, whatever engine runs it: the log line (path and
         # why), the profiler/NVTX range and the timeline event (cudampi.observe).
         chosen = self._chosen
@@ -225,7 +263,7 @@ class Communicator:
         debug = self.config.debug
 
         def execute() -> Any:
-            check(self._coll, plan.sig, plan.error, debug=debug)
+            check(self._coll, plan.sig, plan.error, debug=debug, watch=self._watch)
             assert plan.run is not None
             with observed:
                 if plan.ops is None:
@@ -357,6 +395,8 @@ class Communicator:
         def build() -> _Plan:
             xb = self._buf(x, "x")
             args.check_root(root, self.size)
+            if self.rank != root:
+                args.check_writable(xb, "x")
             choice = self._choose("broadcast", xb, path)
             engine = self._engine(choice, xb)
             sig = Signature(
@@ -556,6 +596,7 @@ class Communicator:
         varying = send_counts is not None
 
         def build() -> _Plan:
+            seq = self._seq
             xb = self._buf(x, "x")
             sc, rc = args.alltoall_counts(xb, send_counts, recv_counts, self.size)
             shape = xb.shape if not varying else None if rc is None else (sum(rc),)
@@ -579,7 +620,13 @@ class Communicator:
                 if varying:
                     got = [int(c) for c in self._coll.alltoall(sc)]
                     err = args.recv_counts_error(self.rank, rc, got)
-                    check(self._coll, Signature("alltoall"), err, debug=False)
+                    check(
+                        self._coll,
+                        Signature("alltoall", seq=seq),
+                        err,
+                        debug=False,
+                        watch=self._watch,
+                    )
                     rc = got
                     if ob is None:
                         ob = self._out(xb, out, (sum(rc),))
@@ -591,6 +638,13 @@ class Communicator:
 
         return self._collective(build, "alltoall", async_op)
 
+    def refuse(self, call: str, error: BaseException) -> None:
+        """Take part in the next collective as a rank whose arguments failed the caller's own
+        check (the torch layer checks its list lengths and sizes): every rank raises instead of
+        moving data (this one ``error``, the others an error naming this rank), so no rank is
+        left waiting. ``call`` names the collective in the others' error."""
+        self._collective(lambda: _Plan(Signature(call), error=error), call, False)
+
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return once every rank has called barrier (in order with queued collectives)."""
         return self._collective(
@@ -599,8 +653,12 @@ class Communicator:
 
     # ------------------------------------------------------------------ point-to-point
 
-    def _p2p_prepare(self, x: Any, what: str, path: str | None) -> tuple[Buf, Engine]:
+    def _p2p_prepare(
+        self, x: Any, what: str, path: str | None, *, writes: bool = False
+    ) -> tuple[Buf, Engine]:
         b = self._buf(x, what)
+        if writes:
+            args.check_writable(b, what)
         engine = self._engine(self._choose("send", b, path), b)
         if not engine.stream_ordered:
             with engine.ops.device_ctx():
@@ -614,7 +672,7 @@ class Communicator:
 
     def recv(self, x: Any, source: int, tag: int = 0, *, path: str | None = None) -> Any:
         """Blocking receive into ``x`` from rank ``source`` (MPI.ANY_SOURCE allowed); returns x."""
-        b, engine = self._p2p_prepare(x, "x", path)
+        b, engine = self._p2p_prepare(x, "x", path, writes=True)
         engine.recv(flat(b), source, tag)
         return x
 
@@ -625,7 +683,7 @@ class Communicator:
 
     def irecv(self, x: Any, source: int, tag: int = 0, *, path: str | None = None) -> Handle:
         """Non-blocking receive into ``x``; ``wait()`` returns ``x``."""
-        b, engine = self._p2p_prepare(x, "x", path)
+        b, engine = self._p2p_prepare(x, "x", path, writes=True)
         h = engine.irecv(flat(b), source, tag)
         h._result = x
         return h

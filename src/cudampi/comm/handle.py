@@ -12,22 +12,29 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from cudampi.errors import CommError
+from cudampi.errors import CommTimeoutError
 
 
 class Handle:
     """The pending result of a non-blocking call.
 
     ``wait()`` blocks until the call has finished and returns its result (re-raising its error on
-    this rank); ``test()`` says whether it has finished without blocking.
+    this rank); ``test()`` says whether it has finished without blocking. ``timeout`` is the
+    default deadline of ``wait()`` (the communicator's; None: none).
     """
 
-    def __init__(self, what: str = "call", poll: Callable[[bool], bool] | None = None) -> None:
+    def __init__(
+        self,
+        what: str = "call",
+        poll: Callable[[bool], bool] | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self._what = what
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
         self._poll = poll
+        self._timeout = timeout
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
@@ -55,18 +62,34 @@ class Handle:
         return self.done
 
     def wait(self, timeout: float | None = None) -> Any:
-        """Block until finished (at most ``timeout`` seconds) and return the result."""
-        if self._poll is not None:
+        """Block until finished (at most ``timeout`` seconds, default the handle's deadline) and
+        return the result; :class:`~cudampi.errors.CommTimeoutError` past the deadline."""
+        limit = self._timeout if timeout is None else timeout
+        if self._poll is not None and limit is None:
             self._progress(True)
-        if not self._event.wait(timeout):
-            raise CommError(
-                f"{self._what} did not finish within {timeout!r} s; another rank may not have "
-                "called the matching operation. Check that every rank makes the same calls in "
-                "the same order."
-            )
+        elif self._poll is not None and limit is not None:
+            from cudampi.comm.deadline import spin
+
+            def done() -> bool:
+                self._progress(False)
+                return self._event.is_set()
+
+            spin(done, limit, self._late(limit))
+        if not self._event.wait(limit):
+            raise self._late(limit)()
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _late(self, limit: float | None) -> Callable[[], BaseException]:
+        def error() -> BaseException:
+            return CommTimeoutError(
+                f"{self._what} did not finish within {limit!r} s; another rank may not have "
+                "called the matching operation. Check that every rank makes the same calls in "
+                "the same order."
+            )
+
+        return error
 
     def __repr__(self) -> str:
         state = "done" if self._event.is_set() else "pending"

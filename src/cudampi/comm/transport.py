@@ -93,13 +93,28 @@ def opens_sequence(got: int, nbytes: int, chunk_bytes: int) -> bool:
     return got < nbytes and got == chunk_bytes
 
 
-def recv_into(comm: Any, ptr: int, nbytes: int, source: int, tag: int, chunk_bytes: int) -> int:
+def recv_into(
+    comm: Any,
+    ptr: int,
+    nbytes: int,
+    source: int,
+    tag: int,
+    chunk_bytes: int,
+    timeout: float | None = None,
+) -> int:
     """Blocking receive of up to ``nbytes`` at host-accessible or CUDA-aware ``ptr``, accepting
-    one message or a chunk sequence (see the module doc). Returns the actual source."""
+    one message or a chunk sequence (see the module doc), the first message within ``timeout``
+    seconds (None: for ever). Returns the actual source."""
     from mpi4py import MPI
 
     status = MPI.Status()
-    comm.Recv(mem(ptr, nbytes), source, tag, status)
+    if timeout is None:
+        comm.Recv(mem(ptr, nbytes), source, tag, status)
+    else:
+        from cudampi.comm.deadline import wait_request
+
+        req = comm.Irecv(mem(ptr, nbytes), source, tag)
+        wait_request(req, timeout, f"recv from rank {source} (tag {tag})", status)
     got = status.Get_count(MPI.BYTE)
     src = int(status.Get_source())
     if opens_sequence(got, nbytes, chunk_bytes):
@@ -130,19 +145,31 @@ class StagedTransport:
     array library (:mod:`cudampi.comm.staging`).
     """
 
-    def __init__(self, comm: Any, stager: Any, chunk_bytes: int) -> None:
+    def __init__(
+        self, comm: Any, stager: Any, chunk_bytes: int, timeout: float | None = None
+    ) -> None:
         self.comm = comm
         self.stager = stager
         self.chunk_bytes = max(1, chunk_bytes)
+        self.timeout = timeout
+
+    def _wait(self, req: Any, what: str) -> None:
+        if self.timeout is None:
+            req.Wait()
+        else:
+            from cudampi.comm.deadline import wait_request
+
+            wait_request(req, self.timeout, what)
 
     def send(self, a: Any, dest: int, tag: int) -> None:
         st = self.stager
         n = st.nbytes(a)
         chunks = chunk_bounds(n, self.chunk_bytes)
+        what = f"send to rank {dest} (tag {tag})"
         if len(chunks) <= 1:
             host = st.pinned(max(n, 1))
             st.wait(st.d2h(host, a, 0, n))
-            self.comm.Send(mem(st.host_ptr(host), n), dest, tag)
+            self._wait(self.comm.Isend(mem(st.host_ptr(host), n), dest, tag), what)
             return
         slots = [st.pinned(self.chunk_bytes) for _ in range(2)]
         reqs: list[Any] = [None, None]
@@ -152,12 +179,12 @@ class StagedTransport:
             if k + 1 < len(chunks):
                 nxt = (k + 1) % 2
                 if reqs[nxt] is not None:
-                    reqs[nxt].Wait()
+                    self._wait(reqs[nxt], what)
                 ev = st.d2h(slots[nxt], a, *chunks[k + 1])
             reqs[k % 2] = self.comm.Isend(mem(st.host_ptr(slots[k % 2]), hi - lo), dest, tag)
         for r in reqs:
             if r is not None:
-                r.Wait()
+                self._wait(r, what)
 
     def recv(self, a: Any, source: int, tag: int) -> int:
         from mpi4py import MPI
@@ -165,7 +192,30 @@ class StagedTransport:
         st = self.stager
         n = st.nbytes(a)
         status = MPI.Status()
-        msg = self.comm.Mprobe(source, tag, status)
+        if self.timeout is None:
+            msg = self.comm.Mprobe(source, tag, status)
+        else:
+            from cudampi.comm.deadline import spin
+            from cudampi.errors import CommTimeoutError
+
+            found: list[Any] = []
+
+            def probe() -> bool:
+                m = self.comm.Improbe(source, tag, status)
+                if m is not None:
+                    found.append(m)
+                return m is not None
+
+            limit = self.timeout
+            spin(
+                probe,
+                limit,
+                lambda: CommTimeoutError(
+                    f"recv from rank {source} (tag {tag}) did not start within {limit:g} s: "
+                    "the other rank did not send (CUDAMPI_TIMEOUT sets the deadline)"
+                ),
+            )
+            msg = found[0]
         first = status.Get_count(MPI.BYTE)
         src = status.Get_source()
         if not opens_sequence(first, n, self.chunk_bytes):

@@ -2,9 +2,10 @@
 
 A collective whose ranks disagree on size, dtype, op, root or path would hang or corrupt memory;
 one whose input failed a local check on one rank would leave the others waiting. So every
-collective first exchanges a small signature: by default one tiny allreduce of a few integers
-(the cheap check), with CUDAMPI_DEBUG=1 an allgather of the whole signature, shapes included.
-On any disagreement or local failure every rank raises, naming the ranks and values.
+collective first exchanges a small signature: one tiny non-blocking allreduce of a few integers
+(the cheap check), waited on with the communicator's deadline (:mod:`~cudampi.comm.deadline`),
+and with CUDAMPI_DEBUG=1 then an allgather of the whole signature, shapes included. On any
+disagreement or local failure every rank raises, naming the ranks and values.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Signature:
     algo: int = 0
     """0: not compared; 1: ring; 2: direct (see cudampi.comm.algorithms)."""
     shape: tuple[int, ...] | None = field(default=None, compare=False)
+    seq: int = field(default=-1, compare=False)
+    """The call's number on its communicator (for messages: ranks match calls by position, so
+    a rank that skips a call shifts its numbers too, and the deadline names it)."""
 
     def codes(self) -> list[int]:
         return [
@@ -88,27 +92,36 @@ def _host_rank() -> str:
     return socket.gethostname()
 
 
-def check(comm: Any, sig: Signature, local_error: BaseException | None, *, debug: bool) -> None:
+def check(
+    comm: Any,
+    sig: Signature,
+    local_error: BaseException | None,
+    *,
+    debug: bool,
+    watch: Any = None,
+) -> None:
     """Collective over ``comm``: return when every rank passed ``sig`` and no local error;
-    otherwise raise on every rank (the rank's own error where it had one)."""
+    otherwise raise on every rank (the rank's own error where it had one). ``watch``: the
+    communicator's :class:`~cudampi.comm.deadline.Watch` (its deadline); None waits for ever."""
     if comm.size == 1:
         if local_error is not None:
             raise local_error
         return
-    if not debug:
-        import numpy
-        from mpi4py import MPI
+    import numpy
+    from mpi4py import MPI
 
-        codes = sig.codes()
-        vec = numpy.array(
-            [*codes, *(-c for c in codes), 1 if local_error else 0], dtype=numpy.int64
-        )
-        out = numpy.empty_like(vec)
+    codes = sig.codes()
+    vec = numpy.array([*codes, *(-c for c in codes), 1 if local_error else 0], dtype=numpy.int64)
+    out = numpy.empty_like(vec)
+    if watch is None:
         comm.Allreduce(vec, out, MPI.MAX)
-        k = len(codes)
-        agree = all(out[i] == -out[k + i] for i in range(k))
-        if agree and out[-1] == 0:
-            return
+    else:
+        watch.wait(comm.Iallreduce(vec, out, MPI.MAX), sig.call, sig.seq)
+    k = len(codes)
+    agree = all(out[i] == -out[k + i] for i in range(k))
+    if agree and out[-1] == 0 and not debug:
+        return
+    # Every rank has arrived (the allreduce completed): the full exchange cannot wait for ever.
     entries = comm.allgather(
         (
             sig,
@@ -174,3 +187,47 @@ def _raise_for(
                 f"rest{hint}. Every rank must pass the same {name} to one collective call."
             )
     raise MismatchError(f"{sig.call}: ranks disagree on the call's signature: {shown!r}")
+
+
+AGREED_HINT = {
+    "device p2p": "run `cudampi doctor` on every host with the job's settings, or set the same "
+    "CUDAMPI_CUDA_AWARE on every rank",
+    "device collectives": "run `cudampi doctor` on every host with the job's settings, or set "
+    "the same CUDAMPI_NATIVE_COLLECTIVES on every rank",
+}
+
+
+def agree(comm: Any, values: dict[str, Any]) -> None:
+    """Collective over ``comm``, once when a communicator is made: every rank must have the same
+    ``values`` (the settings that change what a rank sends, and the path choice's inputs), so no
+    call can run with ranks that chunk, pick algorithms or check differently. A
+    :class:`MismatchError` on every rank names each setting that differs and which ranks have
+    which value."""
+    if comm.size == 1:
+        return
+    from cudampi.config import Config
+
+    seen = comm.allgather((values, _host_rank()))
+    lines = []
+    for name in values:
+        got = [v.get(name) for v, _ in seen]
+        if all(g == got[0] for g in got):
+            continue
+        groups: dict[str, list[int]] = {}
+        for i, g in enumerate(got):
+            groups.setdefault(repr(g), []).append(i)
+        desc = "; ".join(
+            f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
+            for v, rs in groups.items()
+        )
+        fix = AGREED_HINT.get(name) or (
+            f"set the same {Config.env_name(name)} on every rank (or pass the same config=)"
+            if name in Config.fields()
+            else "pass the same value on every rank"
+        )
+        lines.append(f"{name} ({desc}): {fix}")
+    if lines:
+        raise MismatchError(
+            "the ranks of this communicator disagree on settings that change what each rank "
+            "sends, so no collective could run correctly: " + "; ".join(lines) + "."
+        )

@@ -17,6 +17,7 @@ run in call order on one thread per group instead, overlapping the caller's work
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -24,7 +25,7 @@ import socket
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -33,12 +34,18 @@ import torch
 import torch.distributed as dist
 
 from cudampi.config import Config
-from cudampi.errors import CommError, ConfigError, MismatchError
+from cudampi.errors import CommError, CommTimeoutError, ConfigError, MismatchError
 from cudampi.torch.debug import DetailChecker, detail_enabled
 from cudampi.torch.join import join_world, needs_join
 from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
 from cudampi.torch.rendezvous import singleton_message
-from cudampi.torch.work import AsyncRunner, completed_work, finished_work, handle_work
+from cudampi.torch.work import (
+    AsyncRunner,
+    as_dist_error,
+    completed_work,
+    finished_work,
+    handle_work,
+)
 
 BACKEND_NAME = "cudampi"
 
@@ -241,7 +248,12 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
                 "default ('multiple'), or use async_ops=False."
             )
         runner = AsyncRunner(f"cudampi-torch-{group_id or 'world'}")
-    comm = Communicator(mpi_comm, path=options.path, config=options.config)
+    config = options.config if options.config is not None else Config.load()
+    timeout = _timeout(dist_opts)
+    if timeout is not None and timeout.total_seconds() > 0:
+        # torch's timeout= (init_process_group / new_group) is this group's deadline
+        config = config.replace(timeout=timeout.total_seconds())
+    comm = Communicator(mpi_comm, path=options.path, config=config)
     pg = CudampiProcessGroup(comm, mpi_comm, rank, size, ranks, group_id, runner=runner)
     if detail_enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch's wrapper skips Python groups
         pg._detail = DetailChecker(mpi_comm, ranks or list(range(size)))
@@ -261,7 +273,10 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
             self._check_capturable(method.__name__, args)
         if self._runner is None:
-            return finished_work(method(self, *args, **kwargs))
+            try:
+                return finished_work(method(self, *args, **kwargs))
+            except CommTimeoutError as exc:
+                raise as_dist_error(exc) from exc  # what torch's own backends raise
         return self._runner.submit(lambda: method(self, *args, **kwargs), args)
 
     return run
@@ -428,6 +443,9 @@ class CudampiProcessGroup(_ProcessGroup):
         self._cudampi_group_desc = ""
         self._closed = False
         self._finalizer = weakref.finalize(self, _close, comm, mpi_comm, runner)
+        # Not at interpreter exit: a group still open then is one this process leaves while the
+        # others may call collectives on it; its Communicator tells them so (comm.deadline).
+        self._finalizer.atexit = False
 
     # --- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -518,6 +536,17 @@ class CudampiProcessGroup(_ProcessGroup):
                 "group (dist.new_group / init_process_group) before using it."
             )
 
+    @contextlib.contextmanager
+    def _checks(self, call: str) -> Iterator[None]:
+        """Local checks of one collective's arguments: where one fails on this rank, every rank
+        raises in ``call`` (through the Communicator's cross-rank check) instead of the others
+        waiting in it for ever."""
+        try:
+            yield
+        except Exception as exc:
+            self._comm.refuse(call, exc)
+            raise
+
     # --- collectives ------------------------------------------------------------------------
     @_collective
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -526,7 +555,8 @@ class CudampiProcessGroup(_ProcessGroup):
             if t.layout == torch.sparse_coo:
                 self._allreduce_sparse(t, spec)
                 continue
-            check_dtype(spec, t.dtype)
+            with self._checks("allreduce"):
+                check_dtype(spec, t.dtype)
             buf = _contiguous(t)
             _premul(buf, spec.premul, in_place=True)
             self._comm.allreduce(buf, spec.op, out=buf)
@@ -536,12 +566,13 @@ class CudampiProcessGroup(_ProcessGroup):
     def _allreduce_sparse(self, t: torch.Tensor, spec: Any) -> None:
         """Sum sparse COO tensors as gloo does: gather every rank's indices and values, add them
         up (``coalesce``) and put the result, coalesced, in ``t`` on every rank. SUM only."""
-        if spec.torch_name != "SUM":
-            raise CommError(
-                f"all_reduce of a sparse tensor with ReduceOp.{spec.torch_name}: sparse "
-                "all_reduce supports ReduceOp.SUM only (as gloo). Fix: use SUM, or reduce "
-                "t.to_dense()."
-            )
+        with self._checks("allgather"):
+            if spec.torch_name != "SUM":
+                raise CommError(
+                    f"all_reduce of a sparse tensor with ReduceOp.{spec.torch_name}: sparse "
+                    "all_reduce supports ReduceOp.SUM only (as gloo). Fix: use SUM, or reduce "
+                    "t.to_dense()."
+                )
         x = t.coalesce()
         nnz, sparse_dim = x._nnz(), x.sparse_dim()
         mine = [sparse_dim, *x.shape]
@@ -574,13 +605,14 @@ class CudampiProcessGroup(_ProcessGroup):
     @_collective
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        for t in tensors:
-            if t.layout == torch.sparse_coo:
-                raise CommError(
-                    "all_reduce_coalesced of a sparse tensor: coalesced calls take dense "
-                    "tensors. Fix: all_reduce the sparse tensor on its own."
-                )
-            check_dtype(spec, t.dtype)
+        with self._checks("allreduce"):
+            for t in tensors:
+                if t.layout == torch.sparse_coo:
+                    raise CommError(
+                        "all_reduce_coalesced of a sparse tensor: coalesced calls take dense "
+                        "tensors. Fix: all_reduce the sparse tensor on its own."
+                    )
+                check_dtype(spec, t.dtype)
         # One flat buffer and one Communicator call per (device, dtype), not one per tensor.
         for group in _kinds(tensors):
             flat = _flatten(group)
@@ -603,7 +635,8 @@ class CudampiProcessGroup(_ProcessGroup):
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         root = int(opts.rootRank) if opts is not None else 0
         for t in tensors:
-            check_dtype(spec, t.dtype)
+            with self._checks("reduce"):
+                check_dtype(spec, t.dtype)
             src = _premul(_contiguous(t), spec.premul, in_place=False)
             # Only the root's tensor changes (as with NCCL); the others keep their input.
             if self._rank == root:
@@ -626,11 +659,12 @@ class CudampiProcessGroup(_ProcessGroup):
         return output_tensors
 
     def _allgather_list(self, outs: list[torch.Tensor], inp: torch.Tensor) -> None:
-        if len(outs) != self._size:
-            raise CommError(
-                f"all_gather: {len(outs)} output tensors for a group of {self._size}. Fix: pass "
-                "one output tensor per rank."
-            )
+        with self._checks("allgather"):
+            if len(outs) != self._size:
+                raise CommError(
+                    f"all_gather: {len(outs)} output tensors for a group of {self._size}. Fix: "
+                    "pass one output tensor per rank."
+                )
         src = _contiguous(inp)
         counts = [o.numel() for o in outs]
         if all(c == src.numel() for c in counts):
@@ -653,13 +687,16 @@ class CudampiProcessGroup(_ProcessGroup):
     ) -> Any:
         # torch's layout is by rank, then tensor: output_lists[r][i] receives rank r's
         # input_list[i] (allgather's is by tensor, then rank).
-        if len(output_lists) != self._size or any(len(o) != len(input_list) for o in output_lists):
-            raise CommError(
-                f"all_gather_coalesced: output_tensor_lists has {len(output_lists)} lists of "
-                f"{sorted({len(o) for o in output_lists})} tensors for a group of {self._size} "
-                f"and {len(input_list)} input tensors. Fix: pass one list per rank, each with "
-                "one tensor per input tensor."
-            )
+        with self._checks("allgather"):
+            if len(output_lists) != self._size or any(
+                len(o) != len(input_list) for o in output_lists
+            ):
+                raise CommError(
+                    f"all_gather_coalesced: output_tensor_lists has {len(output_lists)} lists of "
+                    f"{sorted({len(o) for o in output_lists})} tensors for a group of "
+                    f"{self._size} and {len(input_list)} input tensors. Fix: pass one list per "
+                    "rank, each with one tensor per input tensor."
+                )
         for i, inp in enumerate(input_list):
             self._allgather_list([outs[i] for outs in output_lists], inp)
         return output_lists
@@ -672,7 +709,8 @@ class CudampiProcessGroup(_ProcessGroup):
     _allgather_base = all_gather_single
 
     def _allgather_into(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        _check_gather_sizes(output, input, self._size)
+        with self._checks("allgather"):
+            _check_gather_sizes(output, input, self._size)
         src = _contiguous(input)
         out = _contiguous(output)
         self._comm.allgather(src, out=out.view(self._size, *src.shape))
@@ -682,13 +720,14 @@ class CudampiProcessGroup(_ProcessGroup):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        if len(outputs) != len(inputs):
-            raise CommError(
-                f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} "
-                "inputs. Fix: pass one output per input."
-            )
-        for out, inp in zip(outputs, inputs):
-            _check_gather_sizes(out, inp, self._size)
+        with self._checks("allgather"):
+            if len(outputs) != len(inputs):
+                raise CommError(
+                    f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for "
+                    f"{len(inputs)} inputs. Fix: pass one output per input."
+                )
+            for out, inp in zip(outputs, inputs):
+                _check_gather_sizes(out, inp, self._size)
         # Every tensor's input side by side in one buffer (k elements in all): one allgather
         # gives a (size, k) block whose columns are each tensor's (size, n) output.
         for idx in _kinds(inputs, index=True):
@@ -714,12 +753,13 @@ class CudampiProcessGroup(_ProcessGroup):
     ) -> Any:
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for out, ins in zip(output_tensors, input_tensors):
-            check_dtype(spec, out.dtype)
-            if len(ins) != self._size:
-                raise CommError(
-                    f"reduce_scatter: {len(ins)} input tensors for a group of {self._size}. "
-                    "Fix: pass one input tensor per rank."
-                )
+            with self._checks("reduce_scatter"):
+                check_dtype(spec, out.dtype)
+                if len(ins) != self._size:
+                    raise CommError(
+                        f"reduce_scatter: {len(ins)} input tensors for a group of {self._size}. "
+                        "Fix: pass one input tensor per rank."
+                    )
             counts = [t.numel() for t in ins]
             flat = torch.cat([t.reshape(-1) for t in ins])
             _premul(flat, spec.premul, in_place=True)
@@ -743,8 +783,9 @@ class CudampiProcessGroup(_ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, spec: Any) -> None:
-        check_dtype(spec, input.dtype)
-        _check_scatter_sizes(output, input, self._size)
+        with self._checks("reduce_scatter"):
+            check_dtype(spec, input.dtype)
+            _check_scatter_sizes(output, input, self._size)
         src = _premul(_contiguous(input), spec.premul, in_place=False)
         out = _contiguous(output)
         self._comm.reduce_scatter(src.view(self._size, -1), spec.op, out=out.view(1, -1))
@@ -755,14 +796,15 @@ class CudampiProcessGroup(_ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
         spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        if len(outputs) != len(inputs):
-            raise CommError(
-                f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} "
-                "inputs. Fix: pass one output per input."
-            )
-        for out, inp in zip(outputs, inputs):
-            check_dtype(spec, inp.dtype)
-            _check_scatter_sizes(out, inp, self._size)
+        with self._checks("reduce_scatter"):
+            if len(outputs) != len(inputs):
+                raise CommError(
+                    f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for "
+                    f"{len(inputs)} inputs. Fix: pass one output per input."
+                )
+            for out, inp in zip(outputs, inputs):
+                check_dtype(spec, inp.dtype)
+                _check_scatter_sizes(out, inp, self._size)
         # Rank r's block of every input side by side in row r of one (size, k) buffer: one
         # reduce_scatter gives this rank's k elements, every tensor's output one after another.
         for idx in _kinds(inputs, index=True):
@@ -789,8 +831,9 @@ class CudampiProcessGroup(_ProcessGroup):
         input_split_sizes: Sequence[int],
         opts: Any = None,
     ) -> Any:
-        send = element_counts(input_split_sizes, list(input.shape), self._size, "input")
-        recv = element_counts(output_split_sizes, list(output.shape), self._size, "output")
+        with self._checks("alltoall"):
+            send = element_counts(input_split_sizes, list(input.shape), self._size, "input")
+            recv = element_counts(output_split_sizes, list(output.shape), self._size, "output")
         src = _contiguous(input)
         out = _contiguous(output)
         if len(set(send)) == 1 and send == recv:
@@ -809,11 +852,12 @@ class CudampiProcessGroup(_ProcessGroup):
         input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> Any:
-        if len(output_tensors) != self._size or len(input_tensors) != self._size:
-            raise CommError(
-                f"all_to_all: {len(input_tensors)} inputs and {len(output_tensors)} outputs for a "
-                f"group of {self._size}. Fix: pass one tensor per rank in each list."
-            )
+        with self._checks("alltoall"):
+            if len(output_tensors) != self._size or len(input_tensors) != self._size:
+                raise CommError(
+                    f"all_to_all: {len(input_tensors)} inputs and {len(output_tensors)} outputs "
+                    f"for a group of {self._size}. Fix: pass one tensor per rank in each list."
+                )
         send = [t.numel() for t in input_tensors]
         recv = [t.numel() for t in output_tensors]
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
@@ -834,14 +878,15 @@ class CudampiProcessGroup(_ProcessGroup):
     ) -> Any:
         root = int(opts.rootRank) if opts is not None else 0
         src = _contiguous(input_tensors[0])
+        with self._checks("gather"):
+            if self._rank == root and len(output_tensors[0]) != self._size:
+                raise CommError(
+                    f"gather: {len(output_tensors[0])} output tensors on the root for a group "
+                    f"of {self._size}. Fix: pass gather_list with one tensor per rank."
+                )
         gathered = self._comm.gather(src, root=root)
         if self._rank == root:
             outs = output_tensors[0]
-            if len(outs) != self._size:
-                raise CommError(
-                    f"gather: {len(outs)} output tensors on the root for a group of "
-                    f"{self._size}. Fix: pass gather_list with one tensor per rank."
-                )
             for o, g in zip(outs, gathered):
                 o.copy_(g.view(o.shape))
         return output_tensors
@@ -857,12 +902,13 @@ class CudampiProcessGroup(_ProcessGroup):
         out = _contiguous(output_tensors[0])
         if self._rank == root:
             ins = input_tensors[0]
-            if len(ins) != self._size:
-                raise CommError(
-                    f"scatter: {len(ins)} input tensors on the root for a group of "
-                    f"{self._size}. Fix: pass scatter_list with one tensor per rank."
-                )
-            src = torch.stack([_contiguous(t).view(out.shape) for t in ins])
+            with self._checks("scatter"):
+                if len(ins) != self._size:
+                    raise CommError(
+                        f"scatter: {len(ins)} input tensors on the root for a group of "
+                        f"{self._size}. Fix: pass scatter_list with one tensor per rank."
+                    )
+                src = torch.stack([_contiguous(t).view(out.shape) for t in ins])
             self._comm.scatter(src, root=root, out=out)
         else:
             self._comm.scatter(None, root=root, out=out)
@@ -905,9 +951,22 @@ class CudampiProcessGroup(_ProcessGroup):
         # then arrives whole from one rank, and the Work can tell torch the source.
         from mpi4py import MPI
 
+        from cudampi.comm.deadline import spin
+
         self._check_open()
         status = MPI.Status()
-        self._comm.mpi_comm.Probe(MPI.ANY_SOURCE, int(tag), status)
+        limit = self._comm.config.timeout
+        late = CommTimeoutError(
+            f"recv from any rank (tag {tag}) did not start within {limit:g} s: no rank sent"
+        )
+        try:
+            spin(
+                lambda: bool(self._comm.mpi_comm.Iprobe(MPI.ANY_SOURCE, int(tag), status)),
+                limit,
+                lambda: late,
+            )
+        except CommTimeoutError as exc:
+            raise as_dist_error(exc) from exc
         return self.recv(tensors, status.Get_source(), tag)
 
     # --- coalescing (ops already ran; nothing is pending at the end) ------------------------

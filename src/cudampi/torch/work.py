@@ -36,6 +36,36 @@ def _same(x: Any) -> Any:
     return x
 
 
+@cache
+def _dist_timeout_class() -> type:
+    import torch.distributed as dist
+
+    from cudampi.errors import CommTimeoutError
+
+    base: Any = getattr(dist, "DistBackendError", RuntimeError)
+
+    class DistTimeoutError(base, CommTimeoutError):
+        """A cudampi deadline error as torch's backends raise them (``DistBackendError``, what
+        NCCL raises on its timeout), still a :class:`cudampi.errors.CommTimeoutError`."""
+
+    return DistTimeoutError
+
+
+def as_dist_error(exc: BaseException) -> BaseException:
+    """``exc`` (a CommTimeoutError) as a ``torch.distributed.DistBackendError``."""
+    return _dist_timeout_class()(str(exc))
+
+
+def _seconds(timeout: Any) -> float | None:
+    """torch's ``Work.wait(timeout)`` (a timedelta; zero or None: no limit given) in seconds."""
+    if timeout is None:
+        return None
+    seconds = (
+        float(timeout.total_seconds()) if hasattr(timeout, "total_seconds") else float(timeout)
+    )
+    return seconds if seconds > 0 else None
+
+
 def _is_tensor_list(value: Any) -> bool:
     import torch
 
@@ -180,11 +210,16 @@ def _handle_work_class() -> type:
             self._future: Any = None
             self._error: BaseException | None = None
 
-        def _finish(self) -> None:
+        def _finish(self, timeout: float | None = None) -> None:
+            from cudampi.errors import CommTimeoutError
+
             if self._future is not None:
                 return
             try:
-                self._handle.wait()
+                self._handle.wait(timeout)
+            except CommTimeoutError as exc:
+                self._error = as_dist_error(exc)
+                raise self._error from exc
             except BaseException as exc:
                 self._error = exc
                 raise
@@ -193,9 +228,11 @@ def _handle_work_class() -> type:
             self._future = completed_future(self._result)
 
         def wait(self, timeout: Any = None) -> bool:
+            """Complete the transfer; ``timeout`` (a timedelta) caps the wait, else the group's
+            deadline does."""
             if self._error is not None:
                 raise self._error
-            self._finish()
+            self._finish(_seconds(timeout))
             return True
 
         def is_completed(self) -> bool:
@@ -275,7 +312,9 @@ class AsyncRunner:
                         result = fn()
                         work._complete(result, record_done(device, side))
             except BaseException as exc:
-                work._fail(exc)
+                from cudampi.errors import CommTimeoutError
+
+                work._fail(as_dist_error(exc) if isinstance(exc, CommTimeoutError) else exc)
 
     def close(self) -> None:
         """Run what is queued, then stop the thread."""
@@ -302,14 +341,14 @@ def _stream_work_class() -> type:
             self._error: BaseException | None = None
             self._done: tuple[Any, Any] | None = done
 
-        def _host_wait(self) -> None:
+        def _host_wait(self, limit: float | None = None) -> None:
             """Block until the host part has run (here it has)."""
 
         def _host_done(self) -> bool:
             return True
 
         def wait(self, timeout: Any = None) -> bool:
-            self._host_wait()
+            self._host_wait(_seconds(timeout))
             if self._error is not None:
                 raise self._error
             if self._done is not None:
@@ -359,8 +398,17 @@ def _async_work_class() -> type:
             self._fut.set_exception(exc)
             self._event.set()
 
-        def _host_wait(self) -> None:
-            self._event.wait()
+        def _host_wait(self, limit: float | None = None) -> None:
+            """Wait for the runner to have run the op; at most ``limit`` seconds
+            (``Work.wait(timeout=)``: the op itself keeps the group's deadline)."""
+            if not self._event.wait(limit):
+                from cudampi.errors import CommTimeoutError
+
+                raise as_dist_error(
+                    CommTimeoutError(
+                        f"the collective did not complete within Work.wait(timeout={limit:g} s)"
+                    )
+                )
 
         def _host_done(self) -> bool:
             return self._event.is_set()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
+from cudampi.comm.deadline import wait_request
 from cudampi.comm.engines.base import Engine
 from cudampi.comm.handle import Handle
 from cudampi.comm.ops import ArrayOps
@@ -217,8 +218,9 @@ def alltoallv(
 # ---------------------------------------------------------------------------- point-to-point
 
 
-def request_handle(what: str, req: Any, keep: Any = None) -> Handle:
-    """A handle over one MPI request; ``keep`` (a staging buffer) lives until it completes."""
+def request_handle(what: str, req: Any, keep: Any = None, timeout: float | None = None) -> Handle:
+    """A handle over one MPI request; ``keep`` (a staging buffer) lives until it completes;
+    ``timeout``: its wait's deadline."""
 
     def poll(block: bool) -> bool:
         _ = keep
@@ -227,7 +229,7 @@ def request_handle(what: str, req: Any, keep: Any = None) -> Handle:
             return True
         return bool(req.Test())
 
-    return Handle(what, poll)
+    return Handle(what, poll, timeout)
 
 
 def irecv_handle(
@@ -238,6 +240,7 @@ def irecv_handle(
     tag: int,
     chunk_bytes: int,
     then: Callable[[int], None] | None = None,
+    timeout: float | None = None,
 ) -> Handle:
     """A non-blocking receive of up to ``nbytes`` at ``ptr`` that also accepts a staged sender's
     chunk sequence; ``then(got)`` runs once the bytes are in (the staged engine copies them to
@@ -264,30 +267,48 @@ def irecv_handle(
         finish()
         return True
 
-    return Handle("irecv", poll)
+    return Handle(f"irecv from rank {source} (tag {tag})", poll, timeout)
 
 
 # ---------------------------------------------------------------------------- the engine
 
 
 class DirectP2P(Engine):
-    """User point-to-point straight on the arrays' memory (the ``mpi`` and ``alg`` engines)."""
+    """User point-to-point straight on the arrays' memory (the ``mpi`` and ``alg`` engines);
+    every wait has the communicator's deadline."""
 
     def send(self, f: Any, dest: int, tag: int) -> None:
-        self.setting.p2p.Send(mem(self.ops.ptr(f), self.ops.nbytes(f)), dest, tag)
+        req = self.setting.p2p.Isend(mem(self.ops.ptr(f), self.ops.nbytes(f)), dest, tag)
+        wait_request(req, self.setting.config.timeout, f"send to rank {dest} (tag {tag})")
 
     def recv(self, f: Any, source: int, tag: int) -> None:
         s = self.setting
-        recv_into(s.p2p, self.ops.ptr(f), self.ops.nbytes(f), source, tag, s.config.chunk_bytes)
+        recv_into(
+            s.p2p,
+            self.ops.ptr(f),
+            self.ops.nbytes(f),
+            source,
+            tag,
+            s.config.chunk_bytes,
+            s.config.timeout,
+        )
 
     def isend(self, f: Any, dest: int, tag: int) -> Handle:
         req = self.setting.p2p.Isend(mem(self.ops.ptr(f), self.ops.nbytes(f)), dest, tag)
-        return request_handle("isend", req)
+        return request_handle(
+            f"isend to rank {dest} (tag {tag})", req, timeout=self.setting.config.timeout
+        )
 
     def irecv(self, f: Any, source: int, tag: int) -> Handle:
         s = self.setting
         return irecv_handle(
-            s.p2p, self.ops.ptr(f), self.ops.nbytes(f), source, tag, s.config.chunk_bytes
+            s.p2p,
+            self.ops.ptr(f),
+            self.ops.nbytes(f),
+            source,
+            tag,
+            s.config.chunk_bytes,
+            timeout=s.config.timeout,
         )
 
 

@@ -199,7 +199,8 @@ class StagedEngine(Engine):
     # ------------------------------------------------------------------ point-to-point
 
     def _transport(self) -> StagedTransport:
-        return StagedTransport(self.setting.p2p, self.stager, self.setting.config.chunk_bytes)
+        c = self.setting.config
+        return StagedTransport(self.setting.p2p, self.stager, c.chunk_bytes, c.timeout)
 
     def send(self, f: Any, dest: int, tag: int) -> None:
         with self.ops.device_ctx():
@@ -215,7 +216,8 @@ class StagedEngine(Engine):
         with self.ops.device_ctx():
             st.wait(st.d2h(keep, f, 0, n))
         req = self.setting.p2p.Isend(mem(st.host_ptr(keep), n), dest, tag)
-        return request_handle("isend", req, keep)
+        what = f"isend to rank {dest} (tag {tag})"
+        return request_handle(what, req, keep, self.setting.config.timeout)
 
     def irecv(self, f: Any, source: int, tag: int) -> Handle:
         st, n = self.stager, self.ops.nbytes(f)
@@ -226,4 +228,6 @@ class StagedEngine(Engine):
                 st.wait(st.h2d(f, host, 0, got))
 
         s = self.setting
-        return irecv_handle(s.p2p, st.host_ptr(host), n, source, tag, s.config.chunk_bytes, land)
+        return irecv_handle(
+            s.p2p, st.host_ptr(host), n, source, tag, s.config.chunk_bytes, land, s.config.timeout
+        )

@@ -1,0 +1,268 @@
+"""Deadlines: no call waits for ever for a rank that does not come.
+
+Every collective starts with the cross-rank check (:mod:`~cudampi.comm.validate`), a
+non-blocking allreduce that :meth:`Watch.wait` waits on with the communicator's deadline
+(``Config.timeout``, ``CUDAMPI_TIMEOUT``; torch's ``timeout=`` under the torch backend). It
+ends in one of three ways:
+
+- every rank arrives: the call goes on (its data then moves without a deadline: every rank is
+  in it, and a rank that dies now ends the job through its launcher);
+- a rank has left the job: a process that exits with a communicator open tells its peers so
+  (:func:`_at_exit`); a rank that waits for it raises after :data:`GRACE` seconds (the leaver's
+  last call may still be completing here);
+- the deadline passes: the ranks that wait call the roll (each asks the others which call they
+  wait in, and answers while it waits itself), and :data:`ROLL_GRACE` seconds later the ranks
+  that did not answer are named.
+
+Either way :class:`~cudampi.errors.CommTimeoutError` names the call, its sequence number on this
+communicator and the ranks, and the communicator is failed: later calls raise at once, and a
+process that exits after a failure aborts the MPI job (a collective left pending can hang
+MPI_Finalize). Point-to-point waits (:func:`wait_request`) have the same deadline.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from cudampi.errors import CommTimeoutError
+
+GOODBYE_TAG = 32_001
+"""Tag of a departing process's notice on a communicator's collective duplicate (cudampi's own
+algorithms use tag 1 there and MPI's collectives never match point-to-point)."""
+ROLLCALL_TAG = 32_002
+GRACE = 2.0
+"""Seconds a call still waits after hearing that a rank left (its last call may be finishing)."""
+ROLL_GRACE = 1.0
+"""Seconds the roll call waits for answers."""
+SPIN = 0.02
+"""Seconds of tight polling before a wait starts to sleep between polls."""
+NAP = 2e-4
+
+
+def spin(
+    test: Callable[[], bool],
+    timeout: float,
+    expired: Callable[[], BaseException],
+    idle: Callable[[], None] | None = None,
+) -> None:
+    """Call ``test()`` until it is true; ``idle()`` between polls (it may raise); raise
+    ``expired()`` once ``timeout`` seconds have passed. Polls tightly first (latency), then
+    naps (the CPU of the ranks that share it)."""
+    if test():
+        return
+    start = time.monotonic()
+    deadline = start + timeout
+    n = 0
+    while not test():
+        n += 1
+        now = time.monotonic()
+        if idle is not None and n % 32 == 0:
+            idle()
+        if now > deadline:
+            raise expired()
+        time.sleep(0 if now - start < SPIN else NAP)
+
+
+def wait_request(req: Any, timeout: float, what: str, status: Any = None) -> None:
+    """``req.Wait(status)``, but at most ``timeout`` seconds (point-to-point)."""
+
+    def test() -> bool:
+        return bool(req.Test(status) if status is not None else req.Test())
+
+    def expired() -> BaseException:
+        return CommTimeoutError(
+            f"{what} did not complete within {timeout:g} s: the other rank did not make the "
+            "matching call (CUDAMPI_TIMEOUT sets the deadline)"
+        )
+
+    spin(test, timeout, expired)
+
+
+class Watch:
+    """One communicator's deadline: its waits, the ranks heard leaving, its failure."""
+
+    def __init__(self, comm: Any, timeout: float) -> None:
+        self.comm = comm
+        self.rank = int(comm.Get_rank())
+        self.size = int(comm.Get_size())
+        self.timeout = timeout
+        self.departed: set[int] = set()
+        self.failed: CommTimeoutError | None = None
+        self.closed = False
+        self._call = ("", -1)  # the call this rank waits in, for roll calls
+        self._seen: dict[int, tuple[int, int]] = {}  # rank -> (seq, 1) heard in a roll call
+        self._sent: list[Any] = []
+        _register(self)
+
+    def wait(self, req: Any, call: str, seq: int) -> None:
+        """Wait for the collective request ``req`` of ``call`` number ``seq`` (see module doc)."""
+        if self.failed is not None:
+            raise self.failed
+        self._call = (call, seq)
+        left_at: list[float] = []
+
+        def idle() -> None:
+            self._listen()
+            if self.departed:
+                now = time.monotonic()
+                if not left_at:
+                    left_at.append(now)
+                elif now - left_at[0] > GRACE:
+                    raise self._fail(call, seq, left=sorted(self.departed))
+
+        def expired() -> BaseException:
+            return self._fail(call, seq, answered=self._roll_call(seq))
+
+        try:
+            spin(req.Test, self.timeout, expired, idle)
+        finally:
+            self._call = ("", -1)
+
+    def _fail(
+        self,
+        call: str,
+        seq: int,
+        *,
+        left: list[int] | None = None,
+        answered: dict[int, int] | None = None,
+    ) -> CommTimeoutError:
+        where = f"{call} (call #{seq} on this communicator)"
+        me = f"rank {self.rank} of {self.size}"
+        if left:
+            msg = (
+                f"{where}: {_ranks(left)} left the job (its process is exiting) while {me} "
+                "waits for it: every rank must make the same collective calls. The job cannot "
+                "go on."
+            )
+        else:
+            answered = answered or {}
+            here = [r for r, s in answered.items() if s == seq]
+            elsewhere = {r: s for r, s in answered.items() if s != seq}
+            missing = [r for r in range(self.size) if r != self.rank and r not in answered]
+            parts = [f"{_ranks(missing)} did not arrive within {self.timeout:g} s"]
+            if here:
+                parts.append(f"{_ranks(here)} wait{'s' if len(here) == 1 else ''} here too")
+            for r, s in sorted(elsewhere.items()):
+                parts.append(f"rank {r} waits in call #{s}")
+            msg = (
+                f"{where}: {'; '.join(parts)} ({me}). A rank skipped this call, is stuck in "
+                "other work, or died; the deadline is CUDAMPI_TIMEOUT (torch: "
+                "init_process_group(timeout=)). The job cannot go on."
+            )
+        self.failed = CommTimeoutError(msg)
+        return self.failed
+
+    # --- messages between the ranks of this communicator ---------------------------------
+
+    def _listen(self) -> None:
+        """Take in goodbyes and roll calls; answer the roll while this rank waits."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        while self.comm.Iprobe(MPI.ANY_SOURCE, GOODBYE_TAG, status):
+            src = status.Get_source()
+            self.comm.Recv(bytearray(8), src, GOODBYE_TAG)
+            self.departed.add(int(src))
+        while self.comm.Iprobe(MPI.ANY_SOURCE, ROLLCALL_TAG, status):
+            import numpy
+
+            src = int(status.Get_source())
+            got = numpy.zeros(2, dtype=numpy.int64)
+            self.comm.Recv(got, src, ROLLCALL_TAG)
+            seq, asks = int(got[0]), int(got[1])
+            self._seen[src] = (seq, asks)
+            if asks and self._call[1] >= 0:
+                self._send(src, self._call[1], asks=0)
+
+    def _send(self, dest: int, seq: int, *, asks: int) -> None:
+        import numpy
+
+        msg = numpy.array([seq, asks], dtype=numpy.int64)
+        self._sent.append((msg, self.comm.Isend(msg, dest, ROLLCALL_TAG)))
+
+    def _roll_call(self, seq: int) -> dict[int, int]:
+        """rank -> the call number it waits in, for every rank that answered in time."""
+        self._seen.clear()
+        for r in range(self.size):
+            if r != self.rank:
+                self._send(r, seq, asks=1)
+        until = time.monotonic() + ROLL_GRACE
+        while time.monotonic() < until:
+            self._listen()
+            if len(self._seen) >= self.size - 1:
+                break
+            time.sleep(0.01)
+        return {r: s for r, (s, _) in self._seen.items()}
+
+    def goodbye(self) -> None:
+        """Tell every other rank that this process is leaving (at exit, communicator open)."""
+        if self.closed or self.size == 1:
+            return
+        reqs = []
+        for r in range(self.size):
+            if r != self.rank:
+                try:
+                    reqs.append(self.comm.Isend(bytearray(0), r, GOODBYE_TAG))
+                except Exception:
+                    pass
+        until = time.monotonic() + 0.5
+        for req in reqs:
+            try:
+                while not req.Test() and time.monotonic() < until:
+                    time.sleep(0.001)
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        self.closed = True
+        _LIVE.discard(self)
+
+
+def _ranks(ranks: list[int]) -> str:
+    if not ranks:
+        return "no rank"
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+_LIVE: weakref.WeakSet[Watch] = weakref.WeakSet()
+_LOCK = threading.Lock()
+_INSTALLED: list[bool] = []
+
+
+def _register(watch: Watch) -> None:
+    with _LOCK:
+        _LIVE.add(watch)
+        if not _INSTALLED:
+            _INSTALLED.append(True)
+            atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    """At interpreter exit (before mpi4py finalizes MPI): say goodbye on every open
+    communicator; if one failed, abort the job instead of finalizing."""
+    import sys
+
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    live = list(_LIVE)
+    for w in live:
+        w.goodbye()
+    failed = [w.failed for w in live if w.failed is not None]
+    if failed:
+        err = sys.__stderr__ or sys.stderr
+        err.write(
+            f"cudampi: a communicator failed ({failed[0]}); aborting the MPI job at exit, since "
+            "MPI_Finalize could wait for ever for the call left pending.\n"
+        )
+        err.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+__all__ = ["GRACE", "Watch", "spin", "wait_request"]
