@@ -184,6 +184,7 @@ class Config:
             int,
             "treat every this many consecutive ranks of a node as one node (to run the "
             "hierarchical collectives on one machine); 0: the real nodes",
+            agreed=True,
         ),
     )
     cache_dir: str = field(

@@ -451,3 +451,66 @@ def rank_matrix(comm, libs_csv):
 def test_every_collective_path_dtype_and_size_matches_numpy(n):
     proc = run_mpi(n, __file__, "rank_matrix", "numpy,torch", timeout=420)
     assert f"on {n} ranks" in proc.stdout
+
+
+def rank_over_the_count_limit(comm):
+    """Issue 16, item 15, at a small stand-in for the C-int limit: every collective of the mpi
+    engine (host, and inside staged) on messages over it runs in pieces or through cudampi's
+    chunked algorithms, with right results."""
+    import cudampi.comm.engines.mpi as mpi_engine
+    from cudampi.comm import Communicator
+    from cudampi.config import Config
+
+    mpi_engine.COUNT_LIMIT, mpi_engine.PIECE = 1000, 300  # bytes for broadcast, else elements
+    f = Failures(comm.rank)
+    with Communicator(comm, config=Config.load({}, env={})) as c:
+        run_matrix(
+            c,
+            ["numpy"],
+            ("host", "staged"),
+            f,
+            sizes=(999, 1001, 2500),
+            dtypes=("float32", "int64"),
+            some=("float32", "uint8"),
+        )
+    f.finish()
+    if comm.rank == 0:
+        print(f"checked {f.checked} results on {comm.size} ranks")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_messages_over_the_count_limit_run_in_pieces(n):
+    proc = run_mpi(n, __file__, "rank_over_the_count_limit", timeout=300)
+    assert f"on {n} ranks" in proc.stdout
+
+
+def rank_two_gib(comm):
+    """2 GiB and more on the default host path, for real (no stand-in for the limit)."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+
+    n = (2 << 30) + 8
+    with Communicator(comm) as c:
+        x = np.zeros(n, dtype=np.uint8)
+        if comm.rank == 0:
+            x[::4096] = 7
+            x[-1] = 9
+        c.broadcast(x)
+        assert x[-1] == 9 and x[4096] == 7 and x[1] == 0 and c.path_for("broadcast", x) == "host"
+        x[:] = 1
+        c.allreduce(x, out=x)  # in place: no second 2 GiB buffer
+        assert x[0] == x[-1] == comm.size and x[1 << 31] == comm.size
+        del x
+        half = np.full(n // 2, comm.rank + 1, dtype=np.uint8)
+        out = c.allgather(half)
+        assert out.shape == (comm.size, n // 2) and out[-1, -1] == comm.size and out[0, 0] == 1
+    if comm.rank == 0:
+        print("2 GiB ok", flush=True)
+
+
+@pytest.mark.slow
+def test_two_gib_messages_on_the_host_path():
+    """Issue 16, item 15 (~6 GiB of memory for 2 ranks, a minute or two)."""
+    proc = run_mpi(2, __file__, "rank_two_gib", timeout=900)
+    assert "2 GiB ok" in proc.stdout

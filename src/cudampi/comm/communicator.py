@@ -16,7 +16,7 @@ import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from cudampi.comm import args
 from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, same_memory
@@ -638,12 +638,17 @@ class Communicator:
 
         return self._collective(build, "alltoall", async_op)
 
-    def refuse(self, call: str, error: BaseException) -> None:
+    def refuse(self, call: str, error: Exception) -> NoReturn:
         """Take part in the next collective as a rank whose arguments failed the caller's own
         check (the torch layer checks its list lengths and sizes): every rank raises instead of
         moving data (this one ``error``, the others an error naming this rank), so no rank is
         left waiting. ``call`` names the collective in the others' error."""
-        self._collective(lambda: _Plan(Signature(call), error=error), call, False)
+
+        def build() -> _Plan:
+            raise error
+
+        self._collective(build, call, False)
+        raise error  # (the cross-rank check raised it already)
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return once every rank has called barrier (in order with queued collectives)."""

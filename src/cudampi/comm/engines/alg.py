@@ -12,7 +12,7 @@ from typing import Any
 
 from cudampi.comm import algorithms
 from cudampi.comm.engines.base import Setting
-from cudampi.comm.engines.mpi import DirectP2P
+from cudampi.comm.engines.mpi import DirectP2P, apart
 from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import DirectTransport
 
@@ -53,7 +53,7 @@ class AlgEngine(DirectP2P):
 
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
         if xf is not of:
-            self.ops.copy(of, xf)
+            self.ops.copy(of, apart(self.ops, xf, of))
         algorithms.allreduce(self._ctx(of), of, op, dtype)
         self.finish_avg(of, op, dtype)
 
@@ -64,7 +64,7 @@ class AlgEngine(DirectP2P):
         if is_root:
             work = of
             if xf is not of:
-                self.ops.copy(of, xf)
+                self.ops.copy(of, apart(self.ops, xf, of))
         else:
             work = xf if scratch else self._copy(xf)
         algorithms.reduce(self._ctx(work), work, op, dtype, root)
@@ -74,14 +74,28 @@ class AlgEngine(DirectP2P):
     def broadcast(self, xf: Any, root: int) -> None:
         algorithms.broadcast(self._ctx(xf), xf, root)
 
+    # Receives land in ``of`` while ``xf`` is still being sent: where the caller's input
+    # overlaps the output (other than in place), it is copied apart first (as the mpi engine
+    # does for MPI's sake), or blocks are sent after they were overwritten.
+
     def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
-        algorithms.allgatherv(self._ctx(xf), xf, of, counts)
+        algorithms.allgatherv(self._ctx(xf), self._apart(xf, of, counts), of, counts)
 
     def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
-        algorithms.gatherv(self._ctx(xf), xf, of, counts, root)
+        send = xf if of is None else self._apart(xf, of, counts)
+        algorithms.gatherv(self._ctx(xf), send, of, counts, root)
 
     def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
-        algorithms.scatterv(self._ctx(of), xf, of, counts, root)
+        send = xf if xf is None else apart(self.ops, xf, of)
+        algorithms.scatterv(self._ctx(of), send, of, counts, root)
+
+    def _apart(self, xf: Any, of: Any, counts: list[int]) -> Any:
+        """``xf``, unless it overlaps ``of`` other than as exactly this rank's block."""
+        ops, r = self.ops, self.setting.rank
+        lo = sum(counts[:r]) * ops.itemsize(of)
+        if ops.ptr(xf) == ops.ptr(of) + lo and ops.nbytes(xf) == counts[r] * ops.itemsize(of):
+            return xf
+        return apart(ops, xf, of)
 
     def reduce_scatterv(
         self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
@@ -91,4 +105,5 @@ class AlgEngine(DirectP2P):
         self.finish_avg(of, op, dtype)
 
     def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
-        algorithms.alltoallv(self._ctx(xf), xf, send_counts, of, recv_counts)
+        send = apart(self.ops, xf, of)
+        algorithms.alltoallv(self._ctx(xf), send, send_counts, of, recv_counts)

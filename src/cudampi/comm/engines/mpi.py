@@ -5,6 +5,11 @@ the inside of the staged engine. Buffers are handed to MPI by address, so the sa
 host arrays and, where `cudampi doctor` proved the library handles them, device arrays.
 Reductions need an MPI datatype and op: float16 and bfloat16 have none here, so paths choose
 cudampi's own algorithms (the ``alg`` engine) for them.
+
+Counts and displacements are C ints in MPI's classic calls (and the large-count ``_c`` calls of
+the Open MPI 5.0 wheel refuse more with MPI_ERR_ARG): messages of 2 GiB and more run in pieces
+(allreduce, reduce, broadcast) or, for the vector collectives, through cudampi's algorithms,
+whose messages are chunked (:data:`COUNT_LIMIT`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import mem, opens_sequence, recv_into, recv_rest, typed_mem
 
 NO_MPI_TYPE = ("float16", "bfloat16")
+COUNT_LIMIT = 2**31 - 1
+"""The largest count or displacement one MPI call is given (a C int)."""
+PIECE = 1 << 30
+"""Elements (bytes for broadcast) of one piece of a message over :data:`COUNT_LIMIT`."""
 
 
 _TYPES: dict[str, Any] = {}
@@ -103,7 +112,8 @@ def _vec(ops: ArrayOps, a: Any, counts: list[int], itemsize: int) -> Any:
     return [buf, (b, offsets(b)), MPI.BYTE]
 
 
-def _overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
+def overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
+    """Do the flat arrays ``a`` and ``b`` share any byte?"""
     na, nb = ops.nbytes(a), ops.nbytes(b)
     if not na or not nb:
         return False
@@ -111,11 +121,11 @@ def _overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
     return pa < pb + nb and pb < pa + na
 
 
-def _apart(ops: ArrayOps, a: Any, b: Any) -> Any:
+def apart(ops: ArrayOps, a: Any, b: Any) -> Any:
     """``a``, or a copy of it where it overlaps ``b``: MPI forbids aliased send and receive
     buffers (MPICH checks: "Buffers must not be aliased"; FSDP2 all-gathers a shard that lives
     inside the output)."""
-    if not _overlap(ops, a, b):
+    if not overlap(ops, a, b):
         return a
     tmp = ops.empty(max(1, int(a.shape[0])), a)[: int(a.shape[0])]
     ops.copy(tmp, a)
@@ -130,12 +140,12 @@ def _gather_send(
     block of ``out``; a copy when it overlaps ``out`` anywhere else."""
     from mpi4py import MPI
 
-    if not _overlap(ops, send, out):
+    if not overlap(ops, send, out):
         return _bytes(ops, send)
     b = [c * itemsize for c in counts]
     if ops.ptr(send) == ops.ptr(out) + offsets(b)[rank] and ops.nbytes(send) == b[rank]:
         return MPI.IN_PLACE
-    return _bytes(ops, _apart(ops, send, out))
+    return _bytes(ops, apart(ops, send, out))
 
 
 def allreduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str) -> None:
@@ -185,7 +195,7 @@ def gatherv(
 def scatterv(
     comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
 ) -> None:
-    sbuf = _vec(ops, _apart(ops, send, out), counts, itemsize) if comm.rank == root else None
+    sbuf = _vec(ops, apart(ops, send, out), counts, itemsize) if comm.rank == root else None
     comm.Scatterv(sbuf, _bytes(ops, out), root)
 
 
@@ -195,7 +205,7 @@ def reduce_scatterv(
     if sum(counts) == 0:
         return
     comm.Reduce_scatter(
-        _typed(ops, _apart(ops, send, out), dtype),
+        _typed(ops, apart(ops, send, out), dtype),
         _typed(ops, out, dtype),
         counts,
         mpi_op(op, dtype),
@@ -211,7 +221,7 @@ def alltoallv(
     rcounts: list[int],
     itemsize: int,
 ) -> None:
-    sbuf = _vec(ops, _apart(ops, send, out), scounts, itemsize)
+    sbuf = _vec(ops, apart(ops, send, out), scounts, itemsize)
     comm.Alltoallv(sbuf, _vec(ops, out, rcounts, itemsize))
 
 
@@ -316,38 +326,89 @@ class MpiEngine(DirectP2P):
     """MPI's own collectives on the arrays (see :mod:`cudampi.comm.engines.base`)."""
 
     name = "mpi"
+    _alg: Engine | None = None
 
     def _isz(self, a: Any) -> int:
         return self.ops.itemsize(a)
 
+    def _large(self) -> Engine:
+        """cudampi's algorithms on the same arrays, for vector collectives over the limit."""
+        if self._alg is None:
+            from cudampi.comm.engines.alg import AlgEngine
+
+            self._alg = AlgEngine(self.setting, self.ops)
+        return self._alg
+
+    @staticmethod
+    def _pieces(n: int) -> list[tuple[int, int]]:
+        if n <= COUNT_LIMIT:
+            return [(0, n)]
+        return [(lo, min(n, lo + PIECE)) for lo in range(0, n, PIECE)]
+
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
-        allreduce(self.setting.coll, self.ops, xf, of, op, dtype)
+        for lo, hi in self._pieces(int(of.shape[0])):
+            out = of if hi - lo == int(of.shape[0]) else of[lo:hi]
+            send = out if xf is of else (xf if out is of else xf[lo:hi])
+            allreduce(self.setting.coll, self.ops, send, out, op, dtype)
         self.finish_avg(of, op, dtype)
 
     def reduce(
         self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
-        reduce(self.setting.coll, self.ops, xf, of, op, dtype, root)
-        if self.setting.rank == root:
+        is_root = self.setting.rank == root
+        n = int(xf.shape[0])
+        for lo, hi in self._pieces(n):
+            whole = hi - lo == n
+            if is_root:
+                out = of if whole else of[lo:hi]
+                send = out if xf is of else (xf if whole else xf[lo:hi])
+            else:
+                send = out = xf if whole else xf[lo:hi]  # no output off the root
+            reduce(self.setting.coll, self.ops, send, out, op, dtype, root)
+        if is_root:
             self.finish_avg(of, op, dtype)
 
     def broadcast(self, xf: Any, root: int) -> None:
-        broadcast(self.setting.coll, self.ops, xf, root)
+        n, isz = int(xf.shape[0]), self._isz(xf)
+        for lo, hi in self._pieces(n * isz):
+            a, b = -(-lo // isz), min(n, -(-hi // isz))  # pieces on element bounds
+            broadcast(self.setting.coll, self.ops, xf if b - a == n else xf[a:b], root)
+
+    def _over(self, counts: list[int], a: Any) -> bool:
+        return sum(counts) * self._isz(a) > COUNT_LIMIT
 
     def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+        if self._over(counts, xf):
+            return self._large().allgatherv(xf, of, counts)
         allgatherv(self.setting.coll, self.ops, xf, of, counts, self._isz(xf))
 
     def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+        if self._over(counts, xf):
+            return self._large().gatherv(xf, of, counts, root)
         gatherv(self.setting.coll, self.ops, xf, of, counts, self._isz(xf), root)
 
     def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+        if self._over(counts, of):
+            return self._large().scatterv(xf, of, counts, root)
         scatterv(self.setting.coll, self.ops, xf, of, counts, self._isz(of), root)
 
     def reduce_scatterv(
         self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
+        if self._over(counts, xf):
+            return self._large().reduce_scatterv(xf, of, counts, op, dtype, scratch=scratch)
         reduce_scatterv(self.setting.coll, self.ops, xf, of, counts, op, dtype)
         self.finish_avg(of, op, dtype)
 
     def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+        import numpy
+        from mpi4py import MPI
+
+        # Send and receive counts differ between ranks: whether any rank is over the limit is
+        # agreed first, so all ranks take the same way.
+        over = self._over(send_counts, xf) or self._over(recv_counts, xf)
+        flag = numpy.array([int(over)], dtype=numpy.int64)
+        self.setting.coll.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)
+        if flag[0]:
+            return self._large().alltoallv(xf, send_counts, of, recv_counts)
         alltoallv(self.setting.coll, self.ops, xf, send_counts, of, recv_counts, self._isz(xf))
