@@ -299,3 +299,121 @@ def test_a_bad_cache_entry_is_ignored_and_said(tmp_path, kind):
     env = {"CUDAMPI_CACHE_DIR": cache}
     proc = run_mpi(2, __file__, "rank_bad_cache_entry", cache, kind, env=env, timeout=180)
     assert f"bad entry {kind} ignored" in proc.stdout
+
+
+# --- issue 16, items 1 and 2: settings that change what a rank sends, agreed at creation ----
+
+
+def rank_settings_differ(comm, name, a, b):
+    """Rank 0 has ``CUDAMPI_<NAME>=a``, the others ``b``: making the Communicator raises a
+    MismatchError on every rank naming the setting, before any call could run with ranks that
+    chunk or check differently (before: wrong data, a raw MPI error, a double free or a hang)."""
+    import os
+
+    import numpy as np
+
+    from cudampi.comm import Communicator
+    from cudampi.errors import MismatchError
+
+    var = f"CUDAMPI_{name.upper()}"
+    os.environ[var] = a if comm.rank == 0 else b
+    try:
+        c = Communicator(comm)
+    except MismatchError as exc:
+        assert name in str(exc) and var in str(exc), exc
+        comm.Barrier()
+        if comm.rank == 0:
+            print(f"{name} mismatch refused on every rank", flush=True)
+        return
+    # what happened before: calls ran with the ranks' different settings
+    for dtype in ("float16", "float32"):
+        for n in (10_000, 20_000):
+            x = np.full(n, comm.rank + 1, dtype=dtype)
+            got = c.allreduce(x)
+            wrong = int((got != comm.size * (comm.size + 1) // 2).sum())
+            assert wrong == 0, f"{wrong} of {n} {dtype} elements wrong with {var} differing"
+    c.allreduce(np.ones(300_000, dtype=np.float16), path="gpu-ring")
+    raise AssertionError(f"{var} differs between ranks and nothing said so")
+
+
+@pytest.mark.parametrize(
+    ("n", "name", "a", "b"),
+    [
+        (2, "small_bytes", "1K", "256K"),
+        (3, "small_bytes", "1K", "256K"),
+        (2, "chunk_bytes", "64K", "4M"),
+        (2, "algorithm", "ring", "direct"),
+        (2, "debug", "1", "0"),
+        (2, "path", "staged", "host"),
+    ],
+)
+def test_settings_that_differ_between_ranks_are_refused_on_every_rank(n, name, a, b):
+    proc = run_mpi(n, __file__, "rank_settings_differ", name, a, b, timeout=90)
+    assert f"{name} mismatch refused on every rank" in proc.stdout
+
+
+# --- issue 16, item 4: outputs that must not be written ------------------------------------
+
+
+def rank_read_only_outputs(comm, tmp):
+    """A broadcast into a read-only view of ``bytes`` must not change the ``bytes``; a read-only
+    memory map as ``out`` must not segfault: every rank raises a CommError instead."""
+    import os
+
+    import numpy as np
+
+    from cudampi.comm import Communicator
+    from cudampi.errors import CommError
+
+    data = bytes(range(16)) * 4
+    view = np.frombuffer(data, dtype=np.uint8)  # read-only: it shares the immutable bytes
+    path = os.path.join(tmp, f"ro-{comm.rank}.bin")
+    np.arange(64, dtype=np.uint8).tofile(path)
+    ro = np.memmap(path, dtype=np.uint8, mode="r", shape=(64,))
+    with Communicator(comm) as c:
+        src = np.full(64, 200, dtype=np.uint8)
+        _expect(c, lambda: c.broadcast(src if comm.rank == 0 else view), CommError, "read-only")
+        assert data == bytes(range(16)) * 4, "the immutable bytes changed"
+        _expect(c, lambda: c.allreduce(np.ones(64, np.uint8), out=ro), CommError, "read-only")
+        _expect(c, lambda: c.allgather(np.ones(1, np.uint8), out=ro[: comm.size]), CommError)
+        try:
+            c.recv(view, source=(comm.rank + 1) % comm.size)
+        except CommError as exc:
+            assert "read-only" in str(exc), exc
+        else:
+            raise AssertionError("recv into a read-only array")
+    if comm.rank == 0:
+        print("read-only outputs refused", flush=True)
+
+
+def test_read_only_outputs_are_refused_on_every_rank(tmp_path):
+    proc = run_mpi(2, __file__, "rank_read_only_outputs", str(tmp_path), timeout=90)
+    assert "read-only outputs refused" in proc.stdout
+
+
+# --- issue 16, item 7: Communicator.split with a bad color on one rank ---------------------
+
+
+def rank_bad_split_color(comm, color):
+    from cudampi.comm import Communicator
+    from cudampi.errors import CommError
+
+    bad = {"negative": -5, "float": 1.5, "text": "a"}[color]
+    with Communicator(comm) as c:
+        _expect(
+            c,
+            lambda: c.split(bad if comm.rank == comm.size - 1 else 0),
+            CommError,
+            "color",
+        )
+        sub = c.split(comm.rank % 2)
+        assert sub is not None
+        sub.close()
+    if comm.rank == 0:
+        print("bad color refused on every rank", flush=True)
+
+
+@pytest.mark.parametrize("color", ["negative", "float", "text"])
+def test_a_bad_split_color_on_one_rank_raises_on_every_rank(color):
+    proc = run_mpi(3, __file__, "rank_bad_split_color", color, timeout=90)
+    assert "bad color refused on every rank" in proc.stdout
