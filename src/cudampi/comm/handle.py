@@ -84,9 +84,9 @@ class Handle:
     def _late(self, limit: float | None) -> Callable[[], BaseException]:
         def error() -> BaseException:
             return CommTimeoutError(
-                f"{self._what} did not finish within {limit!r} s; another rank may not have "
-                "called the matching operation. Check that every rank makes the same calls in "
-                "the same order."
+                f"{self._what} did not complete within {limit:g} s: another rank may not have "
+                "made the matching call. Check that every rank makes the same calls in the same "
+                "order (CUDAMPI_TIMEOUT sets the deadline)."
             )
 
         return error
