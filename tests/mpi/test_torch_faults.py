@@ -1,0 +1,188 @@
+"""The cudampi torch backend when something goes wrong on one rank only (issue 16, items 6, 7,
+8): a check that fails on one rank, a rank that skips a collective, a Work waited with a
+timeout, a rank that exits (with 0 or not) while the others still call collectives, settings
+that differ between ranks. Every rank must raise within its deadline, and the job must end.
+Under mpiexec (Open MPI) and under torchrun (MPICH through cudampi's PMI server)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv, run_mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.torch]
+
+pytest.importorskip("torch")
+
+
+def _init(timeout: float = 60.0):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import cudampi.torch  # noqa: F401
+
+    dist.init_process_group("cudampi", timeout=timedelta(seconds=timeout))
+    return dist
+
+
+def _raises_everywhere(dist, fn, *words):
+    """``fn`` raises on every rank (no rank is left waiting), then the group is still in step."""
+    import torch
+
+    try:
+        fn()
+    except Exception as exc:
+        for w in words:
+            assert w in str(exc), f"rank {dist.get_rank()}: {w!r} not in {exc}"
+    else:
+        raise AssertionError(f"rank {dist.get_rank()}: no error from {fn}")
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t.tolist() == [float(dist.get_world_size())] * 2, "ranks out of step after the error"
+
+
+def rank_size_checks(comm):
+    """Issue 16, item 7: each of the torch layer's own checks failing on the last rank only."""
+    import torch
+
+    dist = _init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    odd = r == n - 1
+    x = torch.ones(4)
+    out = torch.empty(n * 4 + (1 if odd else 0))
+    _raises_everywhere(dist, lambda: dist.all_gather_into_tensor(out, x), "all_gather")
+    outs = [torch.empty(4) for _ in range(n + (1 if odd else 0))]
+    _raises_everywhere(dist, lambda: dist.all_gather(outs, x), "all_gather")
+    big = torch.ones(n * 4 + (2 if odd else 0))
+    _raises_everywhere(
+        dist, lambda: dist.reduce_scatter_tensor(torch.empty(4), big), "reduce_scatter"
+    )
+    splits = [1] * n if not odd else [n] + [0] * (n - 1)
+    src = torch.ones(n if not odd else n + 1)
+    _raises_everywhere(
+        dist,
+        lambda: dist.all_to_all_single(torch.empty(n), src, [1] * n, splits),
+        "all_to_all",
+    )
+    root = n - 1
+    scatter_list = [torch.ones(4) for _ in range(n - 1)] if r == root else None
+    _raises_everywhere(
+        dist, lambda: dist.scatter(torch.empty(4), scatter_list, src=root), "scatter"
+    )
+    gather_list = [torch.empty(4) for _ in range(n + 1)] if r == root else None
+    _raises_everywhere(dist, lambda: dist.gather(x, gather_list, dst=root), "gather")
+    dist.destroy_process_group()
+    if r == 0:
+        print(f"every check raised on all {n} ranks", flush=True)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_check_that_fails_on_one_rank_raises_on_every_rank(n):
+    proc = run_mpi(n, __file__, "rank_size_checks", timeout=120)
+    assert f"every check raised on all {n} ranks" in proc.stdout
+
+
+def rank_settings_differ_under_torch(comm):
+    """Issue 16, item 1 through torch: init_process_group raises on every rank."""
+    import os
+
+    from cudampi.errors import MismatchError
+
+    os.environ["CUDAMPI_CHUNK_BYTES"] = "64K" if comm.rank == 0 else "4M"
+    try:
+        _init()
+    except MismatchError as exc:
+        assert "chunk_bytes" in str(exc) and "CUDAMPI_CHUNK_BYTES" in str(exc), exc
+        comm.Barrier()
+        if comm.rank == 0:
+            print("refused on every rank", flush=True)
+    else:
+        raise AssertionError("CUDAMPI_CHUNK_BYTES differs between ranks and nothing said so")
+
+
+def test_settings_that_differ_refuse_the_group_on_every_rank():
+    proc = run_mpi(2, __file__, "rank_settings_differ_under_torch", timeout=120)
+    assert "refused on every rank" in proc.stdout
+
+
+# A script, not a tests/_rank_main.py function: a rank must skip, wait and leave as a program
+# does (sys.exit runs atexit handlers and MPI_Finalize; that harness turns it into an abort).
+FAULTS = """
+import os, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+import cudampi.torch
+
+fault = sys.argv[1]
+dist.init_process_group("cudampi", timeout=timedelta(seconds=4),
+                        pg_options=cudampi.torch.Options(async_ops=fault == "wait"))
+rank = dist.get_rank()
+t = torch.ones(4)
+t0 = time.monotonic()
+for i in range(50):
+    if rank == 1 and i == 3:
+        if fault == "exit0":
+            sys.exit(0)
+        if fault == "exit3":
+            sys.exit(3)
+        if fault in ("skip", "wait"):
+            time.sleep(20)
+            sys.exit(0)
+    if fault == "wait":
+        work = dist.all_reduce(t, async_op=True)
+        try:
+            work.wait(timeout=timedelta(seconds=1))
+        except dist.DistBackendError as exc:
+            print(f"rank {rank} wait raised after {time.monotonic() - t0:.1f} s: {exc}",
+                  flush=True)
+            raise
+    else:
+        dist.all_reduce(t)
+    t0 = time.monotonic()
+"""
+
+
+def run_faults(tmp_path, fault: str, launcher: str):
+    script = tmp_path / "faults.py"
+    script.write_text(textwrap.dedent(FAULTS))
+    if launcher == "mpiexec":
+        argv = [*mpiexec_argv(2), sys.executable, str(script), fault]
+        env = mpi_env()
+    else:
+        from tests.mpi.test_torch_torchrun import torchrun_env
+
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        argv += ["--nproc-per-node", "2", str(script), fault]
+        env = torchrun_env("mpich")
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
+    return proc, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+@pytest.mark.parametrize(
+    ("fault", "words"),
+    [
+        ("skip", "allreduce (call #4 on this communicator): rank 1 did not arrive within 4 s"),
+        ("exit0", "allreduce (call #4 on this communicator): rank 1 left the job"),
+        ("exit3", "allreduce (call #4 on this communicator): rank 1 left the job"),
+        ("wait", "did not complete within Work.wait(timeout=1 s)"),
+    ],
+)
+def test_a_fault_on_one_rank_raises_on_the_others_and_ends_the_job(
+    tmp_path, fault, words, launcher
+):
+    """Issue 16, items 6 and 8: the timeout given to init_process_group reaches the backend,
+    Work.wait(timeout=) is honoured, and a rank that exits (with 0 in the middle of the loop,
+    or with 3) makes the other raise DistBackendError; the job ends non-zero, soon."""
+    proc, took = run_faults(tmp_path, fault, launcher)
+    err = proc.stderr + proc.stdout
+    assert proc.returncode != 0, err[-4000:]
+    assert words in err and "DistTimeoutError" in err, err[-4000:]
+    assert took < 60, f"{took:.0f} s"
