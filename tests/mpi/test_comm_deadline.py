@@ -100,7 +100,14 @@ def rank_recv_without_sender(comm, call):
         comm.Barrier()
 
 
-@pytest.mark.parametrize("call", ["recv", "irecv", "send"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        "irecv",
+        pytest.param("recv", marks=pytest.mark.slow),
+        pytest.param("send", marks=pytest.mark.slow),
+    ],
+)
 def test_point_to_point_waits_have_the_deadline(call):
     proc = run_mpi(
         2,

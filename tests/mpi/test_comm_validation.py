@@ -293,7 +293,9 @@ def rank_bad_cache_entry(comm, cache_dir, kind):
         print(f"bad entry {kind} ignored", flush=True)
 
 
-@pytest.mark.parametrize("kind", ["wrong-type", "other-library"])
+@pytest.mark.parametrize(
+    "kind", ["wrong-type", pytest.param("other-library", marks=pytest.mark.slow)]
+)
 def test_a_bad_cache_entry_is_ignored_and_said(tmp_path, kind):
     cache = str(tmp_path / "cache")
     env = {"CUDAMPI_CACHE_DIR": cache}

@@ -82,7 +82,7 @@ def rank_size_checks(comm):
         print(f"every check raised on all {n} ranks", flush=True)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_a_check_that_fails_on_one_rank_raises_on_every_rank(n):
     proc = run_mpi(n, __file__, "rank_size_checks", timeout=120)
     assert f"every check raised on all {n} ranks" in proc.stdout

@@ -1,0 +1,63 @@
+"""The fault matrix of issue 16 (tools/fault_matrix.py): every fault x launcher x API as a real
+job must end non-zero within its limit, name the fault, and leave no process behind. CI runs one
+cell (the others are covered by tests/mpi/test_torch_faults.py, test_comm_deadline.py and
+test_launch_real.py); one per launcher and the whole matrix (36 cells, ~5 minutes here) are
+marked slow."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from tests.mpirun import ROOT, mpich_venv
+
+pytestmark = [pytest.mark.mpi, pytest.mark.torch]
+
+pytest.importorskip("torch")
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        "fault_matrix", ROOT / "tools" / "fault_matrix.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fault_matrix"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mpich():
+    venv = mpich_venv()
+    return venv / "lib" / "libmpi.so.12" if venv is not None else None
+
+
+def _cell(fault: str, launcher: str, api: str):
+    fm = _tool()
+    if launcher == "torchrun" and _mpich() is None:
+        pytest.skip("no MPICH venv for torchrun (CI makes .venv-mpich)")
+    cell = fm.run_cell(fault, launcher, api, 3, _mpich())
+    assert cell.ok, fm.markdown([cell])
+    return cell
+
+
+@pytest.mark.parametrize(
+    ("fault", "launcher", "api"),
+    [
+        ("exit0", "cudampi-launch", "comm"),
+        pytest.param("skip", "mpiexec", "torch", marks=pytest.mark.slow),
+        pytest.param("sigkill", "torchrun", "torch", marks=pytest.mark.slow),
+    ],
+)
+def test_a_cell_of_each_launcher(fault, launcher, api):
+    _cell(fault, launcher, api)
+
+
+@pytest.mark.slow
+def test_the_whole_matrix(tmp_path):
+    fm = _tool()
+    mpich = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON") or str(ROOT / ".venv-mpich/bin/python")
+    assert fm.main(["--mpich-python", mpich, "--json", str(tmp_path / "cells.json")]) == 0
