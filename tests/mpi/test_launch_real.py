@@ -307,11 +307,15 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def test_sigkill_of_cudampi_launch_takes_the_launcher_and_every_rank_down(tmp_path):
+@pytest.mark.parametrize("mpi", ["openmpi", "mpich"])
+def test_sigkill_of_cudampi_launch_takes_the_launcher_and_every_rank_down(tmp_path, mpi):
     """Issue 16, item 11: no rank outlives its launcher, even when the supervisor gets -9."""
+    python = sys.executable if mpi == "openmpi" else MPICH_PY
+    if not Path(python).exists():
+        pytest.skip(f"no MPICH python at {MPICH_PY} (set CUDAMPI_TEST_MPICH_PYTHON)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     sup = subprocess.Popen(
-        [sys.executable, "-m", "cudampi", "launch", "-n", "2", TARGET, "sleep", str(tmp_path)],
+        [python, "-m", "cudampi", "launch", "-n", "2", TARGET, "sleep", str(tmp_path)],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
