@@ -11,7 +11,6 @@ separate duplicate of the communicator so it can never match a collective's inte
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from collections.abc import Callable
@@ -238,7 +237,6 @@ class Communicator:
             if self._reject_ordered(what):
                 raise
             plan = _Plan(Signature(what), error=exc)
-        plan.sig = dataclasses.replace(plan.sig, seq=seq)
         # Every collective is observed here, whatever engine runs it: the log line (path and
         # why), the profiler/NVTX range and the timeline event (cudampi.observe).
         chosen = self._chosen
@@ -263,7 +261,7 @@ class Communicator:
         debug = self.config.debug
 
         def execute() -> Any:
-            check(self._coll, plan.sig, plan.error, debug=debug, watch=self._watch)
+            check(self._coll, plan.sig, plan.error, debug=debug, watch=self._watch, seq=seq)
             assert plan.run is not None
             with observed:
                 if plan.ops is None:
@@ -622,10 +620,11 @@ class Communicator:
                     err = args.recv_counts_error(self.rank, rc, got)
                     check(
                         self._coll,
-                        Signature("alltoall", seq=seq),
+                        Signature("alltoall"),
                         err,
                         debug=False,
                         watch=self._watch,
+                        seq=seq,
                     )
                     rc = got
                     if ob is None:

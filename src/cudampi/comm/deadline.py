@@ -65,7 +65,8 @@ def spin(
             idle()
         if now > deadline:
             raise expired()
-        time.sleep(0 if now - start < SPIN else NAP)
+        if now - start > SPIN:
+            time.sleep(NAP)
 
 
 def wait_request(req: Any, timeout: float, what: str, status: Any = None) -> None:

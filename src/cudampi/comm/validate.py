@@ -48,9 +48,6 @@ class Signature:
     algo: int = 0
     """0: not compared; 1: ring; 2: direct (see cudampi.comm.algorithms)."""
     shape: tuple[int, ...] | None = field(default=None, compare=False)
-    seq: int = field(default=-1, compare=False)
-    """The call's number on its communicator (for messages: ranks match calls by position, so
-    a rank that skips a call shifts its numbers too, and the deadline names it)."""
 
     def codes(self) -> list[int]:
         return [
@@ -99,10 +96,12 @@ def check(
     *,
     debug: bool,
     watch: Any = None,
+    seq: int = -1,
 ) -> None:
     """Collective over ``comm``: return when every rank passed ``sig`` and no local error;
     otherwise raise on every rank (the rank's own error where it had one). ``watch``: the
-    communicator's :class:`~cudampi.comm.deadline.Watch` (its deadline); None waits for ever."""
+    communicator's :class:`~cudampi.comm.deadline.Watch` (its deadline; None waits for ever),
+    ``seq`` the call's number on the communicator (for its messages)."""
     if comm.size == 1:
         if local_error is not None:
             raise local_error
@@ -116,7 +115,7 @@ def check(
     if watch is None:
         comm.Allreduce(vec, out, MPI.MAX)
     else:
-        watch.wait(comm.Iallreduce(vec, out, MPI.MAX), sig.call, sig.seq)
+        watch.wait(comm.Iallreduce(vec, out, MPI.MAX), sig.call, seq)
     k = len(codes)
     agree = all(out[i] == -out[k + i] for i in range(k))
     if agree and out[-1] == 0 and not debug:
