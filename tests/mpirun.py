@@ -153,3 +153,18 @@ def bring_up(make: Callable[[], Any], why_skip: str | None) -> Iterator[Any]:
         yield world
     finally:
         world.down()
+
+
+def only_when_asked() -> list[Any]:
+    """Marks for a test that is long (or heavy) and duplicates what a quicker test checks: it is
+    ``slow`` and runs only when a run selects slow tests (``pytest -m slow``), so CI's plain
+    ``pytest`` stays within its time. Run them before a release."""
+    import pytest
+
+    return [
+        pytest.mark.slow,
+        pytest.mark.skipif(
+            "'slow' not in config.getoption('markexpr')",
+            reason="long: runs when asked for with pytest -m slow",
+        ),
+    ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from cudampi.comm.buffers import DTYPES as ALL_DTYPES
-from tests.mpirun import run_mpi
+from tests.mpirun import only_when_asked, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -509,8 +509,8 @@ def rank_two_gib(comm):
         print("2 GiB ok", flush=True)
 
 
-@pytest.mark.slow
-def test_two_gib_messages_on_the_host_path():
+@pytest.mark.parametrize("asked", [pytest.param("", marks=only_when_asked())])
+def test_two_gib_messages_on_the_host_path(asked):
     """Issue 16, item 15 (~6 GiB of memory for 2 ranks, a minute or two)."""
     proc = run_mpi(2, __file__, "rank_two_gib", timeout=900)
     assert "2 GiB ok" in proc.stdout

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpiexec_argv, run_mpi
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv, only_when_asked, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -104,8 +104,8 @@ def rank_recv_without_sender(comm, call):
     "call",
     [
         "irecv",
-        pytest.param("recv", marks=pytest.mark.slow),
-        pytest.param("send", marks=pytest.mark.slow),
+        pytest.param("recv", marks=only_when_asked()),
+        pytest.param("send", marks=only_when_asked()),
     ],
 )
 def test_point_to_point_waits_have_the_deadline(call):

@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 
-from tests.mpirun import run_mpi
+from tests.mpirun import only_when_asked, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -294,7 +294,7 @@ def rank_bad_cache_entry(comm, cache_dir, kind):
 
 
 @pytest.mark.parametrize(
-    "kind", ["wrong-type", pytest.param("other-library", marks=pytest.mark.slow)]
+    "kind", ["wrong-type", pytest.param("other-library", marks=only_when_asked())]
 )
 def test_a_bad_cache_entry_is_ignored_and_said(tmp_path, kind):
     cache = str(tmp_path / "cache")

@@ -1,8 +1,8 @@
 """The fault matrix of issue 16 (tools/fault_matrix.py): every fault x launcher x API as a real
 job must end non-zero within its limit, name the fault, and leave no process behind. CI runs one
 cell (the others are covered by tests/mpi/test_torch_faults.py, test_comm_deadline.py and
-test_launch_real.py); one per launcher and the whole matrix (36 cells, ~5 minutes here) are
-marked slow."""
+test_launch_real.py); one per launcher and the whole matrix (36 cells, ~5 minutes here) run
+with ``pytest -m slow``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.mpirun import ROOT, mpich_venv
+from tests.mpirun import ROOT, mpich_venv, only_when_asked
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -48,16 +48,16 @@ def _cell(fault: str, launcher: str, api: str):
     ("fault", "launcher", "api"),
     [
         ("exit0", "cudampi-launch", "comm"),
-        pytest.param("skip", "mpiexec", "torch", marks=pytest.mark.slow),
-        pytest.param("sigkill", "torchrun", "torch", marks=pytest.mark.slow),
+        pytest.param("skip", "mpiexec", "torch", marks=only_when_asked()),
+        pytest.param("sigkill", "torchrun", "torch", marks=only_when_asked()),
     ],
 )
 def test_a_cell_of_each_launcher(fault, launcher, api):
     _cell(fault, launcher, api)
 
 
-@pytest.mark.slow
-def test_the_whole_matrix(tmp_path):
+@pytest.mark.parametrize("asked", [pytest.param("", marks=only_when_asked())])
+def test_the_whole_matrix(tmp_path, asked):
     fm = _tool()
     mpich = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON") or str(ROOT / ".venv-mpich/bin/python")
     assert fm.main(["--mpich-python", mpich, "--json", str(tmp_path / "cells.json")]) == 0

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpiexec_argv, run_mpi
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv, only_when_asked, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -82,7 +82,7 @@ def rank_size_checks(comm):
         print(f"every check raised on all {n} ranks", flush=True)
 
 
-@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=only_when_asked())])
 def test_a_check_that_fails_on_one_rank_raises_on_every_rank(n):
     proc = run_mpi(n, __file__, "rank_size_checks", timeout=120)
     assert f"every check raised on all {n} ranks" in proc.stdout
@@ -165,14 +165,23 @@ def run_faults(tmp_path, fault: str, launcher: str):
     return proc, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+SKIP = "allreduce (call #4 on this communicator): rank 1 did not arrive within 4 s"
+LEFT = "allreduce (call #4 on this communicator): rank 1 left the job"
+WAIT = "did not complete within Work.wait(timeout=1 s)"
+LONG = only_when_asked()  # the same mechanisms as the cells CI runs, under the other launcher
+
+
 @pytest.mark.parametrize(
-    ("fault", "words"),
+    ("fault", "words", "launcher"),
     [
-        ("skip", "allreduce (call #4 on this communicator): rank 1 did not arrive within 4 s"),
-        ("exit0", "allreduce (call #4 on this communicator): rank 1 left the job"),
-        ("exit3", "allreduce (call #4 on this communicator): rank 1 left the job"),
-        ("wait", "did not complete within Work.wait(timeout=1 s)"),
+        ("skip", SKIP, "mpiexec"),
+        pytest.param("skip", SKIP, "torchrun", marks=LONG),
+        pytest.param("exit0", LEFT, "mpiexec", marks=LONG),
+        ("exit0", LEFT, "torchrun"),
+        ("exit3", LEFT, "mpiexec"),
+        pytest.param("exit3", LEFT, "torchrun", marks=LONG),
+        ("wait", WAIT, "mpiexec"),
+        pytest.param("wait", WAIT, "torchrun", marks=LONG),
     ],
 )
 def test_a_fault_on_one_rank_raises_on_the_others_and_ends_the_job(
