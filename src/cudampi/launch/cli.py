@@ -417,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
             print(cmd.shell())
             return 0
         result = execute(plan, workdir, grace=args.grace, timeout=args.timeout)
-        if not result.ok:
+        if result.summary():
             print(result.summary(), file=sys.stderr)
         if want_json:
             _emit_json(result.to_json(), args, dry_run=False)

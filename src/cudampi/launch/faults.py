@@ -80,9 +80,9 @@ class JobResult:
         return self.exit_code == 0
 
     def summary(self) -> str:
-        """Human summary (empty when the job succeeded)."""
+        """Human summary (empty when the job succeeded, but for notes on how it ended)."""
         if self.ok:
-            return ""
+            return "".join(f"cudampi launch: note: {p}\n" for p in self.problems).rstrip("\n")
         head = "cudampi launch: "
         if self.timed_out is not None:
             head += f"stopped after --timeout {self.timed_out:g} s: every rank was stopped"

@@ -182,6 +182,8 @@ def run(argv: Sequence[str]) -> int:
             msg = exc.code if isinstance(exc.code, str) else f"exited with code {code}"
             _report(host, rank, code, [f"SystemExit: {msg}"], token)
             _abort_mpi(code)
+        else:
+            _finished(host, rank, token)
         return code
     except KeyboardInterrupt:
         _report(host, rank, 130, ["KeyboardInterrupt"], token)
@@ -192,7 +194,21 @@ def run(argv: Sequence[str]) -> int:
         _report(host, rank, 1, summarize_exception(tb), token)
         _abort_mpi(1)
         return 1
+    _finished(host, rank, token)
     return 0
+
+
+def _finished(host: str, rank: int, token: str) -> None:
+    """Tell the supervisor this rank's script ran to the end with status 0 (so a launcher that
+    then fails to exit is not taken for a failed job)."""
+    if token == NO_TOKEN:
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(format_started(host, rank, token, "finished"))
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # the script closed its streams
 
 
 def _exec(host: str, rank: int, program: str, args: list[str], token: str) -> int:

@@ -5,9 +5,11 @@ failing rank writes a few lines like::
 
     [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 code=1] ValueError: loss is nan
 
-(one per line of the report; the first names the failure), and every rank says it started::
+(one per line of the report; the first names the failure), and every rank says when it started
+and when its script finished well::
 
     [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 started]
+    [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 finished]
 
 The second word is the job's token: a random secret the supervisor makes for each job and hands
 the ranks in ``CUDAMPI_REPORT_TOKEN`` (the bootstrap removes it from the environment before the
@@ -31,7 +33,9 @@ TOKEN_ENV = REPORT_TOKEN
 """The variable that hands a job's report token to its ranks."""
 NO_TOKEN = "-"
 """The token of a rank started without one (the bootstrap run by hand): no supervisor reads it."""
-_LINE = re.compile(rf"\[{TAG} (\S+) host=(\S+) rank=(-?\d+) (?:code=(-?\d+)\] ?(.*)|started\])$")
+_LINE = re.compile(
+    rf"\[{TAG} (\S+) host=(\S+) rank=(-?\d+) (?:code=(-?\d+)\] ?(.*)|(started|finished)\])$"
+)
 MAX_LINES = 12
 
 
@@ -56,9 +60,10 @@ def format_report(host: str, rank: int, code: int, lines: Iterable[str], token: 
     return "".join(f"[{TAG} {token} host={host} rank={rank} code={code}] {ln}\n" for ln in body)
 
 
-def format_started(host: str, rank: int, token: str) -> str:
-    """The line a rank writes when it starts (ends with a newline)."""
-    return f"[{TAG} {token} host={host} rank={rank} started]\n"
+def format_started(host: str, rank: int, token: str, what: str = "started") -> str:
+    """The line a rank writes when it starts (``what="finished"``: when its script has run to
+    the end with exit status 0); ends with a newline."""
+    return f"[{TAG} {token} host={host} rank={rank} {what}]\n"
 
 
 def report_prefix(token: str) -> str:
@@ -83,16 +88,16 @@ def parse_reports(lines: Iterable[str], token: str) -> list[RankReport]:
     found: dict[tuple[str, int], tuple[int, list[str]]] = {}
     for m in _matches(lines, token):
         if m.group(4) is None:
-            continue  # a "started" line
+            continue  # a "started" or "finished" line
         host, rank, code, text = m.group(2), int(m.group(3)), int(m.group(4)), m.group(5)
         entry = found.setdefault((host, rank), (code, []))
         entry[1].append(text)
     return [RankReport(h, r, c, tuple(ls)) for (h, r), (c, ls) in found.items()]
 
 
-def parse_started(lines: Iterable[str], token: str) -> set[int]:
-    """The ranks of the job with ``token`` that said they started."""
-    return {int(m.group(3)) for m in _matches(lines, token) if m.group(4) is None}
+def parse_started(lines: Iterable[str], token: str, what: str = "started") -> set[int]:
+    """The ranks of the job with ``token`` that said they started (or ``what="finished"``)."""
+    return {int(m.group(3)) for m in _matches(lines, token) if m.group(6) == what}
 
 
 SUMMARY_LINES = 8

@@ -383,8 +383,13 @@ def execute(
         text = "".join(sup.tail)
         reports = parse_reports(sup.report_lines, token)
         said = parse_started(sup.report_lines, token)
+        finished = parse_started(sup.report_lines, token, "finished")
     events = parse_launcher_output(text, plan.launcher.flavour)
-    hung = lingered is not None and not sup.stopped_for_fault and not timed_out
+    lingered_only = lingered is not None and not sup.stopped_for_fault and not timed_out
+    # Every rank said its script finished well: the job succeeded, whatever the launcher did
+    # after (seen once: prterun alive 10 s after its two ranks had finished).
+    done_well = lingered_only and len(finished) >= plan.nprocs and not reports
+    hung = lingered_only and not done_well
     if hung:
         events = dataclasses.replace(
             events,
@@ -407,6 +412,12 @@ def execute(
     )
     if hung and not [f for f in result.failures if f.exit_code or f.signal]:
         result = dataclasses.replace(result, exit_code=1)
+    if done_well and not result.failures and not result.hosts:
+        note = (
+            f"{plan.launcher.name or os.path.basename(plan.launcher.path)} had not exited "
+            f"{grace:g} s after every rank finished well: cudampi launch stopped it"
+        )
+        result = dataclasses.replace(result, exit_code=0, problems=(*result.problems, note))
     if timed_out:
         real = tuple(f for f in result.failures if f.exit_code != 130)
         result = dataclasses.replace(result, exit_code=124, timed_out=timeout, failures=real)
