@@ -364,8 +364,10 @@ def test_a_flood_of_connections_is_refused_beyond_the_limit(monkeypatch):
     monkeypatch.setattr(pmi, "MAX_PENDING", 4)
     srv = server(1)
     idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(4)]
-    time.sleep(0.3)
-    extra = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    deadline = time.monotonic() + 10
+    while srv._pending < 4 and time.monotonic() < deadline:  # all four accepted, waiting
+        time.sleep(0.01)
+    extra = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
     assert extra.recv(10) == b"" and srv.refused >= 1
     for s in [*idle, extra]:
         s.close()
