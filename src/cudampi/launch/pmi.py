@@ -62,7 +62,8 @@ MAX_FIRST_LINE = 256
 AUTH_TIMEOUT = 10.0
 """Seconds a new connection has to authenticate before it is closed."""
 MAX_PENDING = 64
-"""Connections that have not authenticated yet; more are closed at once."""
+"""Connections that have not authenticated yet; past it the oldest is closed (a rank sends its
+line at once, so a flood of idle connections cannot keep the job's own ranks out)."""
 
 
 def max_entries(size: int) -> int:
@@ -242,7 +243,7 @@ class PmiServer:
         self.clients: list[Client] = []
         self._conns: dict[int, socket.socket] = {}
         self._watchers: dict[socket.socket, int] = {}  # watch connection -> its rank
-        self._pending = 0  # connections that have not authenticated yet
+        self._waiting: dict[socket.socket, Any] = {}  # not authenticated yet, oldest first
         self.refused = 0
         """Connections closed unheard (no or a wrong secret, too long or too slow a line)."""
         self.aborted: tuple[int, int, str] | None = None  # (rank, exit code, why), first only
@@ -261,12 +262,15 @@ class PmiServer:
             except OSError:
                 return
             with self._lock:
-                crowded = self._pending >= MAX_PENDING
-                if not crowded:
-                    self._pending += 1
-            if crowded:
-                self._refuse(conn, peer, "too many connections waiting to authenticate")
-                continue
+                oldest = next(iter(self._waiting)) if len(self._waiting) >= MAX_PENDING else None
+                if oldest is not None:
+                    del self._waiting[oldest]
+                self._waiting[conn] = peer
+            if oldest is not None:
+                try:  # wakes its thread, which then refuses it
+                    oldest.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             threading.Thread(
                 target=self._serve, args=(conn, peer), name="cudampi-pmi", daemon=True
             ).start()
@@ -299,7 +303,7 @@ class PmiServer:
             return None
         finally:
             with self._lock:
-                self._pending -= 1
+                self._waiting.pop(conn, None)
         req = parse_command(first)
         kinds = {"cudampi_auth": "rank", "cudampi_watch": "watch"}
         given = req.get("secret", "").encode()
