@@ -276,3 +276,46 @@ def test_without_a_gpu_the_text_report_folds_gpu_checks_into_one_line():
     assert json.loads(render_json(Report.of(checks, {"no_gpu": True})))["checks"][2]["name"] == (
         "CUDA-aware MPI"
     )  # --json keeps every check
+
+
+def test_ipc_engine_row():
+    from cudampi.doctor.checks import check_ipc
+    from cudampi.probe.capabilities import ProbeOutcome
+    from cudampi.probe.runtime import ProbeRun
+
+    def run(shared, mps, status="ok"):
+        o = ProbeOutcome(status, "correct" if status == "ok" else "segfault in the kernel", 311.6)
+        rep = {"latency_us": 20.4, "shared_gpu": shared, "mps": mps}
+        return o, ProbeRun("device_ipc", ("mpiexec", "-n", "2"), o, 0, 3.0, report=rep)
+
+    c = check_ipc(ProbeOutcome("skipped", "CuPy is not installed (pip install ...)"), None, False)
+    assert c.status == "n/a" and "cu13" in c.fix
+    o, r = run(False, False)
+    c = check_ipc(o, r, False)
+    assert c.status == "ok" and "20 us" in c.detail and "311.6 GB/s" in c.detail
+    assert "auto takes it" in c.detail
+    o, r = run(True, False)
+    c = check_ipc(o, r, False)
+    assert c.status == "warn" and "MPS" in c.detail and "nvidia-cuda-mps-control" in c.fix
+    assert check_ipc(o, r, True).status == "ok"  # the daemon runs now
+    o, r = run(False, False, "crash")
+    c = check_ipc(o, r, False)
+    assert c.status == "warn" and "crash" in c.detail and "mpiexec -n 2" in c.detail
+
+
+def test_capabilities_keep_the_ipc_probe():
+    from cudampi.probe.capabilities import Capabilities, ProbeOutcome
+
+    caps = Capabilities(
+        key="k", mpi_library="Open MPI v5.0.11", device_ipc=ProbeOutcome("ok", "", 300.0),
+        ipc_latency_us=20.0, ipc_shared_gpu=True,
+    )  # fmt: skip
+    back = Capabilities.from_json(caps.to_json())
+    assert back.device_ipc.ok and back.ipc_latency_us == 20.0 and back.ipc_shared_gpu is True
+    bad = {**caps.to_json(), "ipc_shared_gpu": "yes"}
+    try:
+        Capabilities.from_json(bad)
+    except ValueError as exc:
+        assert "ipc_shared_gpu" in str(exc)
+    else:
+        raise AssertionError("a wrong-typed ipc field was believed")

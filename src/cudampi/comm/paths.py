@@ -116,7 +116,17 @@ def device_support(config: Config, caps: Capabilities | None, note: str = "") ->
             False,
             f"the probe found MPI's device Allreduce {caps.device_allreduce.status}",
         )
-    return DeviceSupport(p2p, p2p_why, coll, coll_why)
+    from cudampi.comm.engines.ipc import available
+    from cudampi.probe.gpu import mps_active
+
+    ipc, ipc_why = ipc_support(
+        caps.device_ipc if caps is not None else None,
+        caps.ipc_shared_gpu if caps is not None else None,
+        mps_active(),
+        available(),
+        latency_us=caps.ipc_latency_us if caps is not None else None,
+    )
+    return DeviceSupport(p2p, p2p_why, coll, coll_why, ipc, ipc_why)
 
 
 def check_path(path: str | None, where: str) -> str | None:
@@ -144,8 +154,12 @@ def choose(
         return _choose_p2p(requested, on_device, support)
     if requested == "ipc":
         if on_device:
+            # across nodes ipc joins each node's ranks; the nodes talk through ``inner``
             return PathChoice(
-                "ipc", "requested: GPU kernels over CUDA IPC on the caller's stream", "ipc"
+                "ipc",
+                "requested: GPU kernels over CUDA IPC on the caller's stream",
+                "ipc",
+                "alg" if support.p2p else "staged",
             )
         host = choose(call, "host", False, dtype, nbytes, support, mpi_reduces=mpi_reduces)
         return PathChoice(

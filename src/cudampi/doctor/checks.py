@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from cudampi.doctor import fixes
 from cudampi.doctor.report import Check
 from cudampi.probe.capabilities import ProbeOutcome
-from cudampi.probe.gpu import GpuSystem, PythonGpu
+from cudampi.probe.gpu import GpuSystem, PythonGpu, mps_active
 from cudampi.probe.launcher import (
     Interface,
     LauncherInfo,
@@ -414,6 +414,49 @@ def check_device_probe(name: str, test: str, outcome: ProbeOutcome, run: ProbeRu
     # broken host staging leave no fast path and fail.
     status = "warn" if test == "device_allreduce" else "fail"
     return Check(name, status, f"{outcome.status}: {outcome.detail}{argv}", fix, CUDA)
+
+
+def check_ipc(outcome: ProbeOutcome, run: ProbeRun | None, mps: bool) -> Check:
+    """cudampi's ipc engine (GPU kernels over CUDA IPC; MPI only on the host): correct data,
+    its 4 KiB latency and bandwidth, and whether `auto` takes it here (ranks sharing a GPU take
+    it only under the MPS daemon: without it their contexts time-slice and it loses)."""
+    from cudampi.comm.paths import ipc_support
+
+    name = "ipc engine"
+    if outcome.status == "skipped":
+        fix = "pip install 'cudampi[cu13]' (or [cu12])" if "CuPy" in outcome.detail else ""
+        return Check(name, "n/a", outcome.detail, fix, CUDA)
+    rep = (run.report if run is not None else None) or {}
+    shared = rep.get("shared_gpu")
+    latency = rep.get("latency_us")
+    if not outcome.ok:
+        argv = f" [argv: {' '.join(run.argv)}]" if run else ""
+        return Check(
+            name,
+            "warn",
+            f"{outcome.status}: {outcome.detail}{argv}",
+            "cudampi runs device collectives on gpu-ring or staged instead; rerun the argv to "
+            "see the whole output (CuPy and NVRTC must be importable: 'cudampi[cu13]')",
+            CUDA,
+        )
+    facts = [f"correct data, {latency:.0f} us per 4 KiB allreduce" if latency else "correct data"]
+    if outcome.gbps:
+        facts.append(f"{outcome.gbps:.1f} GB/s")
+    facts.append(
+        ("ranks shared one GPU" if shared else "one GPU per rank")
+        + (", MPS on" if rep.get("mps") else ", MPS off")
+    )
+    taken, why = ipc_support(outcome, shared if isinstance(shared, bool) else None, mps, None)
+    if taken:
+        return Check(name, "ok", f"{'; '.join(facts)}: auto takes it", "", CUDA)
+    return Check(
+        name,
+        "warn",
+        f"{'; '.join(facts)}: auto does not take it ({why})",
+        "start the MPS daemon (nvidia-cuda-mps-control -d) before the job, or give each rank "
+        "its own GPU",
+        CUDA,
+    )
 
 
 def check_silent_staging(p2p: ProbeOutcome, copy: ProbeRun | None) -> Check:
@@ -931,6 +974,11 @@ def all_checks(f: Facts) -> list[Check]:
         ),
         check_silent_staging(p2p, copy_run),
         aware,
+        check_ipc(
+            runtime.outcome("device_ipc") if runtime else skipped,
+            runtime.runs.get("device_ipc") if runtime else None,
+            mps_active(f.env),
+        ),
     ]
     if no_gpu(f):
         # Nothing about CUDA applies: none of it is a warning (the renderer shows one line).

@@ -334,12 +334,19 @@ def _save_capabilities(
 
         cache_dir = Config.load().cache_dir
     host = str(facts.get("hostname") or socket.gethostname())
+    ipc = runtime.runs.get("device_ipc")
+    ipc_report = ipc.report if ipc is not None and ipc.report else {}
+    latency = ipc_report.get("latency_us")
+    shared = ipc_report.get("shared_gpu")
     caps = Capabilities(
         key=str(facts["key"]),
         mpi_library=str(facts["library_version"]),
         device_p2p=p2p,
         device_allreduce=runtime.outcome("device_allreduce"),
         host_staged=runtime.outcome("host_staged"),
+        device_ipc=runtime.outcome("device_ipc"),
+        ipc_latency_us=float(latency) if isinstance(latency, (int, float)) else None,
+        ipc_shared_gpu=shared if isinstance(shared, bool) else None,
         host_copy_gbps=copy_gbps,
         silent_staging=staging_verdict(p2p.gbps if p2p.ok else None, copy_gbps),
         gpu=str(gpu) if gpu else None,

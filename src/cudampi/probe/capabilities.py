@@ -74,6 +74,12 @@ class Capabilities:
     device_p2p: ProbeOutcome = SKIPPED
     device_allreduce: ProbeOutcome = SKIPPED
     host_staged: ProbeOutcome = SKIPPED
+    device_ipc: ProbeOutcome = SKIPPED
+    """cudampi's ipc engine (GPU kernels over CUDA IPC; no MPI on device memory)."""
+    ipc_latency_us: float | None = None
+    """The ipc engine's 4 KiB allreduce, stream-ordered calls back to back."""
+    ipc_shared_gpu: bool | None = None
+    """Did the probe's ranks share one GPU? (Then ipc pays off only under MPS.)"""
     host_copy_gbps: float | None = None
     """Measured pinned host<->device copy rate; device p2p at or below it means silent staging."""
     silent_staging: bool | None = None
@@ -125,13 +131,16 @@ class Capabilities:
 
 
 _NUMBER = (int, float, type(None))
-_OUTCOME_FIELDS = ("device_p2p", "device_allreduce", "host_staged")
+_OUTCOME_FIELDS = ("device_p2p", "device_allreduce", "host_staged", "device_ipc")
 _SCHEMA: dict[str, tuple[type, ...]] = {
     "key": (str,),
     "mpi_library": (str,),
     "device_p2p": (),
     "device_allreduce": (),
     "host_staged": (),
+    "device_ipc": (),
+    "ipc_latency_us": _NUMBER,
+    "ipc_shared_gpu": (bool, type(None)),
     "host_copy_gbps": _NUMBER,
     "silent_staging": (bool, type(None)),
     "gpu": (str, type(None)),
