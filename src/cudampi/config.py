@@ -18,7 +18,7 @@ from cudampi.errors import ConfigError
 
 ENV_PREFIX = "CUDAMPI_"
 
-PATHS = ("auto", "ipc", "gpu-ring", "staged", "native", "host")
+PATHS = ("auto", "ipc", "nccl", "gpu-ring", "staged", "native", "host")
 """Collective paths: auto picks per call from probed capabilities and message size."""
 
 
@@ -96,7 +96,7 @@ class Config:
         default="auto",
         metadata=_meta(
             _choice(*PATHS),
-            "collective path: auto, ipc, gpu-ring, staged, native or host",
+            "collective path: auto, ipc, nccl, gpu-ring, staged, native or host",
             agreed=True,
         ),
     )

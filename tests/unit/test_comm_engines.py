@@ -66,8 +66,7 @@ def test_every_path_choice_names_a_registered_engine():
         assert c.engine in KINDS, (call, requested, c.engine)
         assert c.inner in ("", *KINDS), (call, requested, c.inner)
         seen.add(c.engine)
-    # nccl is made directly until auto's rule chooses it (comm/paths.py; nccl_usable says where)
-    assert seen | {"nccl"} == set(KINDS)
+    assert seen == set(KINDS)
 
 
 def test_engines_do_not_import_the_communicator():

@@ -152,6 +152,15 @@ def choose(
     no_mpi = reducing and not mpi_reduces
     if call in P2P:
         return _choose_p2p(requested, on_device, support)
+    if requested == "nccl":
+        if on_device:
+            return PathChoice(
+                "nccl", "requested: NCCL on the caller's stream, bootstrapped over MPI", "nccl"
+            )
+        host = choose(call, "host", False, dtype, nbytes, support, mpi_reduces=mpi_reduces)
+        return PathChoice(
+            str(host), f"requested nccl, which moves device arrays; {host.reason}", host.engine
+        )
     if requested == "ipc":
         if on_device:
             # across nodes ipc joins each node's ranks; the nodes talk through ``inner``
@@ -251,7 +260,7 @@ def choose(
 
 
 def _choose_p2p(requested: str, on_device: bool, support: DeviceSupport) -> PathChoice:
-    if requested == "ipc":  # the ipc engine moves collectives; messages go through MPI
+    if requested in ("ipc", "nccl"):  # collective-only engines: messages go through MPI
         requested = "auto"
     if not on_device:
         if requested == "staged":
