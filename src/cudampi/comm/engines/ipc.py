@@ -5,11 +5,13 @@ For the ranks of one node (see :mod:`cudampi.comm.ipc.workspace` for the memory 
 elements, enqueued on the caller's current CUDA stream (torch's or CuPy's) with no host
 synchronisation and no MPI call, so ``async_op`` costs nothing and a call can be captured in a
 CUDA graph. Ranks check each other's call on the GPU; an error surfaces at this rank's next
-call, at ``Communicator.synchronize()`` or at a handle's ``wait()``.
+call or at ``Communicator.synchronize()``, and the workspace's watchdog logs it at once.
 
 allreduce runs one-shot (every rank reads every rank's data: the fewest steps) up to
-``ipc_oneshot_bytes`` and two-shot (reduce-scatter, then all-gather: each byte read once) above.
-Point-to-point is MPI's: the engine moves collectives only.
+``ipc_oneshot_bytes`` and two-shot (reduce-scatter, then all-gather: each byte read once) above,
+on registered buffers where every peer can address them (:mod:`cudampi.comm.ipc.registry`).
+Across nodes :class:`HierEngine` runs it inside each node. Point-to-point is MPI's: the engine
+moves collectives only. docs/ipc.md has the design and the semantics.
 """
 
 from __future__ import annotations
