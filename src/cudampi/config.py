@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from cudampi.errors import ConfigError
+from cudampi.names import PATHS
 
 ENV_PREFIX = "CUDAMPI_"
-
-PATHS = ("auto", "ipc", "nccl", "gpu-ring", "staged", "native", "host")
-"""Collective paths: auto picks per call from probed capabilities and message size."""
 
 
 def _parse_bool(text: str) -> bool:

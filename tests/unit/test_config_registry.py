@@ -20,12 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"\bCUDAMPI_[A-Z0-9_]*[A-Z0-9]\b")
 
 NOT_VARIABLES = {
-    # Line markers the probe children print on stdout, and a Python constant: not variables.
+    # Line markers the probe children print on stdout and Python constants: not variables.
     "CUDAMPI_PROBE": "src/cudampi/probe/worker.py",
     "CUDAMPI_STAGE": "src/cudampi/probe/worker.py",
     "CUDAMPI_PYGPU": "src/cudampi/probe/gpu.py",
     "CUDAMPI_LIBRARY": "src/cudampi/probe/mpi_library.py",
-    "CUDAMPI_PATHS": "src/cudampi/bench/paths.py",
 }
 
 SPECS = [

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from cudampi.errors import CommError  # noqa: E402  (after the skip: cudampi.torch needs torch)
-from cudampi.torch.ops import REDUCE_OPS, check_dtype, element_counts, reduce_spec  # noqa: E402
+from cudampi.torch.ops import TORCH_REDUCE_OPS, check_dtype, element_counts, reduce_spec  # noqa: E402
 from cudampi.torch.rendezvous import (  # noqa: E402
     mpi_launcher,
     needs_mpi_rendezvous,
@@ -41,7 +41,7 @@ def test_every_reduce_op_maps_from_the_enum_and_from_options(name, op):
 
 
 def test_every_torch_reduce_op_is_known():
-    assert set(dist.ReduceOp.RedOpType.__members__) == set(REDUCE_OPS)
+    assert set(dist.ReduceOp.RedOpType.__members__) == set(TORCH_REDUCE_OPS)
 
 
 @pytest.mark.parametrize("factor", [0.5, 2.0])

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from cudampi.bench.arrays import parse_dtype
 from cudampi.bench.metrics import COLLECTIVES
-from cudampi.bench.paths import DDP_PATHS, PATHS, TORCH_PATHS
-from cudampi.bench.registry import REDOPS
+from cudampi.bench.paths import BENCH_PATHS, DDP_PATHS, TORCH_PATHS
 from cudampi.bench.sizes import parse_bytes, size_sweep
 from cudampi.errors import ConfigError
+from cudampi.names import REDUCE_OPS
 
 MODES = ("p2p", "ddp")
 MODELS = ("auto", "all", "resnet50", "transformer")
@@ -70,14 +70,14 @@ def _split(text: str) -> list[str]:
 
 
 def parse_paths(text: str, mode: str) -> tuple[str, ...]:
-    """``all`` or a comma list of :data:`PATHS` (for ddp: the torch paths; for p2p: cudampi,
+    """``all`` or a comma list of :data:`BENCH_PATHS` (for ddp: the torch paths; for p2p: cudampi,
     mpi and the torch paths)."""
     if mode == "ddp":
         known: tuple[str, ...] = (*DDP_PATHS, "local")
     elif mode == "p2p":
         known = ("cudampi", "mpi", *TORCH_PATHS)
     else:
-        known = PATHS
+        known = BENCH_PATHS
     if text.strip() == "all":
         return known
     out = []
@@ -136,8 +136,8 @@ def from_args(args: argparse.Namespace) -> Options:
     dtypes = tuple(dict.fromkeys(parse_dtype(d) for d in _split(args.dtype)))
     redops = tuple(dict.fromkeys(_split(args.op)))
     for r in redops:
-        if r not in REDOPS:
-            raise ConfigError(f"--op {r!r}: expected one of {', '.join(REDOPS)}")
+        if r not in REDUCE_OPS:
+            raise ConfigError(f"--op {r!r}: expected one of {', '.join(REDUCE_OPS)}")
     if args.root < 0:
         raise ConfigError(f"--root {args.root!r} cannot be negative")
     warmup = dwarm if args.warmup is None else int(args.warmup)
@@ -232,7 +232,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--paths",
         default="all",
-        help=f"comma list or all: {', '.join(PATHS)} (p2p: cudampi,mpi,torch-*; ddp: torch-*,local)",
+        help=f"comma list or all: {', '.join(BENCH_PATHS)} (p2p: cudampi,mpi,torch-*; ddp: torch-*,local)",
     )
     g.add_argument(
         "--device",

@@ -17,14 +17,17 @@ from typing import Any
 
 from cudampi.bench.arrays import ArrayLib, is_float
 from cudampi.bench.session import Session
+from cudampi.names import BITWISE_OPS, FORCED_PATHS
 
-CUDAMPI_PATHS = ("ipc", "gpu-ring", "staged", "native", "host")
+COMMUNICATOR_PATHS = tuple(p for p in FORCED_PATHS if p != "nccl")
+"""The Communicator forced onto each of its paths; not ``nccl`` (NCCL itself is measured as
+``torch-nccl``)."""
 TORCH_PATHS = {"torch-nccl": "nccl", "torch-gloo": "gloo", "torch-cudampi": "cudampi"}
 DDP_PATHS = {**TORCH_PATHS, "torch-cudampi-async": "cudampi-async"}
 """``bench ddp`` also trains on a cudampi group with ``Options(async_ops=True)``, where gradient
 buckets are reduced on the group's thread while backward goes on."""
 PEERS = ("mpi", "copy")
-PATHS = (*CUDAMPI_PATHS, *TORCH_PATHS, *PEERS)
+BENCH_PATHS = (*COMMUNICATOR_PATHS, *TORCH_PATHS, *PEERS)
 """Every path ``--paths`` accepts (``all`` is all of them)."""
 
 DESCRIPTION = {
@@ -40,8 +43,6 @@ DESCRIPTION = {
     "mpi": "peer: mpi4py directly (device buffers staged through pinned host copies)",
     "copy": "peer: one raw copy of the same size (device-to-device; memcpy on the host)",
 }
-
-_BITWISE = ("band", "bor", "bxor")
 
 
 class Skip(Exception):
@@ -66,7 +67,7 @@ class PathAdapter:
 
     def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
         """Why this path cannot run this case here, or None when it can."""
-        if redop in _BITWISE and is_float(dtype):
+        if redop in BITWISE_OPS and is_float(dtype):
             return f"{redop} is a bitwise reduction: integer dtypes only, not {dtype}"
         if redop == "avg" and not is_float(dtype):
             return f"avg of integers would round: float dtypes only, not {dtype}"
@@ -376,7 +377,7 @@ class CopyPath(PathAdapter):
 
 def open_path(name: str, lib: ArrayLib, session: Session) -> PathAdapter:
     """The adapter of ``name`` on ``lib``'s arrays; :class:`Skip` says why it cannot run."""
-    if name in CUDAMPI_PATHS:
+    if name in COMMUNICATOR_PATHS:
         return CudampiPath(name, lib, session)
     if name in TORCH_PATHS:
         return TorchPath(name, lib, session)
@@ -384,4 +385,4 @@ def open_path(name: str, lib: ArrayLib, session: Session) -> PathAdapter:
         return MpiPath(lib, session)
     if name == "copy":
         return CopyPath(lib)
-    raise Skip(f"unknown path {name!r}; known: {', '.join(PATHS)}")
+    raise Skip(f"unknown path {name!r}; known: {', '.join(BENCH_PATHS)}")

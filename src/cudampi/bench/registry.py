@@ -12,15 +12,14 @@ from typing import Any, Protocol
 
 from cudampi.bench.arrays import ArrayLib
 from cudampi.bench.metrics import Layout
-
-REDOPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+from cudampi.names import BITWISE_OPS
 
 
 def pattern_kind(redop: str | None) -> str:
     """Which test pattern keeps ``redop``'s result exact (see :meth:`ArrayLib.pattern64`)."""
     if redop == "prod":
         return "prod"
-    if redop in ("band", "bor", "bxor"):
+    if redop in BITWISE_OPS:
         return "bits"
     return "sum"
 

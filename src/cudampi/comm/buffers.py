@@ -35,8 +35,6 @@ DTYPES = (
 
 DTYPE_CODE = {name: i + 1 for i, name in enumerate(DTYPES)}
 
-LIBS = ("numpy", "torch", "cupy")
-
 
 @dataclass(frozen=True)
 class Buf:

@@ -15,13 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from cudampi.errors import CommError
-
-REDUCE_OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+from cudampi.names import REDUCE_OPS
 
 FLOAT = ("float16", "bfloat16", "float32", "float64")
 COMPLEX = ("complex64", "complex128")
-SIGNED = ("int8", "int16", "int32", "int64")
-UNSIGNED = ("uint8", "uint16", "uint32", "uint64")
 
 
 def ops_allowed(dtype: str) -> tuple[str, ...]:

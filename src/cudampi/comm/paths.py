@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cudampi.config import PATHS, Config
+from cudampi.config import Config
 from cudampi.errors import ConfigError, DeviceError
+from cudampi.names import PATHS
 from cudampi.probe.capabilities import Capabilities, ProbeOutcome
 
 REDUCING = ("allreduce", "reduce", "reduce_scatter")

@@ -35,18 +35,6 @@ SYSTEM_MPI = (
 ALL_RECIPES = f"(1) {PYPI_UCX} (2) {CONDA_FORGE} (3) {SYSTEM_MPI}"
 
 
-def preload_command(package_dir: str | Path, python: str = "python") -> str:
-    """The mpirun flags of the PyPI UCX recipe for one libucx package folder."""
-    lib = Path(package_dir) / "lib"
-    preload = ":".join(
-        str(lib / n) for n in ("libucs.so.0", "libucm.so.0", "libuct.so.0", "libucp.so.0")
-    )
-    return (
-        f"mpirun -x LD_PRELOAD={shlex.quote(preload)} -x UCX_MODULE_DIR={shlex.quote(str(lib / 'ucx'))} "
-        f"--mca pml ucx {python} your_script.py"
-    )
-
-
 def mismatch_fix(
     library_prefix: str | None,
     library_path: str | None,

@@ -237,8 +237,3 @@ def _init_process_group(backend: str, info: RankInfo, kwargs: dict[str, Any]) ->
     dist.init_process_group(
         backend=backend, init_method="env://", rank=info.rank, world_size=info.world_size, **kwargs
     )
-
-
-def reset_for_tests() -> None:
-    """Forget the cached info (tests call init() under several environments in one process)."""
-    _STATE.clear()

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 from cudampi.errors import LaunchError
 
-LAUNCHERS = ("torchrun", "openmpi", "mpich", "slurm", "env", "none")
-
 
 @dataclass(frozen=True)
 class RankEnv:

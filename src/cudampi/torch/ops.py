@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.errors import CommError
+from cudampi.names import BITWISE_OPS
 
-REDUCE_OPS: dict[str, str] = {
+TORCH_REDUCE_OPS: dict[str, str] = {
     "SUM": "sum",
     "PRODUCT": "prod",
     "MIN": "min",
@@ -24,9 +25,8 @@ REDUCE_OPS: dict[str, str] = {
     # PREMUL_SUM(f): every rank multiplies its input by f, then the inputs are summed.
     "PREMUL_SUM": "sum",
 }
-"""torch ``ReduceOp`` names -> the op names :class:`~cudampi.comm.Communicator` takes."""
-
-BITWISE = frozenset({"band", "bor", "bxor"})
+"""torch ``ReduceOp`` names -> the op names :class:`~cudampi.comm.Communicator` takes
+(:data:`cudampi.names.REDUCE_OPS`)."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,10 @@ def reduce_spec(op: Any) -> ReduceSpec:
     name = getattr(red_type, "name", None)
     if name is None and isinstance(red_type, str):
         name = red_type.upper()
-    if not isinstance(name, str) or name.upper() not in REDUCE_OPS:
+    if not isinstance(name, str) or name.upper() not in TORCH_REDUCE_OPS:
         raise CommError(
             f"reduce op {op!r} is not one cudampi knows; it supports torch.distributed.ReduceOp."
-            f"{', '.join(REDUCE_OPS)}. Fix: pass one of those."
+            f"{', '.join(TORCH_REDUCE_OPS)}. Fix: pass one of those."
         )
     name = name.upper()
     factor = None
@@ -71,12 +71,12 @@ def reduce_spec(op: Any) -> ReduceSpec:
                 f"ReduceOp.PREMUL_SUM {op!r} carries no factor. Fix: build it with "
                 "torch.distributed._make_nccl_premul_sum(factor)."
             )
-    return ReduceSpec(torch_name=name, op=REDUCE_OPS[name], premul=factor)
+    return ReduceSpec(torch_name=name, op=TORCH_REDUCE_OPS[name], premul=factor)
 
 
 def check_dtype(spec: ReduceSpec, dtype: Any) -> None:
     """Reject op/dtype pairs that have no meaning (bitwise ops on floating point)."""
-    if spec.op in BITWISE and (
+    if spec.op in BITWISE_OPS and (
         getattr(dtype, "is_floating_point", False) or getattr(dtype, "is_complex", False)
     ):
         raise CommError(
