@@ -98,41 +98,10 @@ def reference(size: int, n: int, dtype: str, op: str):
     """NumPy's reduction over every rank's :func:`gen` input (float64 for bfloat16)."""
     import numpy as np
 
+    from tests import oracle
+
     ref_dt = np.float64 if dtype == "bfloat16" else np.dtype(dtype)
-    stack = np.stack([gen(r, n, dtype, op).astype(ref_dt) for r in range(size)])
-    if dtype == "bool":
-        f = {
-            "sum": np.logical_or,
-            "max": np.logical_or,
-            "bor": np.logical_or,
-            "prod": np.logical_and,
-            "min": np.logical_and,
-            "band": np.logical_and,
-            "bxor": np.logical_xor,
-        }[op]
-        return f.reduce(stack, axis=0)
-    if op == "avg":
-        s = np.add.reduce(
-            stack.astype(
-                np.complex128
-                if dtype.startswith("complex")
-                else np.float64
-                if dtype[0] not in "iu"
-                else np.int64
-            ),
-            axis=0,
-        )
-        return s // size if dtype[0] in "iu" else s / size
-    f = {
-        "sum": np.add,
-        "prod": np.multiply,
-        "min": np.minimum,
-        "max": np.maximum,
-        "band": np.bitwise_and,
-        "bor": np.bitwise_or,
-        "bxor": np.bitwise_xor,
-    }[op]
-    return f.reduce(stack, axis=0)
+    return oracle.reduce([gen(r, n, dtype, op).astype(ref_dt) for r in range(size)], op)
 
 
 def ops_for(dtype: str) -> list[str]:

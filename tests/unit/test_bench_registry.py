@@ -3,8 +3,6 @@ in-process from every simulated rank's input (NumPy and torch), and the wrong-da
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 
@@ -12,16 +10,7 @@ from cudampi.bench.arrays import NumpyLib, TorchLib, parse_dtype
 from cudampi.bench.metrics import collective_layout
 from cudampi.bench.registry import UNITS, Case
 from cudampi.errors import ConfigError
-
-NP_REDUCE = {
-    "sum": np.add,
-    "prod": np.multiply,
-    "min": np.minimum,
-    "max": np.maximum,
-    "band": np.bitwise_and,
-    "bor": np.bitwise_or,
-    "bxor": np.bitwise_xor,
-}
+from tests import oracle
 
 
 def _np(x):
@@ -36,13 +25,9 @@ def simulate(op, sends, n, redop, root):
     """What a correct collective leaves in each rank's result, from every rank's input."""
     xs = [_np(s).reshape(-1) for s in sends]
     if redop in ("band", "bor", "bxor"):
-        red = functools.reduce(NP_REDUCE[redop], [x.astype(np.int64) for x in xs]).astype(
-            np.float64
-        )
-    elif redop == "avg":
-        red = sum(xs) / n
+        red = oracle.reduce([x.astype(np.int64) for x in xs], redop).astype(np.float64)
     elif redop:
-        red = functools.reduce(NP_REDUCE[redop], xs)
+        red = oracle.reduce(xs, redop)
     if op in ("allreduce", "reduce"):
         return [red] * n
     if op == "reduce_scatter":
