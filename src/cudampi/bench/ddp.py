@@ -193,19 +193,7 @@ def _run_model(
             w = build(kind, device, batch, o.image_size, s.rank)
             info["describe"] = w.describe
             info["unit"] = w.unit
-            if path == "local":
-                net = w.model
-            else:
-                backend = DDP_PATHS[path]
-                if backend == "nccl" and s.device != "cuda":
-                    raise Skip("NCCL trains CUDA models only; this run is on the host")
-                if backend == "nccl" and s.shares_gpu:
-                    raise Skip(f"NCCL needs one GPU per rank: {s.local_size} ranks share {s.gpus}")
-                from torch.nn.parallel import DistributedDataParallel as DDP
-
-                group = s.torch_group(backend)
-                ids = [device.index] if device.type == "cuda" else None
-                net = DDP(w.model, device_ids=ids, process_group=group)
+            net = w.model if path == "local" else _wrap(s, path, w.model, device)
             opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
             _steps(net, opt, w, 1)  # the probe step
             _sync(device)
@@ -227,18 +215,7 @@ def _run_model(
         step = (time.perf_counter() - t0) / o.iters
         lo, avg, hi = s.stats(step)
         per_rank = batch / avg
-        wrong: int | None = None
-        if o.check and path != "local":
-            if o.corrupt_rank == s.rank:
-                # test-only: this rank's first parameter really diverges before the check
-                with torch.no_grad():
-                    next(w.model.parameters()).view(-1)[0] += 1.0
-            sums = _param_sums(w.model)
-            every = s.comm.allgather(sums)
-            ref = every[0]
-            wrong = sum(
-                1 for r in every[1:] for a, b in zip(r, ref) if abs(a - b) > 1e-6 * max(1.0, abs(b))
-            )
+        wrong = _count_wrong(s, o, w.model) if o.check and path != "local" else None
         if path == "local":
             local_rate = per_rank
         rows.append(
@@ -260,6 +237,34 @@ def _run_model(
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows, skips, info
+
+
+def _wrap(s: Session, path: str, model: Any, device: Any) -> Any:
+    """``model`` in DistributedDataParallel on ``path``'s backend (:class:`Skip` where that
+    backend cannot train here)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    backend = DDP_PATHS[path]
+    if backend == "nccl" and s.device != "cuda":
+        raise Skip("NCCL trains CUDA models only; this run is on the host")
+    if backend == "nccl" and s.shares_gpu:
+        raise Skip(f"NCCL needs one GPU per rank: {s.local_size} ranks share {s.gpus}")
+    group = s.torch_group(backend)
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=ids, process_group=group)
+
+
+def _count_wrong(s: Session, o: Any, model: Any) -> int:
+    """Parameters that differ from rank 0's after training (DDP keeps the replicas equal)."""
+    import torch
+
+    if o.corrupt_rank == s.rank:
+        # test-only: this rank's first parameter really diverges before the check
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] += 1.0
+    every = s.comm.allgather(_param_sums(model))
+    ref = every[0]
+    return sum(1 for r in every[1:] for a, b in zip(r, ref) if abs(a - b) > 1e-6 * max(1.0, abs(b)))
 
 
 def _mps_word(meta: dict[str, Any]) -> str:

@@ -164,6 +164,7 @@ def _fail(key: str, value: Any, what: str) -> SpecError:
 
 
 def _validate(s: EnvSpec) -> None:
+    """The first field that is wrong, as a :class:`SpecError` naming it, its value and why."""
     if not _NAME.match(s.name):
         raise _fail(
             "name",
@@ -171,6 +172,14 @@ def _validate(s: EnvSpec) -> None:
             "must be a DNS label (a-z, 0-9, '-', at most 63 characters), "
             "because it names the Kubernetes MPIJob and the Slurm job",
         )
+    _validate_stack(s)
+    _validate_extras(s)
+    _validate_shape(s)
+    _validate_job(s)
+
+
+def _validate_stack(s: EnvSpec) -> None:
+    """Python, CUDA, the MPI flavour and the version pins."""
     if s.python not in PYTHON_VERSIONS:
         raise _fail("python", s.python, f"expected one of {', '.join(PYTHON_VERSIONS)}")
     if s.cuda not in CUDA_VERSIONS and s.cuda != CPU:
@@ -194,6 +203,9 @@ def _validate(s: EnvSpec) -> None:
             "mpi4py >= 4 is required: its wheels load the MPI "
             "library at import (MPI ABI), older ones must be compiled against it",
         )
+
+
+def _validate_extras(s: EnvSpec) -> None:
     bad = [e for e in s.extras if e not in EXTRAS]
     if bad:
         raise _fail(
@@ -203,6 +215,10 @@ def _validate(s: EnvSpec) -> None:
         raise _fail("extras", list(s.extras), "cupy needs CUDA: drop it, or give a CUDA version")
     if len(set(s.extras)) != len(s.extras):
         raise _fail("extras", list(s.extras), "lists an extra twice")
+
+
+def _validate_shape(s: EnvSpec) -> None:
+    """Nodes, GPUs, CPUs and ranks per node."""
     for key in ("nodes", "gpus_per_node", "cpus_per_task"):
         value = getattr(s, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -215,6 +231,11 @@ def _validate(s: EnvSpec) -> None:
             s.ranks_per_node,
             f"more ranks than GPUs per node ({s.gpus_per_node}): each rank needs its own GPU",
         )
+
+
+def _validate_job(s: EnvSpec) -> None:
+    """What the job files and the image are made from: time, partition, images, command, ports,
+    the cudampi source and the working folder."""
     if not _TIME.match(s.time_limit):
         raise _fail("time_limit", s.time_limit, "expected [days-]HH:MM:SS, e.g. 01:00:00")
     if s.partition and not re.match(r"^[A-Za-z0-9_.-]+$", s.partition):

@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,6 +286,80 @@ def _vendor_of_soname(libmpi: str) -> str | None:
     return None
 
 
+@dataclass
+class _Sighting:
+    """What the places that name one prefix say about it (the first mpiexec and libmpi win)."""
+
+    via: list[str]
+    mpiexec: str | None = None
+    libmpi: str | None = None
+
+
+def _libs_in(folder: Path) -> list[str]:
+    try:
+        return sorted(str(p) for p in folder.iterdir() if _LIBMPI.search(str(p)))
+    except OSError:
+        return []
+
+
+def _sightings(
+    env: Mapping[str, str], sys_prefix: str, loaded: str | None
+) -> Iterator[tuple[Path, str, Path | None, str | None]]:
+    """``(prefix, via, mpiexec, libmpi)`` for each place an MPI shows itself, in the order
+    :func:`find_installations` documents."""
+    for d in env.get("PATH", "").split(os.pathsep):
+        if not d:
+            continue
+        for name in ("mpiexec", "mpirun"):
+            exe = Path(d) / name
+            if exe.is_file() and os.access(exe, os.X_OK):
+                yield prefix_of(exe), "PATH", exe, None
+                break
+    if loaded:
+        yield prefix_of(loaded), "mpi4py", None, loaded
+    for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if d:
+            for lib in _libs_in(Path(d))[:1]:
+                yield prefix_of(lib), "LD_LIBRARY_PATH", None, lib
+    for lib in _ldconfig_libmpi():
+        yield prefix_of(lib), "ldconfig", None, lib
+    roots = (
+        ("CONDA_PREFIX", env.get("CONDA_PREFIX")),
+        ("VIRTUAL_ENV", env.get("VIRTUAL_ENV")),
+        ("sys.prefix", sys_prefix),
+    )
+    for via, root in roots:
+        if not root:
+            continue
+        r = Path(root)
+        found = [r / "bin" / n for n in ("mpiexec", "mpirun") if (r / "bin" / n).exists()]
+        libs = _libs_in(r / "lib")
+        if found or libs:
+            yield r, via, found[0] if found else None, libs[0] if libs else None
+
+
+def _installation(prefix: str, seen: _Sighting) -> MpiInstallation:
+    """One prefix's entry: its mpiexec (else the one in its bin/) asked for vendor and version,
+    else the vendor its libmpi's soname implies."""
+    mpiexec = seen.mpiexec
+    if mpiexec is None:
+        for name in ("mpiexec", "mpirun"):
+            if (Path(prefix) / "bin" / name).exists():
+                mpiexec = str(Path(prefix) / "bin" / name)
+                break
+    vendor, version = query_mpiexec_version(mpiexec) if mpiexec is not None else (None, None)
+    if vendor is None and seen.libmpi is not None:
+        vendor = _vendor_of_soname(seen.libmpi)
+    return MpiInstallation(
+        prefix=prefix,
+        vendor=vendor,
+        version=version,
+        mpiexec=mpiexec,
+        libmpi=seen.libmpi,
+        found_via=tuple(seen.via),
+    )
+
+
 def find_installations(
     env: Mapping[str, str] | None = None,
     sys_prefix: str | None = None,
@@ -295,84 +369,16 @@ def find_installations(
     CONDA_PREFIX, VIRTUAL_ENV and ``sys.prefix``, plus the one of the ``loaded`` libmpi
     (found via mpi4py), one entry per prefix."""
     env = os.environ if env is None else env
-    seen: dict[str, dict[str, object]] = {}
-
-    def add(prefix: Path, via: str, mpiexec: Path | None = None, libmpi: str | None = None) -> None:
-        key = str(prefix)
-        entry = seen.setdefault(key, {"via": [], "mpiexec": None, "libmpi": None})
-        vias = entry["via"]
-        assert isinstance(vias, list)
-        if via not in vias:
-            vias.append(via)
-        if mpiexec is not None and entry["mpiexec"] is None:
-            entry["mpiexec"] = str(mpiexec)
-        if libmpi is not None and entry["libmpi"] is None:
-            entry["libmpi"] = libmpi
-
-    for d in env.get("PATH", "").split(os.pathsep):
-        if not d:
-            continue
-        for name in ("mpiexec", "mpirun"):
-            exe = Path(d) / name
-            if exe.is_file() and os.access(exe, os.X_OK):
-                add(prefix_of(exe), "PATH", mpiexec=exe)
-                break
-
-    def libs_in(folder: Path) -> list[str]:
-        try:
-            return sorted(str(p) for p in folder.iterdir() if _LIBMPI.search(str(p)))
-        except OSError:
-            return []
-
-    if loaded:
-        add(prefix_of(loaded), "mpi4py", libmpi=loaded)
-    for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep):
-        if d:
-            for lib in libs_in(Path(d))[:1]:
-                add(prefix_of(lib), "LD_LIBRARY_PATH", libmpi=lib)
-    for lib in _ldconfig_libmpi():
-        add(prefix_of(lib), "ldconfig", libmpi=lib)
-    roots = (
-        ("CONDA_PREFIX", env.get("CONDA_PREFIX")),
-        ("VIRTUAL_ENV", env.get("VIRTUAL_ENV")),
-        ("sys.prefix", sys_prefix or sys.prefix),
-    )
-    for via, root in roots:
-        if not root:
-            continue
-        r = Path(root)
-        found = [r / "bin" / n for n in ("mpiexec", "mpirun") if (r / "bin" / n).exists()]
-        libs = libs_in(r / "lib")
-        if found or libs:
-            add(r, via, mpiexec=found[0] if found else None, libmpi=libs[0] if libs else None)
-
-    out: list[MpiInstallation] = []
-    for prefix, entry in seen.items():
-        mpiexec = entry["mpiexec"]
-        libmpi = entry["libmpi"]
-        if mpiexec is None:
-            for name in ("mpiexec", "mpirun"):
-                if (Path(prefix) / "bin" / name).exists():
-                    mpiexec = str(Path(prefix) / "bin" / name)
-                    break
-        vendor, version = (None, None)
-        if isinstance(mpiexec, str):
-            vendor, version = query_mpiexec_version(mpiexec)
-        if vendor is None and isinstance(libmpi, str):
-            vendor = _vendor_of_soname(libmpi)
-        vias = entry["via"]
-        assert isinstance(vias, list)
-        out.append(
-            MpiInstallation(
-                prefix=prefix,
-                vendor=vendor,
-                version=version,
-                mpiexec=mpiexec if isinstance(mpiexec, str) else None,
-                libmpi=libmpi if isinstance(libmpi, str) else None,
-                found_via=tuple(str(v) for v in vias),
-            )
-        )
-    return out
+    seen: dict[str, _Sighting] = {}
+    for prefix, via, mpiexec, libmpi in _sightings(env, sys_prefix or sys.prefix, loaded):
+        entry = seen.setdefault(str(prefix), _Sighting([]))
+        if via not in entry.via:
+            entry.via.append(via)
+        if mpiexec is not None and entry.mpiexec is None:
+            entry.mpiexec = str(mpiexec)
+        if libmpi is not None and entry.libmpi is None:
+            entry.libmpi = libmpi
+    return [_installation(prefix, entry) for prefix, entry in seen.items()]
 
 
 def launcher_on_path(
