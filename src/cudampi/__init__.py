@@ -37,12 +37,12 @@ __all__ = [
 if TYPE_CHECKING:
     from cudampi.comm import Communicator
     from cudampi.config import Config
-    from cudampi.launch.init import init
+    from cudampi.start import init
 
 _LAZY = {
     "Communicator": ("cudampi.comm", "Communicator"),
     "Config": ("cudampi.config", "Config"),
-    "init": ("cudampi.launch.init", "init"),
+    "init": ("cudampi.start", "init"),
 }
 
 

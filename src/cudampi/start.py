@@ -143,11 +143,27 @@ def _select_device(device: int) -> str | None:
 def init(backend: str | None = None, *, select_device: bool = True, **pg_kwargs: Any) -> RankInfo:
     """Find this process's rank, export the torch.distributed variables, select the GPU.
 
-    ``backend``: if given (``"nccl"``, ``"gloo"``, ``"cudampi"``...), also initialize
-    ``torch.distributed`` with it over ``env://`` (unless already initialized); ``pg_kwargs``
-    go to ``init_process_group``. Calling again returns the same info.
-    Torch is imported only if it is already imported, a GPU must be selected, or ``backend`` is
-    given.
+    Sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT where they
+    are missing. Calling it again returns the first call's info. Torch is imported only if it is
+    already imported, a GPU must be selected, or ``backend`` is given.
+
+    Args:
+        backend: if given (``"nccl"``, ``"gloo"``, ``"cudampi"``...), also initialize
+            ``torch.distributed`` with it over ``env://``, unless it is initialized already.
+        select_device: make the rank's GPU current in torch and/or CuPy: the one
+            ``cudampi launch`` chose (CUDAMPI_DEVICE), else the local rank modulo the visible
+            GPUs (none with CUDAMPI_BIND_GPU=none).
+        **pg_kwargs: passed to ``torch.distributed.init_process_group`` with ``backend``.
+
+    Returns:
+        Who this process is: rank, sizes, launcher, selected device, host, master address.
+
+    Raises:
+        LaunchError: the launcher's variables contradict each other, RANK or WORLD_SIZE
+            disagree with the launcher's (an outer job's leaked in), the job spans hosts
+            without MASTER_ADDR/MASTER_PORT under a launcher that cannot say where rank 0 is,
+            or torch cannot select the rank's GPU.
+        ConfigError: MASTER_PORT is not a port number.
     """
     info = _STATE.get("info")
     if info is None:
