@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cudampi.bench.paths import DDP_PATHS, Skip, describe_error
+from cudampi.bench.adapters import DDP_PATHS, Skip, describe_error
 from cudampi.bench.session import Session
 
 

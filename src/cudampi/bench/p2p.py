@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from cudampi.bench.adapters import TORCH_PATHS, Skip, describe_error
 from cudampi.bench.arrays import ArrayLib, Unsupported, make_lib
-from cudampi.bench.paths import TORCH_PATHS, Skip, describe_error
 from cudampi.bench.session import Session
 from cudampi.errors import ConfigError
 

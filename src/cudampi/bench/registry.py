@@ -25,7 +25,7 @@ def pattern_kind(redop: str | None) -> str:
 
 
 class PathOps(Protocol):
-    """What a path adapter offers the units (see :mod:`cudampi.bench.paths`)."""
+    """What a path adapter offers the units (see :mod:`cudampi.bench.adapters`)."""
 
     inplace_reduce: bool
 

@@ -10,8 +10,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from cudampi.bench.adapters import DESCRIPTION
 from cudampi.bench.arrays import NCCL_TYPENAME
-from cudampi.bench.paths import DESCRIPTION
 from cudampi.bench.results import NOISE, BenchResult, Row, SkipNote
 
 PEER_ORDER = ("torch-gloo", "mpi", "copy", "torch-nccl")

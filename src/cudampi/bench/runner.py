@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudampi.bench import limits
+from cudampi.bench.adapters import PathAdapter, Skip, describe_error, open_path
 from cudampi.bench.arrays import ITEMSIZE, ArrayLib, Unsupported, make_lib
 from cudampi.bench.metrics import algbw, busbw, collective_layout
-from cudampi.bench.paths import PathAdapter, Skip, describe_error, open_path
 from cudampi.bench.registry import UNITS, Case
 from cudampi.bench.results import REPEATS, BenchResult, Row, SkipNote
 from cudampi.bench.session import Session
