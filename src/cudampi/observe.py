@@ -46,7 +46,7 @@ def human_bytes(n: int) -> str:
 
 def world_rank() -> tuple[int, int]:
     """(rank, size) of this process in its job, from the launcher's variables (no MPI call)."""
-    from cudampi.launch.rankenv import rank_env
+    from cudampi.rankenv import rank_env
 
     try:
         info = rank_env(os.environ)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.errors import ConfigError, LaunchError
-from cudampi.launch.rankenv import rank_env
+from cudampi.rankenv import rank_env
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class RankInfo:
     local_rank: int
     local_world_size: int
     launcher: str
-    """torchrun, openmpi, mpich, slurm, env or none (see :mod:`cudampi.launch.rankenv`)."""
+    """torchrun, openmpi, mpich, slurm, env or none (see :mod:`cudampi.rankenv`)."""
     device: int | None
     """CUDA ordinal selected for this rank (in this process's numbering); None: no GPU."""
     host: str

@@ -258,7 +258,7 @@ def rank_sees_its_launcher(comm):
     from cudampi.probe.launcher import detect_launcher
 
     info = detect_launcher(os.environ)
-    assert info.name in ("open-mpi", "mpich-hydra"), info
+    assert info.name in ("openmpi", "mpich"), info
     assert (info.rank, info.size) == (comm.rank, comm.size)
     assert info.local_rank == comm.rank  # one host
 
@@ -277,7 +277,7 @@ def test_doctor_started_on_two_ranks_reports_once(isolated_cache):
     doc = json.loads(proc.stdout)  # one document: only rank 0 printed
     c = _check(doc, "launcher")
     assert c["status"] == "ok"
-    assert c["detail"].startswith(("open-mpi: rank 0 of 2", "mpich-hydra: rank 0 of 2"))
+    assert c["detail"].startswith(("openmpi: rank 0 of 2", "mpich: rank 0 of 2"))
     # the launcher's own OMPI_MCA_* variables are not mistaken for user settings
     assert "OMPI_MCA_PREFIXES" not in _check(doc, "MPI/UCX/NCCL settings")["detail"]
 

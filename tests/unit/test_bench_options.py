@@ -122,7 +122,7 @@ def test_relaunch_argv_rebuilds_the_flags_without_np():
 
 
 def test_relaunch_goes_through_a_launcher(tmp_path):
-    argv, _env = cli.relaunch_argv(3, ["allreduce"], executable="/x/bin/python")
+    argv = cli.relaunch_argv(3, ["allreduce"], executable="/x/bin/python")
     assert "-n" in argv and "3" in argv
     assert argv[-3:] == ["cudampi", "bench", "allreduce"] or argv[-2:] == ["bench", "allreduce"]
 

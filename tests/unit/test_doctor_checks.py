@@ -213,7 +213,7 @@ def test_gpu_mapping():
     none = LauncherInfo("none")
     assert C.check_gpu_mapping(none, {}, 0).status == "n/a"
     assert C.check_gpu_mapping(none, {"CUDA_VISIBLE_DEVICES": ""}, 1).status == "fail"
-    r1 = LauncherInfo("open-mpi", 1, 1, 2, 2)
+    r1 = LauncherInfo("openmpi", 1, 1, 2, 2)
     c = C.check_gpu_mapping(r1, {}, 1)
     assert c.status == "warn" and "local rank 1 -> GPU 0" in c.detail
     assert C.check_gpu_mapping(r1, {}, 2).status == "ok"

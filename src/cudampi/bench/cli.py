@@ -1,6 +1,5 @@
 """``cudampi bench``: run under an MPI launcher (every rank runs it, rank 0 prints), or plainly
-with ``--np N`` (it re-launches itself on N ranks through ``cudampi launch`` when that exists,
-else through the mpiexec beside the interpreter)."""
+with ``--np N`` (it re-launches itself on N ranks through ``cudampi launch``)."""
 
 from __future__ import annotations
 
@@ -26,66 +25,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # -- where are we? --------------------------------------------------------------------------------
 def launched_size(env: dict[str, str] | os._Environ[str] | None = None) -> int | None:
     """World size announced by an MPI launcher in ``env``, or None when started plainly."""
-    env = os.environ if env is None else env
-    try:
-        from cudampi.launch.rankenv import rank_env
+    from cudampi.rankenv import mpi_launcher
 
-        info = rank_env(env)
-        if info.launcher in ("openmpi", "mpich", "slurm"):
-            return int(info.world_size)
-        return None
-    except ImportError:
-        pass
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
-        if env.get(name, "").isdigit():
-            return int(env[name])
-    return None
+    found = mpi_launcher(os.environ if env is None else env)
+    return None if found is None else found[2]
 
 
-def relaunch_argv(
-    np: int, bench_argv: list[str], executable: str = sys.executable
-) -> tuple[list[str], dict[str, str]]:
-    """argv and extra environment that run ``cudampi bench <bench_argv>`` on ``np`` ranks."""
-    try:
-        import cudampi.launch.cli  # noqa: F401
-
-        return [
-            executable,
-            "-m",
-            "cudampi",
-            "launch",
-            "-n",
-            str(np),
-            "-m",
-            "cudampi",
-            "bench",
-            *bench_argv,
-        ], {}
-    except ImportError:
-        pass
-    beside = Path(executable).parent / "mpiexec"
-    mpiexec = str(beside) if beside.exists() else "mpiexec"
-    extra = {
-        "OMPI_ALLOW_RUN_AS_ROOT": "1",
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "PRTE_MCA_prte_silence_shared_fs": "1",
-    }
-    argv = [mpiexec, "-n", str(np)]
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60)
-        if "Open MPI" in out.stdout + out.stderr or "prte" in (out.stdout + out.stderr).lower():
-            argv += ["--oversubscribe", "--bind-to", "none"]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return [*argv, executable, "-m", "cudampi", "bench", *bench_argv], extra
+def relaunch_argv(np: int, bench_argv: list[str], executable: str = sys.executable) -> list[str]:
+    """The argv that runs ``cudampi bench <bench_argv>`` on ``np`` ranks: through
+    ``cudampi launch``, which builds the launcher's argv (:mod:`cudampi.launch.plan`)."""
+    launch = [executable, "-m", "cudampi", "launch", "-n", str(np)]
+    return [*launch, "-m", "cudampi", "bench", *bench_argv]
 
 
 def _relaunch(args: argparse.Namespace, o: opts.Options) -> int:
     parser = getattr(args, _PARSER_KEY)
     assert o.np is not None
-    argv, extra = relaunch_argv(o.np, opts.to_argv(args, parser))
-    env = dict(os.environ)
-    env.update(extra)
+    argv = relaunch_argv(o.np, opts.to_argv(args, parser))
     if not o.quiet:
         print(
             f"# cudampi bench: re-launching on {o.np} ranks: {' '.join(argv)}",
@@ -93,7 +49,7 @@ def _relaunch(args: argparse.Namespace, o: opts.Options) -> int:
             flush=True,
         )
     try:
-        return subprocess.call(argv, env=env)
+        return subprocess.call(argv)
     except OSError as exc:
         raise BenchError(f"cannot start {argv[0]!r} to re-launch on {o.np} ranks: {exc}") from None
 

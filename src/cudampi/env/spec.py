@@ -18,8 +18,7 @@ from typing import Any
 
 from cudampi import __version__
 from cudampi.errors import EnvGenError
-
-MPI_FLAVOURS = ("openmpi", "mpich")
+from cudampi.names import MPI_FLAVOURS
 
 CUDA_VERSIONS = ("12.6", "12.8", "12.9", "13.0")
 """CUDA versions the generators know how to pin: conda-forge's ``cuda-version`` builds and the

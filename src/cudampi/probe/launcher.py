@@ -15,70 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cudampi.rankenv import LauncherInfo, launched_by
 
-@dataclass(frozen=True)
-class LauncherInfo:
-    """Who launched this process, and where it sits in the job."""
-
-    name: str
-    """``open-mpi``, ``mpich-hydra``, ``slurm``, ``torchrun``, ``pmix`` or ``none``."""
-    rank: int | None = None
-    local_rank: int | None = None
-    size: int | None = None
-    local_size: int | None = None
-    evidence: tuple[str, ...] = ()
-    """The variables that gave it away."""
-
-
-def _int(env: Mapping[str, str], name: str) -> int | None:
-    try:
-        return int(env[name])
-    except (KeyError, ValueError):
-        return None
-
-
-def detect_launcher(env: Mapping[str, str]) -> LauncherInfo:
-    """Identify the launcher from its variables (first match: Open MPI, hydra, torchrun, Slurm
-    step, PMIx)."""
-    if "OMPI_COMM_WORLD_RANK" in env:
-        return LauncherInfo(
-            "open-mpi",
-            _int(env, "OMPI_COMM_WORLD_RANK"),
-            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-            _int(env, "OMPI_COMM_WORLD_SIZE"),
-            _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-            ("OMPI_COMM_WORLD_RANK",),
-        )
-    if "PMI_RANK" in env and ("MPI_LOCALRANKID" in env or "PMI_FD" in env or "PMI_PORT" in env):
-        return LauncherInfo(
-            "mpich-hydra",
-            _int(env, "PMI_RANK"),
-            _int(env, "MPI_LOCALRANKID"),
-            _int(env, "PMI_SIZE"),
-            _int(env, "MPI_LOCALNRANKS"),
-            tuple(k for k in ("PMI_RANK", "MPI_LOCALRANKID") if k in env),
-        )
-    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "WORLD_SIZE" in env):
-        return LauncherInfo(
-            "torchrun",
-            _int(env, "RANK"),
-            _int(env, "LOCAL_RANK"),
-            _int(env, "WORLD_SIZE"),
-            _int(env, "LOCAL_WORLD_SIZE"),
-            tuple(k for k in ("TORCHELASTIC_RUN_ID", "LOCAL_RANK") if k in env),
-        )
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
-        return LauncherInfo(
-            "slurm",
-            _int(env, "SLURM_PROCID"),
-            _int(env, "SLURM_LOCALID"),
-            _int(env, "SLURM_NTASKS"),
-            _int(env, "SLURM_NTASKS_PER_NODE"),
-            ("SLURM_PROCID", "SLURM_STEP_ID"),
-        )
-    if "PMIX_RANK" in env:
-        return LauncherInfo("pmix", _int(env, "PMIX_RANK"), None, None, None, ("PMIX_RANK",))
-    return LauncherInfo("none")
+detect_launcher = launched_by
+"""The doctor's name for :func:`cudampi.rankenv.launched_by`, until the doctor imports it from
+there (issue 17, once issue 16's changes to the doctor land)."""
 
 
 def visible_devices(env: Mapping[str, str], physical: int) -> list[str]:
@@ -326,7 +267,7 @@ def query_interfaces() -> list[Interface]:
 def query_launcher_env(env: Mapping[str, str] | None = None) -> LauncherEnv:
     env = os.environ if env is None else env
     return LauncherEnv(
-        detect_launcher(env),
+        launched_by(env),
         env.get("CUDA_VISIBLE_DEVICES"),
         tuple(query_interfaces()),
         {k: v for k, v in sorted(env.items()) if k.startswith(SETTING_PREFIXES)},

@@ -19,11 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OPEN_MPI = "Open MPI"
-MPICH = "MPICH"
-INTEL_MPI = "Intel MPI"
-MVAPICH = "MVAPICH"
-CRAY_MPICH = "Cray MPICH"
+from cudampi.names import CRAY_MPICH, INTEL_MPI, MPICH, MVAPICH, OPEN_MPI
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudampi.names import OPEN_MPI
 from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.worker import MARKER, STAGE
 
@@ -284,7 +285,7 @@ class ProbeSpec:
 
     mpiexec: str
     python: str = sys.executable
-    vendor: str | None = "Open MPI"
+    vendor: str | None = OPEN_MPI
     mca: tuple[tuple[str, str], ...] = ()
     exports: tuple[tuple[str, str], ...] = ()
     nbytes: int = 16 << 20
@@ -307,7 +308,7 @@ def mpiexec_argv(spec: ProbeSpec, test: str, backend: str | None) -> list[str]:
     if test == "copy":
         return tail
     argv = [spec.mpiexec, "-n", str(spec.ranks)]
-    if spec.vendor == "Open MPI":
+    if spec.vendor == OPEN_MPI:
         argv += ["--oversubscribe", "--bind-to", "none"]
         for key, value in spec.mca:
             argv += ["--mca", key, value]
@@ -328,7 +329,7 @@ def ranks_env(spec: ProbeSpec, base: Mapping[str, str]) -> dict[str, str]:
     """The environment the ranks will see: ``--mca k v`` arrives as ``OMPI_MCA_k=v`` and
     ``-x VAR=VAL`` as ``VAR=VAL`` (pure; used to predict the capabilities key)."""
     env = {k: v for k, v in base.items() if not k.startswith(LAUNCHER_ENV_PREFIXES)}
-    if spec.vendor == "Open MPI":
+    if spec.vendor == OPEN_MPI:
         env.update({f"OMPI_MCA_{k}": v for k, v in spec.mca})
     env.update(dict(spec.exports))
     return env

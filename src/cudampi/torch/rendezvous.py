@@ -18,37 +18,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from cudampi.errors import ConfigError
+from cudampi.rankenv import mpi_launcher
 
 SCHEME = "cudampi"
 INIT_METHOD = f"{SCHEME}://"
 """``init_process_group(backend, init_method=cudampi.torch.INIT_METHOD)`` takes ranks from MPI."""
 
-LAUNCHER_ENV: tuple[tuple[str, str, str], ...] = (
-    # (launcher, rank variable, size variable): set by the launcher in every rank it starts.
-    ("Open MPI mpirun/prterun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-    ("MPICH/Hydra mpiexec", "PMI_RANK", "PMI_SIZE"),
-    ("PMIx launcher", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"),
-    ("Slurm srun", "SLURM_PROCID", "SLURM_NTASKS"),
-)
-
 _ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
-
-
-def mpi_launcher(env: Mapping[str, str]) -> tuple[str, int, int] | None:
-    """``(launcher, rank, size)`` if ``env`` is that of a rank started by an MPI launcher.
-
-    Pure: reads only ``env``. A Slurm batch shell has SLURM_NTASKS but no SLURM_STEP_ID, so it
-    does not count: only tasks of an ``srun`` step do.
-    """
-    for name, rank_var, size_var in LAUNCHER_ENV:
-        if rank_var in env and size_var in env:
-            if rank_var == "SLURM_PROCID" and "SLURM_STEP_ID" not in env:
-                continue
-            try:
-                return name, int(env[rank_var]), int(env[size_var])
-            except ValueError:
-                continue
-    return None
 
 
 def needs_mpi_rendezvous(url: str, env: Mapping[str, str]) -> bool:
