@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.errors import ConfigError, LaunchError
+from cudampi.net import free_port, routed_address
 from cudampi.rankenv import rank_env
 
 
@@ -45,12 +46,6 @@ class RankInfo:
 _STATE: dict[str, RankInfo] = {}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def _job_port(env: MutableMapping[str, str]) -> int:
     """A port every rank of one job computes alike without talking (from the job's id)."""
     key = "|".join(
@@ -75,16 +70,7 @@ def _rendezvous_by_mpi() -> tuple[str, int]:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    value = None
-    if comm.rank == 0:
-        host = socket.gethostname()
-        try:
-            addr = socket.gethostbyname(host)
-        except OSError:
-            addr = host
-        if addr.startswith("127."):
-            addr = host
-        value = (addr, _free_port())
+    value = (routed_address(), free_port()) if comm.rank == 0 else None
     addr, port = comm.bcast(value, root=0)
     return str(addr), int(port)
 
@@ -190,7 +176,7 @@ def _init_env(env: MutableMapping[str, str], select_device: bool) -> RankInfo:
         if re_.world_size == 1 or re_.local_world_size == re_.world_size:
             env.setdefault("MASTER_ADDR", "127.0.0.1")
             env.setdefault(
-                "MASTER_PORT", str(_free_port() if re_.world_size == 1 else _job_port(env))
+                "MASTER_PORT", str(free_port() if re_.world_size == 1 else _job_port(env))
             )
         elif re_.launcher in ("openmpi", "mpich"):
             addr, port = _rendezvous_by_mpi()

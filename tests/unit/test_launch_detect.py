@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from cudampi import net
 from cudampi.errors import LaunchError
-from cudampi.launch import detect, net
+from cudampi.launch import detect
 
 LAUNCH = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from cudampi.errors import ConfigError
+from cudampi.net import routed_address
 from cudampi.rankenv import mpi_launcher
 
 SCHEME = "cudampi"
@@ -55,20 +56,7 @@ def _store_address(comm: Any, env: Mapping[str, str]) -> str:
         return "127.0.0.1"
     if comm.rank != 0:
         return ""
-    try:
-        addr = socket.gethostbyname(hosts[0])
-    except OSError:
-        addr = ""
-    if not addr or addr.startswith("127."):
-        # The hostname maps to loopback (a common /etc/hosts entry): ask the routing table which
-        # source address reaches other hosts. A UDP connect sends nothing.
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                s.connect(("10.255.255.255", 1))
-                addr = s.getsockname()[0]
-            except OSError:
-                addr = hosts[0]
-    return addr
+    return routed_address()
 
 
 def mpi_rendezvous(
