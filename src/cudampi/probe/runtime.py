@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudampi.mpiexec import ROOT_ENV, Mpiexec
 from cudampi.names import OPEN_MPI
 from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.worker import MARKER, STAGE
@@ -307,22 +308,22 @@ def mpiexec_argv(spec: ProbeSpec, test: str, backend: str | None) -> list[str]:
     ]
     if test == "copy":
         return tail
-    argv = [spec.mpiexec, "-n", str(spec.ranks)]
-    if spec.vendor == OPEN_MPI:
-        argv += ["--oversubscribe", "--bind-to", "none"]
-        for key, value in spec.mca:
-            argv += ["--mca", key, value]
-        for key, value in spec.exports:
-            argv += ["-x", f"{key}={value}"]
-    else:
-        if spec.mca:
-            raise ValueError(
-                f"--mca {spec.mca[0][0]} {spec.mca[0][1]} is an Open MPI setting but the MPI is "
-                f"{spec.vendor or 'unknown'}; use -x VAR=VAL (MPIR_CVAR_*) instead"
-            )
-        for key, value in spec.exports:
-            argv += ["-genv", key, value]
-    return argv + tail
+    flavour = "openmpi" if spec.vendor == OPEN_MPI else "mpich"
+    if spec.mca and flavour != "openmpi":
+        raise ValueError(
+            f"--mca {spec.mca[0][0]} {spec.mca[0][1]} is an Open MPI setting but the MPI is "
+            f"{spec.vendor or 'unknown'}; use -x VAR=VAL (MPIR_CVAR_*) instead"
+        )
+    job = Mpiexec(
+        spec.mpiexec,
+        flavour,
+        spec.ranks,
+        tuple(tail),
+        oversubscribe=True,
+        mca=spec.mca,
+        env=spec.exports,
+    )
+    return job.argv()
 
 
 def ranks_env(spec: ProbeSpec, base: Mapping[str, str]) -> dict[str, str]:
@@ -344,8 +345,8 @@ def launch_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        for key, value in ROOT_ENV.items():
+            env.setdefault(key, value)
     return env
 
 
