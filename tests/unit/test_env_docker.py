@@ -13,7 +13,7 @@ import pytest
 
 from cudampi.config import UCX_PRELOAD
 from cudampi.env import docker, files
-from cudampi.env.settings import recommended_env
+from cudampi.env.recommended import recommended_env
 from cudampi.env.spec import DEFAULT, SpecError
 from tests.conftest import cudampi_cli
 

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cudampi.env.settings import (
-    SETTINGS,
-    SettingFinding,
-    check_settings,
-    mpirun_flags,
-    parse_env_file,
-    recommended_env,
-)
+from cudampi.env.recommended import SETTINGS, mpirun_flags, recommended_env
+from cudampi.env.settings import SettingFinding, check_settings, parse_env_file
 
 
 def names(findings):
@@ -163,3 +157,74 @@ def test_finding_status_is_checked():
 def test_parse_env_file_reads_exports_and_quotes():
     text = "# c\nexport A='x y'\nB=\"z\"\n  export C=^lo,docker\nnot a line\n"
     assert parse_env_file(text) == {"A": "x y", "B": "z", "C": "^lo,docker"}
+
+
+def test_ucx_tls_without_cuda_is_flagged():
+    """Also without GPUs (a warning then), as the doctor reports it."""
+    assert names(check_settings({"UCX_TLS": "tcp,sm,self"}, gpus=True)) == {("UCX_TLS", "fail")}
+    assert names(check_settings({"UCX_TLS": "tcp,sm,self"}, gpus=False)) == {("UCX_TLS", "warn")}
+    assert check_settings({"UCX_TLS": "sm,self,cuda_copy,cuda_ipc"}, gpus=True) == []
+    assert check_settings({"UCX_TLS": "all"}, gpus=True) == []
+    assert check_settings({"UCX_TLS": "^ib"}, gpus=True) == []
+    assert names(check_settings({"UCX_TLS": "^cuda_ipc,ib"}, gpus=True)) == {("UCX_TLS", "fail")}
+    assert names(check_settings({"UCX_TLS": "^gdr_copy"}, gpus=True)) == {("UCX_TLS", "fail")}
+    fix = check_settings({"UCX_TLS": "tcp,self"}, gpus=True)[0].fix
+    assert "UCX_TLS=tcp,self,cuda_copy,cuda_ipc" in fix
+
+
+def test_settings_that_take_cuda_away():
+    env = {
+        "OMPI_MCA_pml": "ob1",
+        "OMPI_MCA_opal_cuda_support": "0",
+        "UCX_IB_GPU_DIRECT_RDMA": "no",
+        "NCCL_P2P_DISABLE": "1",
+    }
+    assert names(check_settings(env, gpus=True)) == {
+        ("OMPI_MCA_pml", "fail"),
+        ("OMPI_MCA_opal_cuda_support", "warn"),
+        ("UCX_IB_GPU_DIRECT_RDMA", "warn"),
+        ("NCCL_P2P_DISABLE", "warn"),
+    }
+    assert (
+        check_settings({"OMPI_MCA_pml": "ucx", "OMPI_MCA_opal_cuda_support": "1"}, gpus=True) == []
+    )
+    more = {
+        "OMPI_MCA_pml": "cm",
+        "OMPI_MCA_mpi_cuda_support": "disabled",
+        "OMPI_MCA_btl": "^smcuda",
+        "MPICH_GPU_SUPPORT_ENABLED": "0",
+        "NCCL_IB_DISABLE": "yes",
+    }
+    assert names(check_settings(more, gpus=True)) == {
+        ("OMPI_MCA_pml", "warn"),
+        ("OMPI_MCA_mpi_cuda_support", "fail"),
+        ("OMPI_MCA_btl", "warn"),
+        ("MPICH_GPU_SUPPORT_ENABLED", "warn"),
+        ("NCCL_IB_DISABLE", "warn"),
+    }
+
+
+def test_one_rule_per_variable():
+    """Each variable is judged by one rule, so two verdicts on one value cannot disagree."""
+    from cudampi.env.settings import RULES, _Facts
+
+    env = {
+        "OMPI_MCA_pml": "ob1",
+        "OMPI_MCA_btl": "tcp",
+        "OMPI_MCA_opal_cuda_support": "0",
+        "OMPI_MCA_mpi_cuda_support": "0",
+        "OMPI_MCA_oob_tcp_listen_mode": "x",
+        "OMPI_MCA_plm_rsh_agent": "false",
+        "NCCL_SOCKET_IFNAME": "lo",
+        "UCX_TLS": "tcp",
+        "UCX_IB_GPU_DIRECT_RDMA": "no",
+        "NCCL_P2P_DISABLE": "1",
+        "MPIR_CVAR_ENABLE_GPU": "0",
+    }
+    owner: dict[str, str] = {}
+    for gpus in (True, False):
+        facts = _Facts(gpus, None, 5, ("self", "sm", "tcp"), False)
+        for rule in RULES:
+            for finding in rule(env, facts):
+                assert owner.setdefault(finding.name, rule.__name__) == rule.__name__, finding
+    assert set(owner) == set(env)

@@ -8,7 +8,8 @@ Nothing here imports mpi4py, torch or CuPy.
 from __future__ import annotations
 
 from cudampi.env.files import TARGETS, generate, write_files
-from cudampi.env.settings import SETTINGS, Setting, SettingFinding, check_settings, recommended_env
+from cudampi.env.recommended import SETTINGS, Setting, recommended_env
+from cudampi.env.settings import SettingFinding, check_settings
 from cudampi.env.spec import DEFAULT, EnvSpec, SpecError, load_spec
 
 __all__ = [

@@ -234,7 +234,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> int:
-    from cudampi.env.settings import SETTINGS
+    from cudampi.env.recommended import SETTINGS
 
     if args.json:
         print(json.dumps([dataclasses.asdict(s) for s in SETTINGS], indent=2))

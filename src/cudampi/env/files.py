@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cudampi.env import conda, docker, k8s, pip, slurm
-from cudampi.env.settings import recommended_env
+from cudampi.env.recommended import recommended_env
 from cudampi.env.spec import EnvSpec, spec_to_toml
 from cudampi.errors import EnvGenError
 

@@ -26,7 +26,7 @@ from typing import Any
 from cudampi.config import UCX_PRELOAD
 from cudampi.env.docker import ENTRYPOINT, UID, USER, image_env
 from cudampi.env.pip import HEADER
-from cudampi.env.settings import mpirun_flags
+from cudampi.env.recommended import mpirun_flags
 from cudampi.env.spec import EnvSpec
 from cudampi.errors import EnvGenError
 

@@ -158,7 +158,7 @@ def env_sh(spec: EnvSpec, env: dict[str, str]) -> str:
     (``mpirun -x LD_PRELOAD=$CUDAMPI_UCX_PRELOAD``, ``srun --export=ALL,LD_PRELOAD=...``): UCX's
     memory hooks do not belong in sshd, mpirun or the shell.
     """
-    from cudampi.env.settings import UCX_RECIPE
+    from cudampi.env.recommended import UCX_RECIPE
 
     def export(items: dict[str, str], indent: str = "") -> str:
         return "\n".join(f"{indent}export {k}={shlex.quote(v)}" for k, v in items.items())
