@@ -3,7 +3,7 @@ a test file, as tests/_rank_main.py does under mpiexec.
 
 The function gets a stand-in for ``MPI.COMM_WORLD`` that imports mpi4py only when first used:
 under torchrun MPI must not start before ``init_process_group("cudampi")``, which makes the
-processes one MPI job (cudampi.torch.join). A function that raises exits the worker non-zero,
+processes one MPI job (cudampi.pmi.join). A function that raises exits the worker non-zero,
 and torchrun then stops the others.
 """
 

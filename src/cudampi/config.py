@@ -339,7 +339,7 @@ GENERATED_ENV: Mapping[str, str] = {
 """CUDAMPI_* variables of the generated environment files."""
 
 # Set by the user in torchrun's environment (the same on every host); read by the torch backend's
-# join of torchrun's processes (cudampi.torch.join), never shown in a report.
+# join of torchrun's processes (cudampi.pmi.join), never shown in a report.
 PMI_SECRET = "CUDAMPI_PMI_SECRET"
 
 JOB_ENV: Mapping[str, str] = {

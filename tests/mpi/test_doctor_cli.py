@@ -255,9 +255,9 @@ def test_usage_errors_exit_2(args, message):
 
 
 def rank_sees_its_launcher(comm):
-    from cudampi.probe.launcher import detect_launcher
+    from cudampi.rankenv import launched_by
 
-    info = detect_launcher(os.environ)
+    info = launched_by(os.environ)
     assert info.name in ("openmpi", "mpich"), info
     assert (info.rank, info.size) == (comm.rank, comm.size)
     assert info.local_rank == comm.rank  # one host

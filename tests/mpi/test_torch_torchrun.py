@@ -1,7 +1,7 @@
 """The cudampi backend under torchrun: real ``torch.distributed.run`` jobs, no MPI launcher.
 
 torchrun starts plain processes; ``init_process_group("cudampi")`` makes them one MPI job
-through cudampi's PMI-1 server (cudampi.torch.join). With an MPICH-family MPI (the PyPI
+through cudampi's PMI-1 server (cudampi.pmi.join). With an MPICH-family MPI (the PyPI
 ``mpich`` wheel, loaded by mpi4py through MPI4PY_LIBMPI) the same checks as under mpiexec must
 pass: every collective against gloo at 2 and 4 ranks, DDP/FSDP parameters equal to gloo's, the
 example script, and a rank that raises ends the job fast. With Open MPI 5 (PMIx only) every
@@ -134,7 +134,7 @@ _ATTACKED = """
 import json, os, sys, time
 import torch, torch.distributed as dist
 import cudampi.torch
-import cudampi.torch.join as join
+import cudampi.pmi.join as join
 
 dist.init_process_group("cudampi")
 rank, folder = dist.get_rank(), sys.argv[1]

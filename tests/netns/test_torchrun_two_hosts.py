@@ -3,7 +3,7 @@ veth pair (tests/netns/test_launch_two_hosts.py's, without its sshd), each with 
 hostname (UTS namespace) and its own /dev/shm, as separate machines have. Each host runs
 ``torchrun --nnodes 2 --nproc-per-node 2 --node-rank K`` (static rendezvous at host 1); the
 workers' ``init_process_group("cudampi")`` must make the four processes one MPICH job through
-cudampi's PMI-1 server (cudampi.torch.join), served on host 1's veth address, and its
+cudampi's PMI-1 server (cudampi.pmi.join), served on host 1's veth address, and its
 collectives must cross the veth and agree with gloo's. Then a worker on host 2 raises after
 init: both torchruns must end non-zero, soon.
 
@@ -130,9 +130,9 @@ import torch
 import torch.distributed as dist
 
 import cudampi.torch  # noqa: F401  (registers the backend)
-import cudampi.torch.join as join
+import cudampi.pmi.join as join
 
-dialled = []  # the PMI server's address this rank is pointed at (cudampi.torch.join)
+dialled = []  # the PMI server's address this rank is pointed at (cudampi.pmi.join)
 connect = join.connect
 join.connect = lambda address, *args: dialled.append(address) or connect(address, *args)
 

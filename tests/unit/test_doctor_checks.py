@@ -11,11 +11,12 @@ from cudampi.doctor import checks as C
 from cudampi.doctor.render import render_json, render_text
 from cudampi.doctor.report import Check, Report
 from cudampi.probe.capabilities import ProbeOutcome
-from cudampi.probe.launcher import Interface, LauncherInfo
+from cudampi.probe.interfaces import Interface
 from cudampi.probe.mpi_library import MpiInstallation, MpiLibrary, parse_library_version
 from cudampi.probe.ompi import parse_ompi_info
 from cudampi.probe.runtime import ProbeRun, classify
 from cudampi.probe.ucx import UcxInstall, parse_ucx_info_d, parse_ucx_info_v
+from cudampi.rankenv import LauncherInfo
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +193,7 @@ def test_settings_and_interfaces():
 
 
 def test_nccl_settings_are_reported_and_a_missing_interface_flagged(fixtures_dir):
-    from cudampi.probe.launcher import parse_ip_o_addr
+    from cudampi.probe.interfaces import parse_ip_o_addr
 
     ifs = parse_ip_o_addr((fixtures_dir / "cpu-pypi" / "ip-o-addr.cpu-vm.txt").read_text())
     assert C.check_nccl_settings({"PATH": "/bin"}, ifs).status == "n/a"

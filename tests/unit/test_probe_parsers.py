@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from cudampi.probe.gpu import parse_nccl_version_code, query_gpu_system
-from cudampi.probe.launcher import parse_ip_o_addr
+from cudampi.probe.interfaces import parse_ip_o_addr
 from cudampi.probe.mpi_library import (
     parse_library_version,
     parse_maps_libmpi,

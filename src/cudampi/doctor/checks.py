@@ -13,21 +13,14 @@ from typing import TYPE_CHECKING
 from cudampi.doctor import fixes
 from cudampi.doctor.report import Check
 from cudampi.probe.capabilities import ProbeOutcome
-from cudampi.probe.gpu import GpuSystem, PythonGpu, mps_active
-from cudampi.probe.launcher import (
-    Interface,
-    LauncherInfo,
-    check_cuda_settings,
-    gpu_for_local_rank,
-    nccl_ifname_matches,
-    nccl_ifname_missing,
-    visible_devices,
-)
+from cudampi.probe.gpu import GpuSystem, PythonGpu, gpu_for_local_rank, mps_active, visible_devices
+from cudampi.probe.interfaces import Interface, nccl_ifname_matches, nccl_ifname_missing
 from cudampi.probe.mpi_library import OPEN_MPI, MpiInstallation, MpiLibrary
 from cudampi.probe.mpich import MpichInfo
 from cudampi.probe.ompi import OmpiInfo
 from cudampi.probe.runtime import ProbeRun, staging_verdict
 from cudampi.probe.ucx import UcxInstall
+from cudampi.rankenv import LauncherInfo
 
 if TYPE_CHECKING:
     from cudampi.doctor.gather import Facts
@@ -691,8 +684,8 @@ def check_gpu_mapping(info: LauncherInfo, env: Mapping[str, str], physical: int)
 def check_settings(
     env: Mapping[str, str], gpus_present: bool, ompi: OmpiInfo | None = None
 ) -> Check:
-    """OMPI_MCA_* / UCX_* / NCCL_* settings that take CUDA away: cudampi.env.settings' checker
-    (the documented deployment settings), plus this module's own rules for what it misses."""
+    """OMPI_MCA_* / UCX_* / NCCL_* settings that take CUDA away, as
+    :func:`cudampi.env.settings.check_settings` (the one judge of them) finds them."""
     from cudampi.env.settings import check_settings as env_check_settings
 
     major = None
@@ -701,7 +694,7 @@ def check_settings(
             major = int(ompi.version.split(".")[0])
         except ValueError:
             major = None
-    theirs = env_check_settings(
+    found = env_check_settings(
         env,
         gpus=gpus_present,
         ompi_major=major,
@@ -709,11 +702,7 @@ def check_settings(
         built_with_cuda=ompi.built_with_cuda if ompi is not None else None,
     )
     # var, value, status, why, fix
-    findings = [(f.name, f.value, f.status, f.detail, f.fix) for f in theirs]
-    named = {f[0] for f in findings}
-    for issue in check_cuda_settings(env, gpus_present):
-        if issue.var not in named:
-            findings.append((issue.var, issue.value, issue.severity, issue.why, issue.fix))
+    findings = [(f.name, f.value, f.status, f.detail, f.fix) for f in found]
     set_vars = sorted(k for k in env if k.startswith(("OMPI_MCA_", "UCX_", "NCCL_", "MPIR_CVAR_")))
     if not findings:
         shown = ", ".join(f"{k}={env[k]}" for k in set_vars) if set_vars else "none set"

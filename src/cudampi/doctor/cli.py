@@ -185,9 +185,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks < 2:
         raise ConfigError(f"--ranks must be at least 2 (p2p needs a peer), got {args.ranks!r}")
-    from cudampi.probe.launcher import detect_launcher
+    from cudampi.rankenv import launched_by
 
-    launcher = detect_launcher(os.environ)
+    launcher = launched_by(os.environ)
     if launcher.rank not in (None, 0):
         # Started on several ranks (mpirun -n N cudampi doctor): rank 0 diagnoses and prints;
         # the others would only repeat it and start N copies of the probe jobs.

@@ -20,9 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cudampi import net
 from cudampi.config import seconds_arg
 from cudampi.errors import ConfigError, LaunchError
-from cudampi.launch import detect, net
+from cudampi.launch import detect
 from cudampi.launch.plan import (
     BINDS,
     GPU_BINDS,
@@ -290,12 +291,6 @@ def _ssh(text: str | None) -> tuple[str, ...]:
         raise ConfigError(f"--ssh {text!r}: {exc} (quote it as a shell would)") from None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def _check_resolves(hosts: tuple[Host, ...]) -> None:
     for h in hosts:
         try:
@@ -369,7 +364,7 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         cuda_aware=args.cuda_aware,
         oversubscribe=args.oversubscribe,
         master_addr=args.master_addr,
-        master_port=args.master_port if args.master_port is not None else _free_port(),
+        master_port=args.master_port if args.master_port is not None else net.free_port(),
         ifname=args.ifname,
         rsh_agent=_ssh(args.ssh),
         extra=raw,
@@ -426,13 +421,3 @@ def run(args: argparse.Namespace) -> int:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m cudampi.launch.cli`` (same as ``cudampi launch``)."""
-    from cudampi.cli import main as cudampi_main
-
-    return cudampi_main(["launch", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

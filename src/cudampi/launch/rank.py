@@ -43,7 +43,7 @@ EXEC = "--exec"
 
 def export_rank_env(env: MutableMapping[str, str]) -> Any:
     """Set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from the launcher's variables."""
-    from cudampi.launch.rankenv import rank_env
+    from cudampi.rankenv import rank_env
 
     info = rank_env(env)
     env["RANK"] = str(info.rank)
@@ -62,7 +62,7 @@ def choose_socket_ifname(env: MutableMapping[str, str]) -> str | None:
     master = env.get("MASTER_ADDR")
     if not master:
         return None
-    from cudampi.launch.net import route_interface
+    from cudampi.net import route_interface
 
     iface = route_interface(master)
     if iface is None:

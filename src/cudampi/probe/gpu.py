@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -311,3 +311,26 @@ def mps_active(
     env = os.environ if env is None else env
     pipe_dir = env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DEFAULT
     return bool(exists(os.path.join(pipe_dir, "control")))
+
+
+def visible_devices(env: Mapping[str, str], physical: int) -> list[str]:
+    """The GPU identifiers this process may use: CUDA_VISIBLE_DEVICES (indices, UUIDs, MIG ids)
+    up to the first invalid entry, as CUDA does; all ``physical`` GPUs when it is unset."""
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return [str(i) for i in range(physical)]
+    out: list[str] = []
+    for item in (s.strip() for s in raw.split(",")):
+        if not item:
+            break
+        if item.lstrip("-").isdigit() and (int(item) < 0 or (physical and int(item) >= physical)):
+            break  # CUDA stops at the first invalid ordinal
+        out.append(item)
+    return out
+
+
+def gpu_for_local_rank(local_rank: int, visible: Sequence[str]) -> str | None:
+    """The device a rank binds to under cudampi's rule: ``local_rank % n_visible``."""
+    if not visible:
+        return None
+    return visible[local_rank % len(visible)]

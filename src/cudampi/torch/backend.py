@@ -4,7 +4,7 @@ torch creates one :class:`CudampiProcessGroup` per group (``init_process_group``
 ``new_group``) through :func:`create_process_group`, registered with
 ``torch.distributed.Backend.register_backend(..., extended_api=True, devices=["cpu", "cuda"])``.
 The world group runs on ``MPI.COMM_WORLD`` (or the communicator in :class:`Options`; under
-torchrun, the job :mod:`cudampi.torch.join` makes of torch's processes); subgroups
+torchrun, the job :mod:`cudampi.pmi.join` makes of torch's processes); subgroups
 are ``MPI_Comm_create_group`` over the world, made only by their members, as torch calls the
 creator only on members.
 
@@ -35,8 +35,8 @@ import torch.distributed as dist
 
 from cudampi.config import Config
 from cudampi.errors import CommError, CommTimeoutError, ConfigError, MismatchError
+from cudampi.pmi.join import join_world, needs_join
 from cudampi.torch.debug import DetailChecker, detail_enabled
-from cudampi.torch.join import join_world, needs_join
 from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
 from cudampi.torch.rendezvous import singleton_message
 from cudampi.torch.work import (
@@ -96,7 +96,7 @@ def _open_world(options: Options, rank: int, size: int, dist_opts: Any = None) -
     if options.comm is not None:
         mpi_comm = options.comm
     elif dist_opts is not None and needs_join(os.environ, size):
-        # torchrun: MPI has not started; make torch's processes one MPI job (cudampi.torch.join)
+        # torchrun: MPI has not started; make torch's processes one MPI job (cudampi.pmi.join)
         mpi_comm = join_world(dist_opts.store, rank, size, _timeout(dist_opts))
     else:
         from mpi4py import MPI
@@ -194,7 +194,7 @@ def _install_abort_on_exception() -> None:
             )
             err.flush()
             world.Abort(1)
-            # Under a PMI-1 server (torchrun, see cudampi.torch.join) MPICH's MPI_Abort only
+            # Under a PMI-1 server (torchrun, see cudampi.pmi.join) MPICH's MPI_Abort only
             # tells the server and returns: exit now, or MPI_Finalize at exit would wait for
             # the ranks this abort is ending.
             os._exit(1)

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from cudampi.launch import pmi
-from cudampi.launch.pmi import (
+from cudampi.pmi import server as pmi
+from cudampi.pmi.server import (
     Client,
     PmiServer,
     PmiState,
@@ -161,7 +161,7 @@ def test_a_rank_that_vanishes_is_reported():
 def test_the_server_process_prints_its_port_and_outlives_its_parent_while_ranks_run():
     env = mpi_env()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cudampi.launch.pmi", "--size", "2", "--grace", "1"],
+        [sys.executable, "-m", "cudampi.pmi.server", "--size", "2", "--grace", "1"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -185,7 +185,7 @@ def test_the_server_process_prints_its_port_and_outlives_its_parent_while_ranks_
 
 def test_the_server_process_needs_a_secret():
     proc = subprocess.run(
-        [sys.executable, "-m", "cudampi.launch.pmi", "--size", "2"],
+        [sys.executable, "-m", "cudampi.pmi.server", "--size", "2"],
         input="short\n",
         capture_output=True,
         text=True,

@@ -2,7 +2,7 @@
 
 torchrun starts plain processes: each would initialise MPI as a one-process job (an MPI
 singleton). When the cudampi group is created before MPI has started, rank 0 starts cudampi's
-PMI-1 server (:mod:`cudampi.launch.pmi`), publishes its address in torch's rendezvous store, and
+PMI-1 server (:mod:`cudampi.pmi.server`), publishes its address in torch's rendezvous store, and
 every rank connects to it with the job's secret and hands the connection to MPI (``PMI_FD``)
 before importing ``mpi4py.MPI``: MPI_Init then makes one COMM_WORLD whose ranks are torch's. That
 works for MPIs that speak PMI-1 (MPICH, Intel MPI, MVAPICH). Each rank also keeps a watch
@@ -32,8 +32,9 @@ from typing import Any
 
 from cudampi.config import PMI_SECRET
 from cudampi.errors import ConfigError
-from cudampi.launch.pmi import client_env, connect, single_node_mapping, watch
-from cudampi.torch.rendezvous import mpi_launcher
+from cudampi.net import routed_address
+from cudampi.pmi.server import client_env, connect, single_node_mapping, watch
+from cudampi.rankenv import mpi_launcher
 
 STORE_KEY = "cudampi/pmi_address"
 SECRET_KEY = "cudampi/pmi_secret_file"
@@ -69,26 +70,13 @@ def _server_host(env: Mapping[str, str]) -> tuple[str, str]:
     else the address this host routes towards MASTER_ADDR from (only that interface)."""
     if one_host(env):
         return "127.0.0.1", "127.0.0.1"
-    master = env.get("MASTER_ADDR") or ""
-    addr = ""
-    if master:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                s.connect((master, int(env.get("MASTER_PORT") or 1)))  # sends nothing
-                addr = s.getsockname()[0]
-            except OSError:
-                addr = ""
-    if not addr or addr.startswith("127."):
-        try:
-            addr = socket.gethostbyname(socket.gethostname())
-        except OSError:
-            addr = "127.0.0.1"
+    addr = routed_address(env.get("MASTER_ADDR") or None)
     return addr, addr
 
 
 def _start_server(size: int, env: Mapping[str, str], secret: str) -> str:
     listen, dial = _server_host(env)
-    argv = [sys.executable, "-m", "cudampi.launch.pmi", "--size", str(size), "--host", listen]
+    argv = [sys.executable, "-m", "cudampi.pmi.server", "--size", str(size), "--host", listen]
     if listen == "127.0.0.1":
         argv += ["--mapping", single_node_mapping(size)]
     child_env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}

@@ -3,7 +3,7 @@
 An MPI library finds its peers through its process manager: ``mpiexec`` (Hydra) answers the
 PMI-1 wire protocol on a socket it hands each rank (``PMI_FD``, with ``PMI_RANK``/``PMI_SIZE``).
 torchrun starts plain processes, so each would be a one-process MPI job (an MPI singleton).
-Rank 0 starts this server (``python -m cudampi.launch.pmi --size N``, the job's secret on its
+Rank 0 starts this server (``python -m cudampi.pmi.server --size N``, the job's secret on its
 standard input); every rank connects to it, proves it knows the secret (:func:`connect`), and
 hands the connection to MPI as ``PMI_FD`` before MPI initialises: MPI_Init then builds one
 COMM_WORLD of N ranks, exactly as under ``mpiexec``. MPICH, Intel MPI and MVAPICH speak PMI-1;
@@ -539,13 +539,13 @@ def client_env(fd: int, rank: int, size: int) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cudampi.launch.pmi --size N``: read the job's secret (the first line of
+    """``python -m cudampi.pmi.server --size N``: read the job's secret (the first line of
     standard input), print the port, serve, exit when all are done.
 
     Also exits (after ``--grace`` seconds for ranks still finishing) when its standard input
     closes, i.e. when the rank that started it has ended.
     """
-    p = argparse.ArgumentParser(prog="python -m cudampi.launch.pmi", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m cudampi.pmi.server", description=__doc__)
     p.add_argument("--size", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (the job's network)")
     p.add_argument("--port", type=int, default=0)
