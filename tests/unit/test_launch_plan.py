@@ -5,19 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cudampi.errors import ConfigError, LaunchError
-from cudampi.launch.plan import (
-    Host,
-    Launcher,
-    LaunchPlan,
-    Machine,
-    PlanRequest,
-    UcxRecipe,
-    build_command,
-    hostfile_text,
-    make_plan,
-    parse_hostfile,
-    parse_hosts,
-)
+from cudampi.launch.argv import build_command
+from cudampi.launch.hosts import Host, hostfile_text, parse_hostfile, parse_hosts
+from cudampi.launch.plan import Launcher, LaunchPlan, Machine, PlanRequest, UcxRecipe, make_plan
 
 OMPI = Launcher("openmpi", "/v/bin/mpiexec", "5.0.11", "Open MPI")
 MPICH = Launcher("mpich", "/m/bin/mpiexec", "5.0.2", "MPICH")

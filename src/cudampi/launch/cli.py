@@ -24,17 +24,8 @@ from cudampi import net
 from cudampi.config import seconds_arg
 from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch import detect
-from cudampi.launch.plan import (
-    BINDS,
-    GPU_BINDS,
-    Host,
-    LaunchPlan,
-    Machine,
-    PlanRequest,
-    make_plan,
-    parse_hostfile,
-    parse_hosts,
-)
+from cudampi.launch.hosts import Host, parse_hostfile, parse_hosts
+from cudampi.launch.plan import BINDS, GPU_BINDS, LaunchPlan, Machine, PlanRequest, make_plan
 
 BOOTSTRAP = ("-m", "cudampi.launch.rank")
 
@@ -420,4 +411,3 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
-

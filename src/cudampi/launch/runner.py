@@ -32,13 +32,14 @@ from types import FrameType
 from typing import IO
 
 from cudampi.errors import LaunchError
+from cudampi.launch.argv import Command, build_command, merge_env
 from cudampi.launch.faults import (
     JobResult,
     LauncherEvents,
     build_result,
     parse_launcher_output,
 )
-from cudampi.launch.plan import Command, LaunchPlan, build_command, merge_env
+from cudampi.launch.plan import LaunchPlan
 from cudampi.launch.report import (
     TOKEN_ENV,
     is_report_line,

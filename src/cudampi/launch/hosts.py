@@ -1,0 +1,109 @@
+"""The hosts of a launch: ``--hosts h1:4,h2:4``, hostfiles in Open MPI's and MPICH's forms, and
+whether a launch spans hosts (pure)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cudampi.errors import ConfigError
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:%]+$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host and how many ranks it may run (None: the launcher decides)."""
+
+    name: str
+    slots: int | None = None
+
+
+def parse_hosts(text: str) -> tuple[Host, ...]:
+    """Parse ``--hosts h1:4,h2:4`` (slots optional: ``h1,h2``)."""
+    hosts: list[Host] = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, sep, slots = item.rpartition(":")
+        if not sep or not slots.isdigit():
+            name, slots = item, ""
+        hosts.append(_host(name, int(slots) if slots else None, where=f"--hosts {text!r}"))
+    if not hosts:
+        raise ConfigError(f"--hosts {text!r} names no host; write it like h1:4,h2:4")
+    return tuple(hosts)
+
+
+def parse_hostfile(text: str) -> tuple[Host, ...]:
+    """Parse a hostfile in Open MPI (``host slots=4``), MPICH (``host:4``) or plain (``host``)
+    form; ``#`` starts a comment. A host listed twice adds its slots (a line without slots
+    counts one), as both MPIs do."""
+    order: list[str] = []
+    slots: dict[str, int | None] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        name, count = words[0], None
+        if ":" in name and name.rsplit(":", 1)[1].isdigit():
+            name, n = name.rsplit(":", 1)
+            count = int(n)
+        for w in words[1:]:
+            key, _, value = w.partition("=")
+            if key in ("slots", "max_slots", "max-slots") and value.isdigit():
+                if key == "slots":
+                    count = int(value)
+            else:
+                raise ConfigError(
+                    f"hostfile line {lineno} {raw.strip()!r}: cannot read {w!r}; write "
+                    f"'host slots=N' (Open MPI) or 'host:N' (MPICH)"
+                )
+        _host(name, count, where=f"hostfile line {lineno}")
+        if name not in slots:
+            order.append(name)
+            slots[name] = count
+        else:
+            slots[name] = (slots[name] or 1) + (count or 1)
+    if not order:
+        raise ConfigError("the hostfile names no host")
+    return tuple(Host(n, slots[n]) for n in order)
+
+
+def _host(name: str, slots: int | None, *, where: str) -> Host:
+    if not name or not _HOST_RE.match(name):
+        raise ConfigError(f"{where}: {name!r} is not a host name")
+    if slots is not None and slots < 1:
+        raise ConfigError(f"{where}: host {name!r} has {slots} slots; give at least 1")
+    return Host(name, slots)
+
+
+def hostfile_text(hosts: Sequence[Host], flavour: str) -> str:
+    """A hostfile in the format of ``flavour`` (Open MPI ``h slots=N``, MPICH ``h:N``)."""
+    lines = []
+    for h in hosts:
+        if flavour == "openmpi":
+            lines.append(h.name if h.slots is None else f"{h.name} slots={h.slots}")
+        elif flavour == "mpich":
+            lines.append(h.name if h.slots is None else f"{h.name}:{h.slots}")
+        else:
+            lines.append(h.name)
+    return "\n".join(lines) + "\n"
+
+
+def total_slots(hosts: Sequence[Host]) -> int | None:
+    """Sum of the hosts' slots, or None when any host leaves it to the launcher."""
+    if not hosts or any(h.slots is None for h in hosts):
+        return None
+    return sum(h.slots or 0 for h in hosts)
+
+
+def slot_name(h: Host, sep: str) -> str:
+    return h.name if h.slots is None else f"{h.name}{sep}{h.slots}"
+
+
+def multi_host(hosts: Sequence[Host], local_names: frozenset[str]) -> bool:
+    """Does a launch on ``hosts`` span hosts: several of them, or one that is not this machine
+    (one of ``local_names``)?"""
+    return len({h.name for h in hosts}) > 1 or any(h.name not in local_names for h in hosts)
