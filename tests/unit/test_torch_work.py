@@ -149,7 +149,7 @@ def test_capture_refuses_paths_that_block_the_host(monkeypatch):
     from cudampi.torch import backend
 
     t = torch.ones(2)
-    monkeypatch.setattr(backend, "_first_cuda", lambda args: t)
+    monkeypatch.setattr(backend, "first_cuda", lambda args: t)
     check = backend.CudampiProcessGroup._check_capturable
     staged = _group_stand_in(PathChoice("staged", "device memory, not proven", "staged"))
     with pytest.raises(CommError, match=r"all_gather_single.*'staged'.*path 'ipc'"):
@@ -160,6 +160,6 @@ def test_capture_refuses_paths_that_block_the_host(monkeypatch):
     assert ipc._comm.asked == "reduce_scatter"
     with pytest.raises(CommError, match="async_ops"):
         check(_group_stand_in(PathChoice("ipc", "", "ipc"), runner=object()), "allreduce", ())
-    monkeypatch.setattr(backend, "_first_cuda", lambda args: None)
+    monkeypatch.setattr(backend, "first_cuda", lambda args: None)
     with pytest.raises(CommError, match="no CUDA tensor"):
         check(ipc, "barrier", ())

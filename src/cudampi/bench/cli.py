@@ -83,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _abort(world: Any, code: int, exc: BaseException) -> None:
-    sys.stderr.write(f"--- cudampi bench: rank {world.rank} of {world.size} failed:\n")
+    from cudampi.abort import abort_job
+
     # cudampi's own errors are messages for the user; anything else is a bug: its traceback
-    sys.stderr.write(f"{exc}\n" if isinstance(exc, CudampiError) else traceback.format_exc())
-    sys.stderr.flush()
-    world.Abort(code)
+    why = f"{exc}\n" if isinstance(exc, CudampiError) else traceback.format_exc()
+    abort_job(code, f"--- cudampi bench: rank {world.rank} of {world.size} failed:\n{why}", world)
 
 
 def _device(o: opts.Options) -> str:

@@ -54,14 +54,26 @@ class _Plan:
 class Communicator:
     """Collectives and point-to-point over an mpi4py communicator (see the module doc).
 
-    ``comm`` is duplicated, so this object's traffic never matches the caller's own messages.
-    ``path`` (auto, gpu-ring, staged, native, host) is the default path of every call; a call's
-    ``path=`` wins over it, and it wins over CUDAMPI_PATH.
-
     Making one is collective: the ranks agree once on every setting that changes what a rank
-    sends (``Config.agreed()``, the default path and what MPI may be given device memory for);
-    where they differ every rank raises :class:`~cudampi.errors.MismatchError`. Every call has a
-    deadline (``config.timeout``, see :mod:`~cudampi.comm.deadline`).
+    sends (``Config.agreed()``, the default path and what MPI may be given device memory for).
+    Every call has a deadline (``config.timeout``, see :mod:`~cudampi.comm.deadline`). Use it as
+    a context manager, or call :meth:`close`.
+
+    Args:
+        comm: an mpi4py intracommunicator (``MPI.COMM_WORLD`` or one split from it). It is
+            duplicated, so this object's traffic never matches the caller's own messages.
+        path: the default path of every call: one of :data:`cudampi.names.PATHS` (auto, ipc,
+            nccl, gpu-ring, staged, native, host). A call's ``path=`` wins over it, and it wins
+            over CUDAMPI_PATH; auto picks per call from what the probe proved
+            (:func:`cudampi.comm.paths.choose`).
+        config: the settings (default :meth:`Config.load() <cudampi.config.Config.load>`:
+            CUDAMPI_* over the defaults).
+
+    Raises:
+        CommError: ``comm`` is None or ``MPI.COMM_NULL``.
+        ConfigError: ``path`` is not a path, or a CUDAMPI_* variable is unknown or malformed
+            (when ``config`` is not given).
+        MismatchError: the ranks differ in a setting they must share; every rank raises.
     """
 
     def __init__(self, comm: Any, *, path: str | None = None, config: Config | None = None) -> None:

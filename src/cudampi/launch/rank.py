@@ -29,6 +29,7 @@ from collections.abc import MutableMapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
+from cudampi.abort import abort_job
 from cudampi.launch.report import (
     NO_TOKEN,
     TOKEN_ENV,
@@ -96,20 +97,6 @@ def _fault_file(rank: int) -> IO[str] | None:
         return f
     except OSError:
         return None
-
-
-def _abort_mpi(code: int) -> None:
-    """If this rank initialized MPI and did not finalize it, abort the whole job."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None:
-        return
-    try:
-        if mpi.Is_initialized() and not mpi.Is_finalized():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            mpi.COMM_WORLD.Abort(code)
-    except Exception:
-        pass
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -181,7 +168,7 @@ def run(argv: Sequence[str]) -> int:
         if code != 0:
             msg = exc.code if isinstance(exc.code, str) else f"exited with code {code}"
             _report(host, rank, code, [f"SystemExit: {msg}"], token)
-            _abort_mpi(code)
+            abort_job(code)
         else:
             _finished(host, rank, token)
         return code
@@ -192,7 +179,7 @@ def run(argv: Sequence[str]) -> int:
         tb = traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__))
         sys.stderr.write("".join(tb))
         _report(host, rank, 1, summarize_exception(tb), token)
-        _abort_mpi(1)
+        abort_job(1)
         return 1
     _finished(host, rank, token)
     return 0

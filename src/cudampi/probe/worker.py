@@ -19,6 +19,8 @@ import time
 import traceback
 from typing import Any
 
+from cudampi.abort import abort_job
+
 TESTS = (
     "host_p2p",
     "host_allreduce",
@@ -359,10 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         facts = _library_facts(MPI)
         result = run_test(comm, test, nbytes, backend, iters)
     except Exception as exc:
-        sys.stderr.write(f"--- rank {comm.rank} of {comm.size}: {type(exc).__name__}: {exc}\n")
-        sys.stderr.write(traceback.format_exc())
-        sys.stderr.flush()
-        comm.Abort(3)
+        head = f"--- rank {comm.rank} of {comm.size}: {type(exc).__name__}: {exc}\n"
+        abort_job(3, head + traceback.format_exc(), comm)
         return 3
     if comm.rank == 0:
         print(MARKER + json.dumps({"test": test, **facts, **result}), flush=True)

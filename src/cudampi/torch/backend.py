@@ -20,25 +20,30 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
-import socket
-import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from cudampi.config import Config
 from cudampi.errors import CommError, CommTimeoutError, ConfigError, MismatchError
-from cudampi.pmi.join import join_world, needs_join
 from cudampi.torch.debug import DetailChecker, detail_enabled
 from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
-from cudampi.torch.rendezvous import singleton_message
+from cudampi.torch.options import BACKEND_NAME, Options
+from cudampi.torch.tensors import (
+    check_gather_sizes,
+    check_scatter_sizes,
+    contiguous,
+    first_cuda,
+    flatten,
+    kinds,
+    premul,
+    unflatten,
+    unflatten_columns,
+    write_back,
+)
 from cudampi.torch.work import (
     AsyncRunner,
     as_dist_error,
@@ -46,166 +51,16 @@ from cudampi.torch.work import (
     finished_work,
     handle_work,
 )
+from cudampi.torch.world import WORLD, open_subgroup_world, open_world, timeout_of, where
 
-BACKEND_NAME = "cudampi"
-
-
-@dataclass(frozen=True)
-class Options:
-    """``pg_options`` for ``init_process_group("cudampi", pg_options=Options(...))``.
-
-    ``comm``: the mpi4py intracommunicator the world group runs on (default ``MPI.COMM_WORLD``);
-    its size and rank must be torch's. ``path`` / ``config``: passed to every
-    :class:`cudampi.comm.Communicator` of the group (``path`` in auto, gpu-ring, staged, native,
-    host; default: ``CUDAMPI_PATH`` or auto). ``abort_on_exception``: an uncaught exception on
-    any rank aborts the whole MPI job, so the other ranks fail at once instead of hanging in
-    their next collective. ``async_ops``: see the field.
-    """
-
-    comm: Any = None
-    path: str | None = None
-    config: Config | None = None
-    abort_on_exception: bool = True
-    async_ops: bool = False
-    """Run collectives on a per-group thread so they overlap the caller's work (DDP buckets
-    with backward). Needs MPI_THREAD_MULTIPLE. DDP's built-in C++ comm hooks
-    (``_register_builtin_comm_hook``) need the default (False): their futures must be typed."""
-
-
-@dataclass
-class _World:
-    """The MPI communicator under the current default group (one per init_process_group)."""
-
-    mpi_comm: Any
-    options: Options
-
-
-_WORLD: list[_World] = []  # the live default group's world; torch has one default group
-
-
-def _timeout(dist_opts: Any) -> timedelta | None:
-    t = getattr(dist_opts, "timeout", None)
-    return t if isinstance(t, timedelta) else None
-
-
-def _where(rank: int, size: int) -> str:
-    return f"rank {rank} of {size} on {socket.gethostname()}"
-
-
-def _open_world(options: Options, rank: int, size: int, dist_opts: Any = None) -> _World:
-    if options.comm is not None:
-        mpi_comm = options.comm
-    elif dist_opts is not None and needs_join(os.environ, size):
-        # torchrun: MPI has not started; make torch's processes one MPI job (cudampi.pmi.join)
-        mpi_comm = join_world(dist_opts.store, rank, size, _timeout(dist_opts))
-    else:
-        from mpi4py import MPI
-
-        mpi_comm = MPI.COMM_WORLD
-    if mpi_comm.size == 1 and size > 1:
-        raise ConfigError(singleton_message(size, sys.modules))
-    # Sizes are the same on every rank; ranks may differ on some only: agree before raising, so
-    # no rank is left waiting in the next collective.
-    mismatch = mpi_comm.size != size or bool(mpi_comm.allreduce(int(mpi_comm.rank != rank)))
-    if mismatch:
-        raise ConfigError(
-            f"torch made this process rank {rank} of a {size}-process group, but its MPI "
-            f"communicator says rank {mpi_comm.rank} of {mpi_comm.size} (host "
-            f"{socket.gethostname()}; some rank's torch and MPI ranks differ). The cudampi "
-            "backend needs torch's ranks to be MPI's. "
-            "Fix: under mpirun/mpiexec/srun drop RANK/WORLD_SIZE/rank=/world_size= so the "
-            "cudampi rendezvous takes them from MPI (or set init_method='cudampi://'); or pass "
-            "pg_options=cudampi.torch.Options(comm=...) with a communicator that matches."
-        )
-    world = _World(mpi_comm=mpi_comm, options=options)
-    _WORLD[:] = [world]
-    if options.abort_on_exception:
-        _install_abort_on_exception()
-    return world
-
-
-def _open_subgroup_world(
-    options: Options, ranks: list[int], store: Any = None, timeout: timedelta | None = None
-) -> None:
-    """``new_group(backend="cudampi")`` under another default backend (e.g. nccl or gloo).
-
-    Only the new group's members get here, so nothing collective over the world may run: MPI's
-    world ranks are checked against torch's on this rank alone.
-    """
-    rank, size = dist.get_rank(), dist.get_world_size()
-    if options.comm is None and needs_join(os.environ, size):
-        if len(ranks) != size:
-            raise ConfigError(
-                f"new_group(backend='cudampi') over ranks {ranks}: these processes were not "
-                "started by an MPI launcher and MPI has not started yet, so cudampi must first "
-                f"join all {size} of them into one MPI job, which only a group of every rank can "
-                "do. Fix: create the first cudampi group over all ranks (new_group(backend="
-                "'cudampi') or init_process_group('cudampi')), or launch with `cudampi launch`."
-            )
-        _WORLD[:] = [_World(join_world(store, rank, size, timeout), options)]
-        return
-    from mpi4py import MPI
-
-    mpi_comm = options.comm if options.comm is not None else MPI.COMM_WORLD
-    if (mpi_comm.rank, mpi_comm.size) != (rank, size):
-        raise ConfigError(
-            f"new_group(backend='cudampi'): torch's default group makes this process rank "
-            f"{rank} of {size}, MPI rank {mpi_comm.rank} of {mpi_comm.size} (host "
-            f"{socket.gethostname()}). Fix: start the job with an MPI launcher so both agree, "
-            "or pass pg_options=cudampi.torch.Options(comm=...) with a matching communicator."
-        )
-    _WORLD[:] = [_World(mpi_comm=mpi_comm, options=options)]
-
-
-_HOOK_LOCK = threading.Lock()
-_HOOK_INSTALLED: list[bool] = []
-
-
-def _install_abort_on_exception() -> None:
-    """Chain ``sys.excepthook``: print the traceback, then ``MPI_Abort`` the job.
-
-    Without it a rank that raises exits while the others block forever in their next
-    collective. The message goes to the real stderr, since torch's own excepthook (installed
-    after the backend is made) buffers what the previous hook writes.
-    """
-    with _HOOK_LOCK:
-        # Once per process: torch wraps sys.excepthook after each init and calls the previous
-        # hook, so the first one installed keeps running.
-        if _HOOK_INSTALLED:
-            return
-        _HOOK_INSTALLED.append(True)
-        previous = sys.excepthook
-
-        def abort_hook(exc_type: Any, exc: Any, tb: Any) -> None:
-            import traceback
-
-            from mpi4py import MPI
-
-            world = MPI.COMM_WORLD
-            if exc_type is KeyboardInterrupt or world.size == 1:
-                previous(exc_type, exc, tb)  # nobody waits on us (or every rank got ^C)
-                return
-            err = sys.__stderr__ or sys.stderr
-            text = "".join(traceback.format_exception(exc_type, exc, tb))
-            err.write(
-                f"{text}cudampi: {_where(world.rank, world.size)} raised "
-                f"{exc_type.__name__}: {exc}; aborting the MPI job so the other ranks fail "
-                "now instead of hanging in their next collective.\n"
-            )
-            err.flush()
-            world.Abort(1)
-            # Under a PMI-1 server (torchrun, see cudampi.pmi.join) MPICH's MPI_Abort only
-            # tells the server and returns: exit now, or MPI_Finalize at exit would wait for
-            # the ranks this abort is ending.
-            os._exit(1)
-
-        sys.excepthook = abort_hook
+if TYPE_CHECKING:
+    from cudampi.comm.communicator import Communicator
 
 
 def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProcessGroup:
     """The creator torch calls (``extended_api=True``) for the world group and each subgroup."""
     if pg_options is None:
-        options = _WORLD[0].options if _WORLD and dist_opts.global_ranks_in_group else Options()
+        options = WORLD[0].options if WORLD and dist_opts.global_ranks_in_group else Options()
     elif isinstance(pg_options, Options):
         options = pg_options
     else:
@@ -217,12 +72,12 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
     ranks = [int(r) for r in dist_opts.global_ranks_in_group]
     group_id = str(getattr(dist_opts, "group_id", ""))
     if not ranks:
-        world = _open_world(options, rank, size, dist_opts)
+        world = open_world(options, rank, size, dist_opts)
         mpi_comm = world.mpi_comm.Dup()
     else:
-        if not _WORLD:
-            _open_subgroup_world(options, ranks, dist_opts.store, _timeout(dist_opts))
-        parent = _WORLD[0].mpi_comm
+        if not WORLD:
+            open_subgroup_world(options, ranks, dist_opts.store, timeout_of(dist_opts))
+        parent = WORLD[0].mpi_comm
         mpi_group = parent.Get_group()
         sub_group = mpi_group.Incl(ranks)
         try:
@@ -249,7 +104,7 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
             )
         runner = AsyncRunner(f"cudampi-torch-{group_id or 'world'}")
     config = options.config if options.config is not None else Config.load()
-    timeout = _timeout(dist_opts)
+    timeout = timeout_of(dist_opts)
     if timeout is not None and timeout.total_seconds() > 0:
         # torch's timeout= (init_process_group / new_group) is this group's deadline
         config = config.replace(timeout=timeout.total_seconds())
@@ -282,25 +137,6 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _write_back(dst: torch.Tensor, src: torch.Tensor) -> None:
-    if src is not dst:
-        dst.copy_(src.view(dst.shape) if src.numel() == dst.numel() else src)
-
-
-def _premul(x: torch.Tensor, factor: Any, *, in_place: bool) -> torch.Tensor:
-    if factor is None:
-        return x
-    if isinstance(factor, torch.Tensor) and factor.device != x.device:
-        # A host factor is read on the host (no copy to the GPU: that would block the host,
-        # which CUDA graph capture forbids); a device factor for host data is read back.
-        factor = factor.item()
-    return x.mul_(factor) if in_place else x * factor
-
-
 _CALL_OF = {
     "broadcast": "broadcast",
     "reduce": "reduce",
@@ -317,90 +153,6 @@ _CALL_OF = {
     "scatter": "scatter",
 }
 """The Communicator call behind a group method (the others: allreduce)."""
-
-
-def _first_cuda(args: Any) -> torch.Tensor | None:
-    stack = [args]
-    while stack:
-        item = stack.pop(0)
-        if isinstance(item, (list, tuple)):
-            stack[:0] = list(item)
-        elif isinstance(item, torch.Tensor) and item.is_cuda:
-            return item
-    return None
-
-
-def _kinds(tensors: Sequence[torch.Tensor], *, index: bool = False) -> list[list[Any]]:
-    """``tensors`` in groups of one device and dtype (the order of first appearance, the same on
-    every rank), as tensors or, with ``index``, as their positions."""
-    groups: dict[tuple[torch.device, torch.dtype], list[Any]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.device, t.dtype), []).append(i if index else t)
-    return list(groups.values())
-
-
-def _flatten(group: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One flat buffer of ``group`` (same device and dtype); a lone contiguous tensor is used as
-    it is, so a single-tensor call moves the caller's memory in place."""
-    if len(group) == 1 and group[0].is_contiguous():
-        return group[0].view(-1)
-    return torch.cat([t.reshape(-1) for t in group])
-
-
-def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    """``dst.copy_(src)`` for every pair: torch's foreach copy (few kernel launches) where the
-    pairs allow it."""
-    pairs = [(d, s) for d, s in zip(dsts, srcs) if d.numel()]
-    if pairs:
-        torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
-
-
-def _unflatten(flat: torch.Tensor, group: Sequence[torch.Tensor]) -> None:
-    """Copy consecutive pieces of ``flat`` back into the tensors of ``group``."""
-    if len(group) == 1 and group[0].is_contiguous() and flat.data_ptr() == group[0].data_ptr():
-        return  # _flatten used the tensor itself
-    dsts, srcs, offset = [], [], 0
-    for t in group:
-        n = t.numel()
-        dsts.append(t)
-        srcs.append(flat[offset : offset + n].view(t.shape))
-        offset += n
-    _copy_all(dsts, srcs)
-
-
-def _unflatten_columns(
-    block: torch.Tensor, outs: Sequence[torch.Tensor], counts: Sequence[int]
-) -> None:
-    """``block`` is (size, sum(counts)); output i gets columns of width ``counts[i]``, row by row
-    (rank after rank): all_gather_into_tensor's layout."""
-    size = block.shape[0]
-    dsts, srcs, offset = [], [], 0
-    for out, n in zip(outs, counts):
-        cols = block[:, offset : offset + n]
-        if out.is_contiguous():
-            dsts.append(out.view(size, n))
-            srcs.append(cols)
-        else:
-            dsts.append(out)
-            srcs.append(cols.reshape(out.shape))
-        offset += n
-    _copy_all(dsts, srcs)
-
-
-def _check_gather_sizes(output: torch.Tensor, input: torch.Tensor, size: int) -> None:
-    if output.numel() != size * input.numel():
-        raise CommError(
-            f"all_gather_into_tensor: output has {output.numel()} elements, expected "
-            f"{size} x {input.numel()} (group size x input). Fix the output size."
-        )
-
-
-def _check_scatter_sizes(output: torch.Tensor, input: torch.Tensor, size: int) -> None:
-    if input.numel() != size * output.numel():
-        raise CommError(
-            f"reduce_scatter_tensor: input has {input.numel()} elements, expected "
-            f"{size} x {output.numel()} (group size x output). Fix the input size."
-        )
 
 
 # Typed as Any: the Python overrides follow c10d's (untyped, version-dependent) call convention
@@ -422,7 +174,7 @@ class CudampiProcessGroup(_ProcessGroup):
 
     def __init__(
         self,
-        comm: Any,
+        comm: Communicator,
         mpi_comm: Any,
         rank: int,
         size: int,
@@ -457,7 +209,7 @@ class CudampiProcessGroup(_ProcessGroup):
         )
 
     @property
-    def communicator(self) -> Any:
+    def communicator(self) -> Communicator:
         """The :class:`cudampi.comm.Communicator` this group runs on."""
         return self._comm
 
@@ -497,7 +249,7 @@ class CudampiProcessGroup(_ProcessGroup):
         """Free this group's communicators (``destroy_process_group`` calls it)."""
         self._closed = True
         if self._is_world:
-            _WORLD.clear()  # a later init_process_group / new_group starts from scratch
+            WORLD.clear()  # a later init_process_group / new_group starts from scratch
         self._finalizer()
 
     def abort(self) -> None:
@@ -509,7 +261,7 @@ class CudampiProcessGroup(_ProcessGroup):
         would invalidate the graph with an obscure CUDA error). Say so before running."""
         from cudampi.comm.engines import KINDS
 
-        tensor = _first_cuda(args)
+        tensor = first_cuda(args)
         if self._runner is not None:
             why = "Options(async_ops=True) runs it on a thread and a side stream of its own"
         elif tensor is None:
@@ -523,7 +275,7 @@ class CudampiProcessGroup(_ProcessGroup):
                 return
             why = f"its path here is {str(choice)!r}, which synchronizes the host ({choice.reason})"
         raise CommError(
-            f"cudampi: {name} inside CUDA graph capture on {_where(self._rank, self._size)}: "
+            f"cudampi: {name} inside CUDA graph capture on {where(self._rank, self._size)}: "
             f"{why}. Fix: capture with the default Options and path 'ipc' (CUDAMPI_PATH=ipc, "
             "ranks of one node) so collectives are kernel launches on the capturing stream, and "
             "run host-side calls before the capture."
@@ -557,10 +309,10 @@ class CudampiProcessGroup(_ProcessGroup):
                 continue
             with self._checks("allreduce"):
                 check_dtype(spec, t.dtype)
-            buf = _contiguous(t)
-            _premul(buf, spec.premul, in_place=True)
+            buf = contiguous(t)
+            premul(buf, spec.premul, in_place=True)
             self._comm.allreduce(buf, spec.op, out=buf)
-            _write_back(t, buf)
+            write_back(t, buf)
         return tensors
 
     def _allreduce_sparse(self, t: torch.Tensor, spec: Any) -> None:
@@ -614,20 +366,20 @@ class CudampiProcessGroup(_ProcessGroup):
                     )
                 check_dtype(spec, t.dtype)
         # One flat buffer and one Communicator call per (device, dtype), not one per tensor.
-        for group in _kinds(tensors):
-            flat = _flatten(group)
-            _premul(flat, spec.premul, in_place=True)
+        for group in kinds(tensors):
+            flat = flatten(group)
+            premul(flat, spec.premul, in_place=True)
             self._comm.allreduce(flat, spec.op, out=flat)
-            _unflatten(flat, group)
+            unflatten(flat, group)
         return tensors
 
     @_collective
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         root = int(opts.rootRank) if opts is not None else 0
         for t in tensors:
-            buf = _contiguous(t)
+            buf = contiguous(t)
             self._comm.broadcast(buf, root=root)
-            _write_back(t, buf)
+            write_back(t, buf)
         return tensors
 
     @_collective
@@ -637,12 +389,12 @@ class CudampiProcessGroup(_ProcessGroup):
         for t in tensors:
             with self._checks("reduce"):
                 check_dtype(spec, t.dtype)
-            src = _premul(_contiguous(t), spec.premul, in_place=False)
+            src = premul(contiguous(t), spec.premul, in_place=False)
             # Only the root's tensor changes (as with NCCL); the others keep their input.
             if self._rank == root:
-                out = _contiguous(t)
+                out = contiguous(t)
                 self._comm.reduce(src, spec.op, root=root, out=out)
-                _write_back(t, out)
+                write_back(t, out)
             else:
                 self._comm.reduce(src, spec.op, root=root)
         return tensors
@@ -665,7 +417,7 @@ class CudampiProcessGroup(_ProcessGroup):
                     f"all_gather: {len(outs)} output tensors for a group of {self._size}. Fix: "
                     "pass one output tensor per rank."
                 )
-        src = _contiguous(inp)
+        src = contiguous(inp)
         counts = [o.numel() for o in outs]
         if all(c == src.numel() for c in counts):
             gathered = self._comm.allgather(src)
@@ -710,11 +462,11 @@ class CudampiProcessGroup(_ProcessGroup):
 
     def _allgather_into(self, output: torch.Tensor, input: torch.Tensor) -> None:
         with self._checks("allgather"):
-            _check_gather_sizes(output, input, self._size)
-        src = _contiguous(input)
-        out = _contiguous(output)
+            check_gather_sizes(output, input, self._size)
+        src = contiguous(input)
+        out = contiguous(output)
         self._comm.allgather(src, out=out.view(self._size, *src.shape))
-        _write_back(output, out)
+        write_back(output, out)
 
     @_collective
     def all_gather_single_coalesced(
@@ -727,19 +479,19 @@ class CudampiProcessGroup(_ProcessGroup):
                     f"{len(inputs)} inputs. Fix: pass one output per input."
                 )
             for out, inp in zip(outputs, inputs):
-                _check_gather_sizes(out, inp, self._size)
+                check_gather_sizes(out, inp, self._size)
         # Every tensor's input side by side in one buffer (k elements in all): one allgather
         # gives a (size, k) block whose columns are each tensor's (size, n) output.
-        for idx in _kinds(inputs, index=True):
+        for idx in kinds(inputs, index=True):
             ins = [inputs[i] for i in idx]
             outs = [outputs[i] for i in idx]
             if len(idx) == 1:
                 self._allgather_into(outs[0], ins[0])
                 continue
-            flat = _flatten(ins)
+            flat = flatten(ins)
             gathered = flat.new_empty((self._size, flat.numel()))
             self._comm.allgather(flat, out=gathered)
-            _unflatten_columns(gathered, outs, [t.numel() for t in ins])
+            unflatten_columns(gathered, outs, [t.numel() for t in ins])
         return outputs
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -762,11 +514,11 @@ class CudampiProcessGroup(_ProcessGroup):
                     )
             counts = [t.numel() for t in ins]
             flat = torch.cat([t.reshape(-1) for t in ins])
-            _premul(flat, spec.premul, in_place=True)
+            premul(flat, spec.premul, in_place=True)
             if all(c == out.numel() for c in counts):
-                buf = _contiguous(out)
+                buf = contiguous(out)
                 self._comm.reduce_scatter(flat.view(self._size, -1), spec.op, out=buf.view(1, -1))
-                _write_back(out, buf)
+                write_back(out, buf)
             else:
                 res = self._comm.reduce_scatter(flat, spec.op, counts=counts)
                 out.copy_(res.view(out.shape))
@@ -785,11 +537,11 @@ class CudampiProcessGroup(_ProcessGroup):
     def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, spec: Any) -> None:
         with self._checks("reduce_scatter"):
             check_dtype(spec, input.dtype)
-            _check_scatter_sizes(output, input, self._size)
-        src = _premul(_contiguous(input), spec.premul, in_place=False)
-        out = _contiguous(output)
+            check_scatter_sizes(output, input, self._size)
+        src = premul(contiguous(input), spec.premul, in_place=False)
+        out = contiguous(output)
         self._comm.reduce_scatter(src.view(self._size, -1), spec.op, out=out.view(1, -1))
-        _write_back(output, out)
+        write_back(output, out)
 
     @_collective
     def reduce_scatter_single_coalesced(
@@ -804,20 +556,20 @@ class CudampiProcessGroup(_ProcessGroup):
                 )
             for out, inp in zip(outputs, inputs):
                 check_dtype(spec, inp.dtype)
-                _check_scatter_sizes(out, inp, self._size)
+                check_scatter_sizes(out, inp, self._size)
         # Rank r's block of every input side by side in row r of one (size, k) buffer: one
         # reduce_scatter gives this rank's k elements, every tensor's output one after another.
-        for idx in _kinds(inputs, index=True):
+        for idx in kinds(inputs, index=True):
             outs = [outputs[i] for i in idx]
             if len(idx) == 1:
                 self._reduce_scatter_into(outs[0], inputs[idx[0]], spec)
                 continue
             counts = [t.numel() for t in outs]
             rows = torch.cat([inputs[i].reshape(self._size, n) for i, n in zip(idx, counts)], dim=1)
-            _premul(rows, spec.premul, in_place=True)
+            premul(rows, spec.premul, in_place=True)
             flat = rows.new_empty((1, rows.shape[1]))
             self._comm.reduce_scatter(rows, spec.op, out=flat)
-            _unflatten(flat.view(-1), outs)
+            unflatten(flat.view(-1), outs)
         return outputs
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -834,13 +586,13 @@ class CudampiProcessGroup(_ProcessGroup):
         with self._checks("alltoall"):
             send = element_counts(input_split_sizes, list(input.shape), self._size, "input")
             recv = element_counts(output_split_sizes, list(output.shape), self._size, "output")
-        src = _contiguous(input)
-        out = _contiguous(output)
+        src = contiguous(input)
+        out = contiguous(output)
         if len(set(send)) == 1 and send == recv:
             self._comm.alltoall(src.view(self._size, -1), out=out.view(self._size, -1))
         else:
             self._comm.alltoall(src.view(-1), out=out.view(-1), send_counts=send, recv_counts=recv)
-        _write_back(output, out)
+        write_back(output, out)
         return [output]
 
     alltoall_base = all_to_all_single
@@ -877,7 +629,7 @@ class CudampiProcessGroup(_ProcessGroup):
         opts: Any = None,
     ) -> Any:
         root = int(opts.rootRank) if opts is not None else 0
-        src = _contiguous(input_tensors[0])
+        src = contiguous(input_tensors[0])
         with self._checks("gather"):
             if self._rank == root and len(output_tensors[0]) != self._size:
                 raise CommError(
@@ -899,7 +651,7 @@ class CudampiProcessGroup(_ProcessGroup):
         opts: Any = None,
     ) -> Any:
         root = int(opts.rootRank) if opts is not None else 0
-        out = _contiguous(output_tensors[0])
+        out = contiguous(output_tensors[0])
         if self._rank == root:
             ins = input_tensors[0]
             with self._checks("scatter"):
@@ -908,11 +660,11 @@ class CudampiProcessGroup(_ProcessGroup):
                         f"scatter: {len(ins)} input tensors on the root for a group of "
                         f"{self._size}. Fix: pass scatter_list with one tensor per rank."
                     )
-                src = torch.stack([_contiguous(t).view(out.shape) for t in ins])
+                src = torch.stack([contiguous(t).view(out.shape) for t in ins])
             self._comm.scatter(src, root=root, out=out)
         else:
             self._comm.scatter(None, root=root, out=out)
-        _write_back(output_tensors[0], out)
+        write_back(output_tensors[0], out)
         return output_tensors
 
     @_collective
@@ -923,7 +675,7 @@ class CudampiProcessGroup(_ProcessGroup):
     # --- point to point ---------------------------------------------------------------------
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> Any:
         self._check_open()
-        buf = _contiguous(tensors[0])
+        buf = contiguous(tensors[0])
         handle = self._comm.isend(buf, int(dstRank), tag=int(tag))
 
         def after() -> None:
@@ -935,7 +687,7 @@ class CudampiProcessGroup(_ProcessGroup):
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> Any:
         self._check_open()
         t = tensors[0]
-        buf = _contiguous(t)
+        buf = contiguous(t)
         handle = self._comm.irecv(buf, int(srcRank), tag=int(tag))
         after: Callable[[], None] | None = None
         if buf is not t:
@@ -979,7 +731,7 @@ class CudampiProcessGroup(_ProcessGroup):
         return completed_work([])
 
 
-def _close(comm: Any, mpi_comm: Any, runner: AsyncRunner | None = None) -> None:
+def _close(comm: Communicator, mpi_comm: Any, runner: AsyncRunner | None = None) -> None:
     if runner is not None:
         runner.close()  # queued collectives finish before their communicator goes
     try:

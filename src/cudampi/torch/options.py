@@ -1,0 +1,43 @@
+"""``cudampi.torch.Options``: what a cudampi group is made with (``pg_options``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cudampi.config import Config
+
+BACKEND_NAME = "cudampi"
+
+
+@dataclass(frozen=True)
+class Options:
+    """``pg_options`` for ``init_process_group("cudampi", pg_options=Options(...))`` (and
+    ``new_group(backend="cudampi", pg_options=...)``). Checked when the group is made.
+
+    Args:
+        comm: the mpi4py intracommunicator the world group runs on (default ``MPI.COMM_WORLD``,
+            or under torchrun the job :mod:`cudampi.pmi.join` makes); its size and ranks must be
+            torch's.
+        path: the default path of every :class:`cudampi.comm.Communicator` of the group, one of
+            :data:`cudampi.names.PATHS` (default: CUDAMPI_PATH, else auto).
+        config: the settings of the group's Communicators (default: ``Config.load()``);
+            torch's ``timeout=`` replaces its ``timeout``.
+        abort_on_exception: an uncaught exception on any rank aborts the whole MPI job, so the
+            other ranks fail at once instead of hanging in their next collective.
+        async_ops: see the field.
+
+    Raises:
+        ConfigError: (when the group is made) ``pg_options`` is not an Options; ``comm``'s size
+            or ranks differ from torch's; ``async_ops=True`` without MPI_THREAD_MULTIPLE; a
+            ``path`` that is not one.
+    """
+
+    comm: Any = None
+    path: str | None = None
+    config: Config | None = None
+    abort_on_exception: bool = True
+    async_ops: bool = False
+    """Run collectives on a per-group thread so they overlap the caller's work (DDP buckets
+    with backward). Needs MPI_THREAD_MULTIPLE. DDP's built-in C++ comm hooks
+    (``_register_builtin_comm_hook``) need the default (False): their futures must be typed."""
