@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import traceback
-from pathlib import Path
 from typing import Any
 
 from cudampi.bench import options as opts
@@ -159,34 +158,11 @@ def _run_in_job(world: Any, o: opts.Options, args: argparse.Namespace) -> int:
         session.close()
 
 
-def _write(flag: str, path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
-    except OSError as exc:
-        raise BenchError(f"{flag} {path!r} cannot be written: {exc.strerror or exc}") from None
-
-
-def emit(session: Any, o: opts.Options, text: str, json_text: str, csv_text: str | None) -> None:
-    """Rank 0 writes the table / JSON / CSV where the flags say."""
-    if session.rank != 0:
-        return
-    if o.json and o.json != "-":
-        _write("--json", o.json, json_text)
-    if o.csv and o.csv != "-" and csv_text is not None:
-        _write("--csv", o.csv, csv_text)
-    if o.json == "-":
-        sys.stdout.write(json_text)
-    elif o.csv == "-" and csv_text is not None:
-        sys.stdout.write(csv_text)
-    else:
-        sys.stdout.write(text)
-    sys.stdout.flush()
-
-
 def _collectives(session: Any, o: opts.Options) -> int:
     import dataclasses
 
     from cudampi.bench import report
+    from cudampi.bench.output import emit
     from cudampi.bench.runner import Spec, run_collectives
 
     spec = Spec(

@@ -320,7 +320,7 @@ def render_text(
 
 
 def main(session: Session, o: Any, meta: dict[str, Any]) -> int:
-    from cudampi.bench.cli import emit
+    from cudampi.bench.output import emit
 
     rows, skips, info = run_ddp(session, o, meta)
     wrong = sum(r.wrong or 0 for r in rows)

@@ -13,13 +13,14 @@ collective wrapper (rank 0 measures and queries, every rank gets the same answer
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cudampi.bench.results import Limit
 
 if TYPE_CHECKING:
     from cudampi.bench.arrays import ArrayLib
-    from cudampi.bench.runner import Runner
+    from cudampi.bench.session import Session
     from cudampi.probe.nvml import GpuInfo
 
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -67,33 +68,31 @@ def measure_copy_gbps(lib: ArrayLib, nbytes: int, iters: int = 10) -> float:
     return count * 4 / 1e9 / dt if dt > 0 else 0.0
 
 
-def physical_limit(runner: Runner) -> Limit | None:
-    """The limit for this job (collective: rank 0 decides, every rank returns the same)."""
-    from cudampi.bench.runner import lib_kind
-
-    s = runner.s
+def physical_limit(
+    s: Session, sizes: Sequence[int], copy_lib: Callable[[], ArrayLib]
+) -> Limit | None:
+    """The limit for this job (collective: rank 0 decides, every rank returns the same).
+    ``copy_lib`` gives the array library a copy of the sweep's largest size is measured with."""
     limit: Any = None
     if s.rank == 0:
         try:
-            limit = _decide(runner, lib_kind)
+            limit = _decide(s, sizes, copy_lib)
         except Exception:  # a limit we cannot find only leaves the line off the plot
             limit = None
     data = s.comm.bcast(limit.to_json() if limit else None, root=0)
     return Limit(**data) if data else None
 
 
-def _decide(runner: Runner, lib_kind: Any) -> Limit | None:
-    s = runner.s
+def _decide(s: Session, sizes: Sequence[int], copy_lib: Callable[[], ArrayLib]) -> Limit | None:
     if s.nodes > 1:
         return None  # the network's rate is not something the topology tells us
     if s.device == "cuda" and not s.shares_gpu and s.gpu_index is not None:
         found = query_link_limit(s.gpu_index)
         if found is not None:
             return found
-    size = min(max(runner.spec.sizes), 256 << 20)
+    size = min(max(sizes), 256 << 20)
     size = max(size, 1 << 20)
-    lib = runner.lib(lib_kind("copy", runner.spec.array, s.device, "float32"))
-    gbps = measure_copy_gbps(lib, size)
+    gbps = measure_copy_gbps(copy_lib(), size)
     if s.device == "cuda":
         why = f"{s.local_size} ranks share {s.gpus} GPU(s)" if s.shares_gpu else "no link info"
         return Limit("hbm-copy", gbps, f"{why}: device copy of {size} B, one rank alone")

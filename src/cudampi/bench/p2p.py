@@ -420,7 +420,7 @@ def render_csv(r: P2PResult) -> str:
 
 
 def main(session: Session, o: Any, meta: dict[str, Any]) -> int:
-    from cudampi.bench.cli import emit
+    from cudampi.bench.output import emit
 
     meta = {**meta, "window": o.window}
     result = run_p2p(session, o, meta)

@@ -140,7 +140,12 @@ class Runner:
         for i, (op, path, dtype, redop) in enumerate(blocks):
             self.log(f"# [{i + 1}/{len(blocks)}] {op} {path} {dtype} {redop or ''}".rstrip())
             self.block(op, path, dtype, redop)
-        limit = limits.physical_limit(self)
+        spec = self.spec
+        limit = limits.physical_limit(
+            self.s,
+            spec.sizes,
+            lambda: self.lib(lib_kind("copy", spec.array, self.s.device, "float32")),
+        )
         return BenchResult(
             meta=self.spec.meta,
             rows=tuple(self.rows),
