@@ -8,6 +8,7 @@ MPI's own device Allreduce segfaults even where device point-to-point is fine.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from cudampi.config import Config
@@ -92,7 +93,24 @@ def ipc_support(
 def device_support(config: Config, caps: Capabilities | None, note: str = "") -> DeviceSupport:
     """What MPI may be given device memory for: the config's yes/no, else what the probe entry
     ``caps`` proved (see :func:`cudampi.probe.capabilities.lookup`; ``note`` says why there is
-    none). The one reader of the probe's verdicts: nothing else decides on them."""
+    none), and whether auto takes the ipc engine here. With :func:`mpi_support`, the one reader
+    of the probe's verdicts: nothing else decides on them."""
+    from cudampi.comm.engines.ipc import available
+    from cudampi.probe.gpu import mps_active
+
+    ipc, ipc_why = ipc_support(
+        caps.device_ipc if caps is not None else None,
+        caps.ipc_shared_gpu if caps is not None else None,
+        mps_active(),
+        available(),
+        latency_us=caps.ipc_latency_us if caps is not None else None,
+    )
+    return dataclasses.replace(mpi_support(config, caps, note), ipc=ipc, ipc_why=ipc_why)
+
+
+def mpi_support(config: Config, caps: Capabilities | None, note: str = "") -> DeviceSupport:
+    """:func:`device_support` without the ipc engine (pure: what MPI itself may be given device
+    memory for; the doctor's verdict on a stack)."""
     missing = note or "no probe result for this MPI stack (run `cudampi doctor`)"
     if config.cuda_aware == "yes":
         p2p, p2p_why = True, "cuda_aware=yes (CUDAMPI_CUDA_AWARE) says MPI p2p takes device memory"
@@ -117,17 +135,7 @@ def device_support(config: Config, caps: Capabilities | None, note: str = "") ->
             False,
             f"the probe found MPI's device Allreduce {caps.device_allreduce.status}",
         )
-    from cudampi.comm.engines.ipc import available
-    from cudampi.probe.gpu import mps_active
-
-    ipc, ipc_why = ipc_support(
-        caps.device_ipc if caps is not None else None,
-        caps.ipc_shared_gpu if caps is not None else None,
-        mps_active(),
-        available(),
-        latency_us=caps.ipc_latency_us if caps is not None else None,
-    )
-    return DeviceSupport(p2p, p2p_why, coll, coll_why, ipc, ipc_why)
+    return DeviceSupport(p2p, p2p_why, coll, coll_why)
 
 
 def check_path(path: str | None, where: str) -> str | None:

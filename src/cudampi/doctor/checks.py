@@ -484,13 +484,21 @@ def check_silent_staging(p2p: ProbeOutcome, copy: ProbeRun | None) -> Check:
 def check_cuda_aware(
     build: Check, ucx: Check, p2p: ProbeOutcome, allreduce: ProbeOutcome, runtime_ran: bool
 ) -> Check:
-    """The verdict from the three independent signals."""
+    """The verdict from the three independent signals; what the runtime probes allow is read as
+    the communicators read it (:func:`cudampi.comm.paths.mpi_support`, settings at auto)."""
+    from cudampi.comm.paths import mpi_support
+    from cudampi.config import Config
+    from cudampi.probe.capabilities import Capabilities
+
+    proved = mpi_support(
+        Config.load({}, env={}), Capabilities("", "", device_p2p=p2p, device_allreduce=allreduce)
+    )
     sig = f"build: {build.status}, UCX: {ucx.status}, runtime device p2p: {p2p.status}, device allreduce: {allreduce.status}"
-    if p2p.ok and allreduce.ok:
+    if proved.p2p and proved.collectives:
         return Check(
             "CUDA-aware MPI", "ok", f"yes: device p2p and collectives work ({sig})", "", CUDA
         )
-    if p2p.ok:
+    if proved.p2p:
         return Check(
             "CUDA-aware MPI",
             "ok",

@@ -213,67 +213,22 @@ def gather(
     gpu_system = query_gpu_system(env)
     launcher = query_launcher_env(env)
 
-    runtime: RuntimeResult | None = None
-    note = ""
-    capabilities: Capabilities | None = None
-    cache_path: str | None = None
-    keys: tuple[str, ...] = ()
-    cache_error = ""
     vendor = probe_version[0] or library.vendor
     spec = build_spec(options, probe_mpiexec or "mpiexec", vendor, ucx_package)
     predicted_env = ranks_env(spec, env)
     host_runs: RuntimeResult | None = None
-    runnable = options.runtime and library.ok and probe_mpiexec is not None
-    if runnable:
+    note = _runtime_note(options, library, probe_mpiexec)
+    if not note:
         host_runs = run_probes(spec, None, "", env, tests=HOST_TESTS, on_test=job(""))
-    python_gpu = python_gpu_probe.result()
-    recipe: RuntimeResult | None = None
-    recipe_package: str | None = None
-    if not options.runtime:
-        note = "skipped (--no-runtime)"
-    elif not library.ok:
-        note = "skipped: mpi4py cannot load an MPI library"
-    elif probe_mpiexec is None:
-        note = (
-            f"skipped: no mpiexec of {library.vendor} {library.version} found beside "
-            f"{library.path} or {sys.executable}; give one with --mpiexec PATH"
+    python_gpu = python_gpu_probe.result()  # after the host probes: its torch import overlaps
+    probed = _Probed()
+    if host_runs is not None:
+        probed = _device_probes(
+            _DeviceJob(spec, options, vendor, ucx_package, env, job),
+            python_gpu,
+            gpu_system,
+            host_runs,
         )
-    else:
-        backend = python_gpu.device_backend
-        reason = None
-        if backend is None:
-            if python_gpu.gpu_count == 0 and not gpu_system.gpus:
-                reason = "no GPU visible (nvidia-smi, torch.cuda and CuPy see none)"
-            else:
-                reason = (
-                    "a GPU is present but neither CuPy nor torch.cuda can use it: "
-                    f"torch: {python_gpu.torch_error or python_gpu.torch_cuda_available}, "
-                    f"cupy: {python_gpu.cupy_error or python_gpu.cupy_devices}"
-                )
-        device = run_probes(
-            spec, backend, reason, env, tests=(*DEVICE_TESTS, "copy"), on_test=job("")
-        )
-        assert host_runs is not None
-        runtime = RuntimeResult(
-            {**host_runs.runs, **device.runs}, {**host_runs.skipped, **device.skipped}
-        )
-        capabilities, cache_path, keys, cache_error = _save_capabilities(runtime, options)
-        found = libucx_package_dir()
-        if (
-            ucx_package is None
-            and backend is not None
-            and found is not None
-            and not runtime.outcome("device_p2p").ok
-        ):
-            # The libucx wheel is here but not preloaded: try the recipe `cudampi launch`
-            # applies, so the report can say whether the stack works the way it will be run.
-            recipe_package = str(found)
-            rspec = build_spec(options, spec.mpiexec, vendor, recipe_package)
-            recipe = run_probes(rspec, backend, reason, env, on_test=job(" with the libucx recipe"))
-            rcaps, rpath, rkeys, rerror = _save_capabilities(recipe, options)
-            cache_error = cache_error or rerror
-            if rcaps is not None:
-                cache_path, keys = rpath, (*keys, *rkeys)
     return Facts(
         python_version=platform.python_version(),
         python=sys.executable,
@@ -300,15 +255,102 @@ def gather(
         python_gpu=python_gpu,
         launcher=launcher,
         env=env,
-        runtime=runtime,
+        runtime=probed.runtime,
         runtime_note=note,
-        capabilities=capabilities,
-        cache_path=cache_path,
-        cache_keys=keys,
-        recipe=recipe,
-        recipe_package=recipe_package,
-        cache_error=cache_error,
+        capabilities=probed.capabilities,
+        cache_path=probed.cache_path,
+        cache_keys=probed.keys,
+        recipe=probed.recipe,
+        recipe_package=probed.recipe_package,
+        cache_error=probed.cache_error,
     )
+
+
+@dataclass
+class _Probed:
+    """What the runtime probes found and where it was cached."""
+
+    runtime: RuntimeResult | None = None
+    capabilities: Capabilities | None = None
+    cache_path: str | None = None
+    keys: tuple[str, ...] = ()
+    cache_error: str = ""
+    recipe: RuntimeResult | None = None
+    recipe_package: str | None = None
+
+
+@dataclass(frozen=True)
+class _DeviceJob:
+    """How the device probes are run (the same for the stack and for the libucx recipe)."""
+
+    spec: ProbeSpec
+    options: DoctorOptions
+    vendor: str | None
+    ucx_package: str | None
+    env: Mapping[str, str]
+    job: Callable[[str], Callable[[str], None]]
+
+
+def _runtime_note(options: DoctorOptions, library: MpiLibrary, probe_mpiexec: str | None) -> str:
+    """Why the runtime probes do not run here; empty where they do."""
+    if not options.runtime:
+        return "skipped (--no-runtime)"
+    if not library.ok:
+        return "skipped: mpi4py cannot load an MPI library"
+    if probe_mpiexec is None:
+        return (
+            f"skipped: no mpiexec of {library.vendor} {library.version} found beside "
+            f"{library.path} or {sys.executable}; give one with --mpiexec PATH"
+        )
+    return ""
+
+
+def _no_device_reason(python_gpu: PythonGpu, gpu_system: GpuSystem) -> str:
+    if python_gpu.gpu_count == 0 and not gpu_system.gpus:
+        return "no GPU visible (nvidia-smi, torch.cuda and CuPy see none)"
+    return (
+        "a GPU is present but neither CuPy nor torch.cuda can use it: "
+        f"torch: {python_gpu.torch_error or python_gpu.torch_cuda_available}, "
+        f"cupy: {python_gpu.cupy_error or python_gpu.cupy_devices}"
+    )
+
+
+def _cannot_run() -> dict[str, str]:
+    """The probe tests this machine cannot run, with why (the ipc engine needs CuPy)."""
+    from cudampi.comm.engines.ipc import available
+
+    why = available()
+    return {} if why is None else {"device_ipc": why}
+
+
+def _device_probes(
+    d: _DeviceJob, python_gpu: PythonGpu, gpu_system: GpuSystem, host_runs: RuntimeResult
+) -> _Probed:
+    """The device probes after the host ones, cached; and where the libucx wheel is here but
+    device p2p failed without it, the same with the recipe `cudampi launch` applies, so the
+    report can say whether the stack works the way it will be run."""
+    backend = python_gpu.device_backend
+    reason = None if backend is not None else _no_device_reason(python_gpu, gpu_system)
+    cannot = _cannot_run()
+    device = run_probes(d.spec, backend, reason, d.env, (*DEVICE_TESTS, "copy"), d.job(""), cannot)
+    runtime = RuntimeResult(
+        {**host_runs.runs, **device.runs}, {**host_runs.skipped, **device.skipped}
+    )
+    p = _Probed(runtime)
+    p.capabilities, p.cache_path, p.keys, p.cache_error = _save_capabilities(runtime, d.options)
+    found = libucx_package_dir()
+    retry = d.ucx_package is None and backend is not None and found is not None
+    if retry and not runtime.outcome("device_p2p").ok:
+        p.recipe_package = str(found)
+        rspec = build_spec(d.options, d.spec.mpiexec, d.vendor, p.recipe_package)
+        p.recipe = run_probes(
+            rspec, backend, reason, d.env, None, d.job(" with the libucx recipe"), cannot
+        )
+        rcaps, rpath, rkeys, rerror = _save_capabilities(p.recipe, d.options)
+        p.cache_error = p.cache_error or rerror
+        if rcaps is not None:
+            p.cache_path, p.keys = rpath, (*p.keys, *rkeys)
+    return p
 
 
 def _save_capabilities(

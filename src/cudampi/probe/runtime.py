@@ -452,9 +452,11 @@ def run_probes(
     env: Mapping[str, str] | None = None,
     tests: Sequence[str] | None = None,
     on_test: Callable[[str], None] | None = None,
+    cannot: Mapping[str, str] | None = None,
 ) -> RuntimeResult:
     """Host tests always; device tests (and the copy-rate test) only with a ``backend``.
-    ``on_test(name)`` is called as each probe job starts (the doctor's progress lines)."""
+    ``on_test(name)`` is called as each probe job starts (the doctor's progress lines);
+    ``cannot`` names the tests this machine cannot run, with why (skipped, no job started)."""
     runs: dict[str, ProbeRun] = {}
     skipped: dict[str, str] = {}
     wanted = list(tests) if tests is not None else [*HOST_TESTS, *DEVICE_TESTS, "copy"]
@@ -466,13 +468,9 @@ def run_probes(
         if backend is None:
             skipped[test] = no_device_reason or "no GPU"
             continue
-        if test == "device_ipc":
-            from cudampi.comm.engines.ipc import available
-
-            why = available()
-            if why is not None:
-                skipped[test] = why
-                continue
+        if cannot and test in cannot:
+            skipped[test] = cannot[test]
+            continue
         if on_test is not None:
             on_test(test)
         runs[test] = run_test(spec, test, backend, env)
