@@ -19,6 +19,10 @@ from cudampi.names import PATHS
 
 ENV_PREFIX = "CUDAMPI_"
 
+PROBE_TIMEOUT = 90.0
+"""Seconds a child-process probe may run before it is reported hung (the default of
+CUDAMPI_PROBE_TIMEOUT and of the doctor's --timeout)."""
+
 
 def _parse_bool(text: str) -> bool:
     low = text.strip().lower()
@@ -190,7 +194,7 @@ class Config:
         metadata=_meta(str, "where probe results (capabilities) are cached"),
     )
     probe_timeout: float = field(
-        default=90.0,
+        default=PROBE_TIMEOUT,
         metadata=_meta(
             parse_seconds, "seconds a child-process probe may run before it is reported hung"
         ),

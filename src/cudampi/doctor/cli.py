@@ -8,8 +8,9 @@ import os
 import sys
 from typing import Any
 
-from cudampi.config import Config, parse_size, seconds_arg
+from cudampi.config import PROBE_TIMEOUT, Config, parse_size, seconds_arg
 from cudampi.errors import ConfigError
+from cudampi.probe.runtime import PROBE_BYTES, PROBE_RANKS
 
 
 def _kv(text: str) -> tuple[str, str]:
@@ -76,17 +77,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--size",
         type=_size,
-        default=16 << 20,
+        default=PROBE_BYTES,
         metavar="BYTES",
-        help="message size of the runtime probes, e.g. 16M (default), 256M",
+        help=f"message size of the runtime probes, e.g. 256M (default {PROBE_BYTES >> 20}M)",
     )
-    parser.add_argument("--ranks", type=int, default=2, help="probe ranks (default 2)")
+    parser.add_argument(
+        "--ranks", type=int, default=PROBE_RANKS, help=f"probe ranks (default {PROBE_RANKS})"
+    )
     parser.add_argument(
         "--timeout",
         type=seconds_arg,
         default=None,
         metavar="SECONDS",
-        help="seconds each probe job may run before it is reported hung (default: CUDAMPI_PROBE_TIMEOUT or 90)",
+        help="seconds each probe job may run before it is reported hung (default: "
+        f"CUDAMPI_PROBE_TIMEOUT or {PROBE_TIMEOUT:g})",
     )
     parser.add_argument(
         "--cache-dir",

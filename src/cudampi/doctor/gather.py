@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cudampi.config import PROBE_TIMEOUT
 from cudampi.errors import ConfigError
 from cudampi.probe import capabilities as caps_mod
 from cudampi.probe.capabilities import Capabilities
@@ -36,6 +37,8 @@ from cudampi.probe.ompi import OmpiInfo, query_ompi_info
 from cudampi.probe.runtime import (
     DEVICE_TESTS,
     HOST_TESTS,
+    PROBE_BYTES,
+    PROBE_RANKS,
     ProbeSpec,
     RuntimeResult,
     ranks_env,
@@ -55,9 +58,9 @@ class DoctorOptions:
     mca: tuple[tuple[str, str], ...] = ()
     exports: tuple[tuple[str, str], ...] = ()
     runtime: bool = True
-    nbytes: int = 16 << 20
-    ranks: int = 2
-    timeout: float = 90.0
+    nbytes: int = PROBE_BYTES
+    ranks: int = PROBE_RANKS
+    timeout: float = PROBE_TIMEOUT
     cache_dir: str | None = None
 
 

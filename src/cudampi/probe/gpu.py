@@ -3,7 +3,7 @@ and PCIe topology, P2P, CPU affinity), the network cards ``nvidia-smi topo -m`` 
 NVML does not), GPUDirect RDMA (nvidia_peermem, /dev/infiniband), NCCL, torch and its
 distributed backends, CuPy.
 
-torch and CuPy are imported in a child ``python`` (:func:`query_python_gpu`), so a broken CUDA
+torch and CuPy are imported in a child ``python`` (:class:`PythonGpuProbe`), so a broken CUDA
 install or a slow torch import cannot crash or stall the doctor itself.
 """
 
@@ -170,7 +170,7 @@ def parse_python_gpu(text: str) -> PythonGpu:
 
 class PythonGpuProbe:
     """The torch/CuPy/NVML child, started now and collected later, so that its slow torch import
-    overlaps the runtime probes (``query_python_gpu`` is start + result)."""
+    overlaps the runtime probes (start it, then ask for :meth:`result`)."""
 
     def __init__(
         self,
@@ -210,13 +210,6 @@ class PythonGpuProbe:
                 f"{stderr.strip()[-300:]!r}"
             )
         return result
-
-
-def query_python_gpu(
-    python: str | None = None, env: Mapping[str, str] | None = None, timeout: float = 180.0
-) -> PythonGpu:
-    """Run the torch/CuPy/NVML/NCCL child in ``python`` and parse its report (never raises)."""
-    return PythonGpuProbe(python, env, timeout).result()
 
 
 @dataclass(frozen=True)

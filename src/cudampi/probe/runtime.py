@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudampi.config import PROBE_TIMEOUT
 from cudampi.mpiexec import ROOT_ENV, Mpiexec
 from cudampi.names import OPEN_MPI
 from cudampi.probe.capabilities import ProbeOutcome
@@ -280,6 +281,12 @@ def classify(
     return outcome, failure, report
 
 
+PROBE_BYTES = 16 << 20
+"""The runtime probes' message size (the doctor's --size default)."""
+PROBE_RANKS = 2
+"""How many ranks a probe job runs (the doctor's --ranks default)."""
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     """How to launch the probe ranks: which mpiexec, python, MCA settings and exported vars."""
@@ -289,10 +296,10 @@ class ProbeSpec:
     vendor: str | None = OPEN_MPI
     mca: tuple[tuple[str, str], ...] = ()
     exports: tuple[tuple[str, str], ...] = ()
-    nbytes: int = 16 << 20
-    ranks: int = 2
+    nbytes: int = PROBE_BYTES
+    ranks: int = PROBE_RANKS
     iters: int = 5
-    timeout: float = 90.0
+    timeout: float = PROBE_TIMEOUT
 
 
 def mpiexec_argv(spec: ProbeSpec, test: str, backend: str | None) -> list[str]:
