@@ -89,8 +89,8 @@ def test_flat_views_of_numpy_arrays_share_memory():
 
 
 def test_mismatch_messages_name_the_odd_rank_and_values():
-    good = Signature("allreduce", "sum", "float32", count=8, engine="host")
-    bad = Signature("allreduce", "sum", "float64", count=8, engine="host")
+    good = Signature("allreduce", "sum", "float32", count=8, path="host")
+    bad = Signature("allreduce", "sum", "float64", count=8, path="host")
     entries = [(good, None, "h"), (good, None, "h"), (bad, None, "h")]
     with pytest.raises(
         MismatchError, match=r"dtype.*ranks 0, 1: 'float32'; rank 2: 'float64'.*rank 2 differs"
@@ -105,8 +105,8 @@ def test_mismatch_messages_name_the_odd_rank_and_values():
         _raise_for(1, good, err, entries, False)
     assert info.value is err
     # shapes are compared only in debug mode
-    s1 = Signature("allreduce", "sum", "float32", count=6, engine="host", shape=(2, 3))
-    s2 = Signature("allreduce", "sum", "float32", count=6, engine="host", shape=(3, 2))
+    s1 = Signature("allreduce", "sum", "float32", count=6, path="host", shape=(2, 3))
+    s2 = Signature("allreduce", "sum", "float32", count=6, path="host", shape=(3, 2))
     with pytest.raises(MismatchError, match="shape"):
         _raise_for(0, s1, None, [(s1, None, "h"), (s2, None, "h")], True)
 

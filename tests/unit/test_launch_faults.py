@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cudampi.launch.faults import HostFailure, RankFailure, build_result, parse_launcher_output
-from cudampi.launch.report import (
+from cudampi.launch.rankreport import (
     NO_TOKEN,
     SUMMARY_LINES,
     format_report,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cudampi.launch.report import TOKEN_ENV, parse_reports, parse_started
+from cudampi.launch.rankreport import TOKEN_ENV, parse_reports, parse_started
 
 SCRIPT = """
 import os, sys

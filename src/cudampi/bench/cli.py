@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     world = MPI.COMM_WORLD
     if size is None and world.size == 1 and not o.quiet:
-        from cudampi.bench.report import ONE_RANK
+        from cudampi.bench.render import ONE_RANK
 
         print(f"# cudampi bench: started without a launcher: {ONE_RANK}", file=sys.stderr)
     if o.np is not None and o.np != world.size:
@@ -161,7 +161,7 @@ def _run_in_job(world: Any, o: opts.Options, args: argparse.Namespace) -> int:
 def _collectives(session: Any, o: opts.Options) -> int:
     import dataclasses
 
-    from cudampi.bench import report
+    from cudampi.bench import render
     from cudampi.bench.output import emit
     from cudampi.bench.runner import Spec, run_collectives
 
@@ -186,9 +186,9 @@ def _collectives(session: Any, o: opts.Options) -> int:
     emit(
         session,
         o,
-        report.render_text(result),
-        report.render_json(result),
-        report.render_csv(result),
+        render.render_text(result),
+        render.render_json(result),
+        render.render_csv(result),
     )
     if o.plot and session.rank == 0:
         from cudampi.bench import plot

@@ -1,5 +1,5 @@
 """Where a benchmark's rendered report goes: rank 0 writes the table, JSON or CSV to stdout or
-the files the flags name (the rendering itself is :mod:`cudampi.bench.report`'s)."""
+the files the flags name (the rendering itself is :mod:`cudampi.bench.render`'s)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Layout: ``communicator`` (the public class: adapts the arrays with ``buffers``, 
 with ``handle``) hands flat arrays to one of ``engines/`` (``mpi``, ``alg``, ``staged``: one
 module each, one method set, contract in ``engines/base.py``). Below them: ``ops`` (element-wise
 work per array library), ``algorithms`` (collectives from point-to-point), ``transport`` (moving
-bytes) and ``staging`` (host buffers and device<->host copies).
+bytes) and ``pinned`` (pinned host buffers and device<->host copies).
 """
 
 from __future__ import annotations

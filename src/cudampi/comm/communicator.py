@@ -343,7 +343,7 @@ class Communicator:
                 op,
                 xb.dtype,
                 count=xb.count,
-                engine=choice.label,
+                path=choice.label,
                 algo=engine.algo,
                 shape=xb.shape,
             )
@@ -383,7 +383,7 @@ class Communicator:
                 xb.dtype,
                 root=root,
                 count=xb.count,
-                engine=choice.label,
+                path=choice.label,
                 algo=engine.algo,
                 shape=xb.shape,
             )
@@ -415,7 +415,7 @@ class Communicator:
                 xb.dtype,
                 root=root,
                 count=xb.count,
-                engine=choice.label,
+                path=choice.label,
                 shape=xb.shape,
             )
 
@@ -483,7 +483,7 @@ class Communicator:
                 root=-1 if root is None else root,
                 count=-1 if counts is not None else xb.count,
                 counts=tuple(cs) if counts is not None else (),
-                engine=choice.label,
+                path=choice.label,
                 algo=engine.algo,
                 shape=xb.shape if counts is None else None,
             )
@@ -536,7 +536,7 @@ class Communicator:
             choice = self._choose("scatter", tb, path)
             engine = self._engine(choice, tb)
             sig = Signature(
-                "scatter", "", tb.dtype, root=root, count=k, engine=choice.label, shape=block
+                "scatter", "", tb.dtype, root=root, count=k, path=choice.label, shape=block
             )
 
             def run() -> Any:
@@ -577,7 +577,7 @@ class Communicator:
                 xb.dtype,
                 count=xb.count,
                 counts=tuple(cs),
-                engine=choice.label,
+                path=choice.label,
                 algo=engine.algo,
                 shape=xb.shape,
             )
@@ -621,7 +621,7 @@ class Communicator:
                 xb.dtype,
                 count=-1 if varying else xb.count,
                 counts=(1,) if varying else (),
-                engine=choice.label,
+                path=choice.label,
                 shape=None if varying else xb.shape,
             )
 

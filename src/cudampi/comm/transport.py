@@ -142,7 +142,7 @@ class StagedTransport:
     """Point-to-point through pinned host buffers, chunked and pipelined (see the module doc).
 
     ``stager`` supplies pinned host buffers and asynchronous device<->host copies for one device
-    array library (:mod:`cudampi.comm.staging`).
+    array library (:mod:`cudampi.comm.pinned`).
     """
 
     def __init__(

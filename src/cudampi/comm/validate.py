@@ -17,6 +17,7 @@ from typing import Any
 from cudampi.comm.buffers import DTYPE_CODE
 from cudampi.comm.ops import REDUCE_OPS
 from cudampi.errors import CommError, DeviceError, MismatchError
+from cudampi.names import FORCED_PATHS
 
 CALLS = (
     "allreduce",
@@ -31,7 +32,9 @@ CALLS = (
     "barrier",
     "split",
 )
-ENGINES = ("none", "host", "native", "gpu-ring", "staged", "host-alg", "native-alg", "ipc")
+PATH_LABELS = ("none", *FORCED_PATHS, "host-alg", "native-alg")
+"""What a call's ``path`` may say: a path, or the algorithm cudampi runs where MPI cannot
+(:attr:`cudampi.comm.paths.PathChoice.label`)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ class Signature:
     root: int = -1
     count: int = -1
     counts: tuple[int, ...] = ()
-    engine: str = "none"
+    path: str = "none"
+    """The path label every rank must share (:attr:`~cudampi.comm.paths.PathChoice.label`)."""
     algo: int = 0
     """0: not compared; 1: ring; 2: direct (see cudampi.comm.algorithms)."""
     shape: tuple[int, ...] | None = field(default=None, compare=False)
@@ -57,7 +61,7 @@ class Signature:
             self.root,
             self.count,
             zlib.crc32(repr(self.counts).encode()) if self.counts else 0,
-            ENGINES.index(self.engine) if self.engine in ENGINES else 0,
+            PATH_LABELS.index(self.path) if self.path in PATH_LABELS else 0,
             self.algo,
         ]
 
@@ -68,7 +72,7 @@ class Signature:
             "root": self.root,
             "count": self.count,
             "counts": list(self.counts),
-            "path": self.engine,
+            "path": self.path,
             "algorithm": ("", "ring", "direct")[self.algo],
         }
         if self.shape is not None:

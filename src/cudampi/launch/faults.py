@@ -2,7 +2,7 @@
 
 ``parse_launcher_output(text, flavour)`` reads the failure messages of Open MPI (prterun), MPICH
 Hydra and srun (tested on real captured output in tests/fixtures/launch); ``build_result`` merges
-them with the ranks' tagged reports (:mod:`cudampi.launch.report`) and fault files into a
+them with the ranks' tagged reports (:mod:`cudampi.launch.rankreport`) and fault files into a
 :class:`JobResult` naming host, rank, exit code or signal and the first lines of the error.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cudampi.launch.report import RankReport
+from cudampi.launch.rankreport import RankReport
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ What every rank of ``cudampi launch`` runs first, before the user's code and bef
 Under ``cudampi launch`` every rank first says it started, as a tagged stderr line carrying the
 job's token (``CUDAMPI_REPORT_TOKEN``, taken out of the environment before the user's code runs).
 A failure (an exception, a non-zero ``sys.exit``) is reported as tagged stderr lines naming host
-and rank (see :mod:`cudampi.launch.report`); if MPI was initialized the job is aborted so the
+and rank (see :mod:`cudampi.launch.rankreport`); if MPI was initialized the job is aborted so the
 other ranks do not hang in a collective. A fatal signal's Python traceback goes to
 ``$CUDAMPI_REPORT_DIR/rank-<R>.fault`` when that folder exists on this host.
 """
@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from cudampi.abort import abort_job
-from cudampi.launch.report import (
+from cudampi.launch.rankreport import (
     NO_TOKEN,
     TOKEN_ENV,
     format_report,

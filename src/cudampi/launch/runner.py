@@ -7,7 +7,7 @@ launcher SIGTERM (``PR_SET_PDEATHSIG``), on which it stops its ranks (each rank 
 the launcher daemon that started it, see :mod:`cudampi.launch.rank`).
 
 Its stderr passes through line by line while the ranks' tagged lines, carrying this job's token
-(:mod:`cudampi.launch.report`), are collected. A fault, reported by a rank or by the launcher
+(:mod:`cudampi.launch.rankreport`), are collected. A fault, reported by a rank or by the launcher
 itself, gives the launcher ``grace`` seconds to end the job (Open MPI does at once; Hydra waits
 for the other ranks) before the supervisor ends it; so does a launcher that lingers after every
 rank has ended (prterun sometimes hangs once its ranks have died). A launcher that exits 0
@@ -40,7 +40,7 @@ from cudampi.launch.faults import (
     parse_launcher_output,
 )
 from cudampi.launch.plan import LaunchPlan
-from cudampi.launch.report import (
+from cudampi.launch.rankreport import (
     TOKEN_ENV,
     is_report_line,
     new_token,

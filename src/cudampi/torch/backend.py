@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 from cudampi.config import Config
 from cudampi.errors import CommError, CommTimeoutError, ConfigError, MismatchError
+from cudampi.torch.convert import check_dtype, element_counts, reduce_spec
 from cudampi.torch.debug import DetailChecker, detail_enabled
-from cudampi.torch.ops import check_dtype, element_counts, reduce_spec
 from cudampi.torch.options import BACKEND_NAME, Options
 from cudampi.torch.tensors import (
     check_gather_sizes,

@@ -18,7 +18,7 @@ from cudampi.comm.engines.base import Engine, Engines, Setting, core_op
 from cudampi.comm.engines.mpi import irecv_handle, request_handle
 from cudampi.comm.handle import Handle
 from cudampi.comm.ops import ArrayOps
-from cudampi.comm.staging import stager_for
+from cudampi.comm.pinned import stager_for
 from cudampi.comm.transport import StagedTransport, mem
 
 PIECES_MAX = 64

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from cudampi.errors import CommError  # noqa: E402  (after the skip: cudampi.torch needs torch)
-from cudampi.torch.ops import TORCH_REDUCE_OPS, check_dtype, element_counts, reduce_spec  # noqa: E402
+from cudampi.torch.convert import TORCH_REDUCE_OPS, check_dtype, element_counts, reduce_spec  # noqa: E402
 from cudampi.torch.rendezvous import (  # noqa: E402
     mpi_launcher,
     needs_mpi_rendezvous,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from cudampi.bench import report
+from cudampi.bench import render
 from cudampi.bench.metrics import algbw, busbw
 from cudampi.bench.results import BenchResult, Limit, Row, SkipNote
 
@@ -52,7 +52,7 @@ def result(**kw):
 
 
 def test_table_has_the_nccl_tests_columns_and_rows():
-    text = report.render_text(result())
+    text = render.render_text(result())
     assert (
         "size" in text
         and "count" in text
@@ -71,43 +71,43 @@ def test_table_has_the_nccl_tests_columns_and_rows():
 
 
 def test_ratios_against_peers_at_the_largest_common_size():
-    rs = {(r["path"], r["peer"]): r for r in report.ratios(result())}
+    rs = {(r["path"], r["peer"]): r for r in render.ratios(result())}
     r = rs[("gpu-ring", "torch-gloo")]
     assert r["size"] == 1 << 20 and r["ratio"] == pytest.approx(4.0)
     assert rs[("gpu-ring", "copy")]["ratio"] == pytest.approx(
         busbw("allreduce", 1 << 20, 1e-4, 2) / algbw(1 << 20, 1e-5)
     )
-    assert "= 4.00x" in report.render_text(result())
+    assert "= 4.00x" in render.render_text(result())
 
 
 def test_wrong_data_fails_the_verdict():
     bad = result(rows=(row("gpu-ring", 1024, 10.0, wrong=3),))
     assert not bad.ok and bad.wrong == 3
-    text = report.render_text(bad)
+    text = render.render_text(bad)
     assert "# Out of bounds values : 3 FAILED" in text and "Verdict: FAILED" in text
 
 
 def test_min_busbw_fails_below_and_passes_above():
     assert not result(min_busbw=1e6).ok
-    assert "< --min-busbw" in report.render_text(result(min_busbw=1e6))
+    assert "< --min-busbw" in render.render_text(result(min_busbw=1e6))
     assert result(min_busbw=0.0001).ok
 
 
 def test_json_and_csv_parse_back():
-    data = json.loads(report.render_json(result()))
+    data = json.loads(render.render_json(result()))
     assert data["kind"] == "cudampi-bench-collectives"
     assert data["verdict"]["ok"] is True and data["verdict"]["wrong"] == 0
     assert data["results"][0]["path"] == "gpu-ring" and data["limit"]["gbps"] == 12.5
     assert data["skipped"][0]["path"] == "torch-nccl"
     assert any(r["peer"] == "torch-gloo" for r in data["ratios"])
-    rows = list(csv.DictReader(io.StringIO(report.render_csv(result()))))
+    rows = list(csv.DictReader(io.StringIO(render.render_csv(result()))))
     assert len(rows) == 6 and rows[-1]["skipped"].startswith("NCCL")
     assert float(rows[1]["busbw"]) > 0
 
 
 def test_fmt_keeps_the_width():
-    assert report.fmt(1.234, 7) == "   1.23"
-    assert len(report.fmt(123456789.0, 7)) <= 8
+    assert render.fmt(1.234, 7) == "   1.23"
+    assert len(render.fmt(123456789.0, 7)) <= 8
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -121,28 +121,28 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_a_size_whose_repeated_timings_disagree_is_marked_noise_not_quoted():
     steady = result()
-    assert steady.noisy() == [] and "Noise" not in report.render_text(steady)
+    assert steady.noisy() == [] and "Noise" not in render.render_text(steady)
     noisy_row = dataclasses.replace(row("mpi", 8, 457.0), spread=320.0)
     r = dataclasses.replace(steady, rows=(*steady.rows, noisy_row))
-    text = report.render_text(r)
+    text = render.render_text(r)
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("8 ") and "noisy" in ln)
     assert line.endswith("noisy(320.0x)")
     assert "1 of 6 rows (marked noisy) varied more than 2x" in text
     assert "worst 320.0x: allreduce on mpi at 8 B" in text
     assert text.rstrip().endswith("(1 noisy row(s))") and "# Verdict: OK" in text
-    data = json.loads(report.render_json(r))
+    data = json.loads(render.render_json(r))
     assert data["verdict"]["noisy_rows"] == 1 and data["results"][-1]["noisy"] is True
-    rows = list(csv.DictReader(io.StringIO(report.render_csv(r))))
+    rows = list(csv.DictReader(io.StringIO(render.render_csv(r))))
     assert rows[-2]["noisy"] == "True" and float(rows[-2]["spread"]) == 320.0
 
 
 def test_one_rank_says_so_and_how_to_run_more():
     one = result(meta={"ranks": 1, "device": "cpu", "warmup": 5, "iters": 20, "check": True})
-    text = report.render_text(one)
+    text = render.render_text(one)
     assert "# 1 rank: nothing crosses ranks, so busbw is 0; run more with --np 2" in text
     assert "1 rank only: nothing crossed ranks (--np 2 for more)" in text.splitlines()[-1]
-    assert json.loads(report.render_json(one))["verdict"]["one_rank"] is True
-    assert "1 rank" not in report.render_text(result())
+    assert json.loads(render.render_json(one))["verdict"]["one_rank"] is True
+    assert "1 rank" not in render.render_text(result())
 
 
 def test_timed_calls_split_into_rounds():
