@@ -9,7 +9,7 @@ import pytest
 
 from cudampi.doctor import checks as C
 from cudampi.doctor.render import render_json, render_text
-from cudampi.doctor.report import Check, Report
+from cudampi.doctor.report import GPU, Check, Report
 from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.interfaces import Interface
 from cudampi.probe.mpi_library import MpiInstallation, MpiLibrary, parse_library_version
@@ -263,9 +263,9 @@ def test_without_a_gpu_the_text_report_folds_gpu_checks_into_one_line():
         Check("python", "ok", "3.11", "", "MPI"),
         Check("CUDA build", "n/a", "not built with CUDA", "see below", C.CUDA),
         Check("CUDA-aware MPI", "n/a", "no", "(1) PyPI wheels ... (2) conda-forge ...", C.CUDA),
-        Check("GPUs", "n/a", "no NVIDIA GPU", "", C.GPU),
-        Check("torch", "ok", "torch 2.13.0+cpu", "", C.GPU),
-        Check("NCCL", "n/a", "no GPU", "", C.GPU),
+        Check("GPUs", "n/a", "no NVIDIA GPU", "", GPU),
+        Check("torch", "ok", "torch 2.13.0+cpu", "", GPU),
+        Check("NCCL", "n/a", "no GPU", "", GPU),
     ]
     text = render_text(Report.of(checks, {"no_gpu": True}), width=100)
     assert text.count("none here: host buffers only") == 1

@@ -10,6 +10,9 @@ STATUSES = ("ok", "warn", "fail", "n/a")
 """ok: works; warn: works but weaker than it could be (or not proven); fail: broken, the exit
 code is 1; n/a: does not apply here (no GPU, not under a launcher...)."""
 
+MPI, CUDA, GPU, LAUNCH = "MPI", "CUDA-awareness", "GPU", "launcher"
+"""The report's sections, one module of checks each (``doctor/checks_<section>.py``)."""
+
 
 @dataclass(frozen=True)
 class Check:

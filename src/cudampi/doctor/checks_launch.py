@@ -1,0 +1,199 @@
+"""The doctor's launcher checks: who started this process, its GPU, the MPI / UCX / NCCL settings, the
+network interfaces and the capabilities cache. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cudampi.doctor.report import LAUNCH, Check
+from cudampi.probe.gpu import gpu_for_local_rank, visible_devices
+from cudampi.probe.interfaces import Interface, nccl_ifname_matches, nccl_ifname_missing
+from cudampi.probe.ompi import OmpiInfo
+from cudampi.rankenv import LauncherInfo
+
+
+def check_launcher(info: LauncherInfo) -> Check:
+    if info.name == "none":
+        return Check(
+            "launcher",
+            "ok",
+            "not inside a launcher (the doctor starts its own probe ranks)",
+            "",
+            LAUNCH,
+        )
+    return Check(
+        "launcher",
+        "ok",
+        f"{info.name}: rank {info.rank} of {info.size}, local rank {info.local_rank}"
+        f" (from {', '.join(info.evidence)})",
+        "",
+        LAUNCH,
+    )
+
+
+def check_gpu_mapping(info: LauncherInfo, env: Mapping[str, str], physical: int) -> Check:
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    visible = visible_devices(env, physical)
+    shown = "unset" if cvd is None else repr(cvd)
+    if cvd is not None and not visible and physical:
+        return Check(
+            "local rank -> GPU",
+            "fail",
+            f"CUDA_VISIBLE_DEVICES={shown} hides every one of the {physical} GPU(s)",
+            "unset CUDA_VISIBLE_DEVICES, or list valid indices/UUIDs",
+            LAUNCH,
+        )
+    if physical == 0:
+        return Check(
+            "local rank -> GPU", "n/a", f"no GPU (CUDA_VISIBLE_DEVICES {shown})", "", LAUNCH
+        )
+    if info.local_rank is None:
+        return Check(
+            "local rank -> GPU",
+            "ok",
+            f"CUDA_VISIBLE_DEVICES {shown}: {len(visible)} visible; ranks bind to local_rank % {len(visible)}",
+            "",
+            LAUNCH,
+        )
+    gpu = gpu_for_local_rank(info.local_rank, visible)
+    detail = f"local rank {info.local_rank} -> GPU {gpu} (CUDA_VISIBLE_DEVICES {shown}, {len(visible)} visible)"
+    if info.local_size and info.local_size > len(visible):
+        return Check(
+            "local rank -> GPU",
+            "warn",
+            detail + f"; {info.local_size} local ranks share {len(visible)} GPU(s)",
+            "start one rank per GPU (-n / --ntasks-per-node = GPUs per node)",
+            LAUNCH,
+        )
+    return Check("local rank -> GPU", "ok", detail, "", LAUNCH)
+
+
+def check_settings(
+    env: Mapping[str, str], gpus_present: bool, ompi: OmpiInfo | None = None
+) -> Check:
+    """OMPI_MCA_* / UCX_* / NCCL_* settings that take CUDA away, as
+    :func:`cudampi.env.settings.check_settings` (the one judge of them) finds them."""
+    from cudampi.env.settings import check_settings as env_check_settings
+
+    major = None
+    if ompi is not None and ompi.version:
+        try:
+            major = int(ompi.version.split(".")[0])
+        except ValueError:
+            major = None
+    found = env_check_settings(
+        env,
+        gpus=gpus_present,
+        ompi_major=major,
+        btl_components=ompi.btl if ompi is not None else None,
+        built_with_cuda=ompi.built_with_cuda if ompi is not None else None,
+    )
+    # var, value, status, why, fix
+    findings = [(f.name, f.value, f.status, f.detail, f.fix) for f in found]
+    set_vars = sorted(k for k in env if k.startswith(("OMPI_MCA_", "UCX_", "NCCL_", "MPIR_CVAR_")))
+    if not findings:
+        shown = ", ".join(f"{k}={env[k]}" for k in set_vars) if set_vars else "none set"
+        return Check(
+            "MPI/UCX/NCCL settings", "ok", f"nothing that breaks CUDA ({shown})", "", LAUNCH
+        )
+    status = "fail" if any(f[2] == "fail" for f in findings) else "warn"
+    detail = "; ".join(f"{var}={value!r} [{st}]: {why}" for var, value, st, why, _ in findings)
+    fix = "; ".join(fx for *_, fx in findings if fx)
+    return Check("MPI/UCX/NCCL settings", status, detail, fix, LAUNCH)
+
+
+def check_interfaces(interfaces: Sequence[Interface], env: Mapping[str, str]) -> Check:
+    usable = [i for i in interfaces if i.addresses and not i.loopback and i.up is not False]
+    names = [i.name for i in interfaces]
+    listing = ", ".join(f"{i.name} {i.addresses[0]}" for i in usable) or "none with an address"
+    spec = env.get("NCCL_SOCKET_IFNAME")
+    if spec:
+        chosen = nccl_ifname_matches(spec, names)
+        if not chosen:
+            return Check(
+                "network interfaces",
+                "fail",
+                f"NCCL_SOCKET_IFNAME={spec!r} matches none of {', '.join(names)}",
+                f"export NCCL_SOCKET_IFNAME={usable[0].name if usable else 'eth0'}",
+                LAUNCH,
+            )
+        return Check(
+            "network interfaces",
+            "ok",
+            f"NCCL_SOCKET_IFNAME={spec!r} selects {', '.join(chosen)}; usable: {listing}",
+            "",
+            LAUNCH,
+        )
+    if not usable:
+        return Check(
+            "network interfaces",
+            "warn",
+            f"only loopback ({', '.join(names)}): single node only",
+            "",
+            LAUNCH,
+        )
+    return Check(
+        "network interfaces",
+        "ok",
+        f"usable: {listing}; NCCL_SOCKET_IFNAME unset (for multi-node set it, e.g. "
+        f"export NCCL_SOCKET_IFNAME={usable[0].name})",
+        "",
+        LAUNCH,
+    )
+
+
+def check_nccl_settings(env: Mapping[str, str], interfaces: Sequence[Interface]) -> Check:
+    """The NCCL_* settings every rank will read (``cudampi launch`` forwards them to every
+    host), and a NCCL_SOCKET_IFNAME entry that names an interface this host lacks."""
+    found = sorted(k for k in env if k.startswith("NCCL_"))
+    if not found:
+        return Check("NCCL settings", "n/a", "no NCCL_* variable set: NCCL's defaults", "", LAUNCH)
+    shown = ", ".join(f"{k}={env[k]}" for k in found)
+    spec = env.get("NCCL_SOCKET_IFNAME")
+    names = [i.name for i in interfaces]
+    missing = nccl_ifname_missing(spec, names) if spec and names else []
+    if not missing:
+        return Check("NCCL settings", "ok", shown, "", LAUNCH)
+    selected = nccl_ifname_matches(spec or "", names)
+    usable = [i.name for i in interfaces if i.addresses and not i.loopback and i.up is not False]
+    fix = (
+        f"export NCCL_SOCKET_IFNAME={','.join(selected) if selected else (usable or ['eth0'])[0]}"
+        " (or unset it where the hosts' interface names differ: cudampi launch picks the one "
+        "that routes to rank 0 on every host)"
+    )
+    return Check(
+        "NCCL settings",
+        "warn" if selected else "fail",
+        f"{shown}; NCCL_SOCKET_IFNAME names {', '.join(repr(m) for m in missing)}, which this "
+        f"host lacks (it has {', '.join(names)})"
+        + (f"; NCCL will use {', '.join(selected)}" if selected else "; NCCL finds no interface"),
+        fix,
+        LAUNCH,
+    )
+
+
+def check_cache(
+    path: str | None, keys: Sequence[str], runtime_ran: bool, note: str, error: str = ""
+) -> Check:
+    if not runtime_ran:
+        return Check("capabilities cache", "n/a", f"nothing probed: {note}", "", "cache")
+    if error:
+        return Check(
+            "capabilities cache",
+            "warn",
+            f"not saved: {error}",
+            "give a writable folder: --cache-dir DIR or CUDAMPI_CACHE_DIR=DIR; until then "
+            "cudampi assumes nothing is CUDA-aware",
+            "cache",
+        )
+    if path is None:
+        return Check(
+            "capabilities cache",
+            "warn",
+            "not saved: the host probes failed",
+            "fix the failing runtime checks; until then cudampi assumes nothing is CUDA-aware",
+            "cache",
+        )
+    return Check(
+        "capabilities cache", "ok", f"saved to {path} under key {', '.join(keys)}", "", "cache"
+    )
