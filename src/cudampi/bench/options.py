@@ -108,31 +108,9 @@ def check_writable(flag: str, path: str) -> None:
 
 def from_args(args: argparse.Namespace) -> Options:
     """Validate the parsed flags (every error is a ConfigError naming the flag and the value)."""
-    what = list(args.what or ["all"])
-    for w in what:
-        if w not in WHAT:
-            raise ConfigError(f"unknown benchmark {w!r}; choose from {', '.join(WHAT)}")
-    modes = [w for w in what if w in MODES]
-    if modes and len(what) > 1:
-        raise ConfigError(
-            f"{modes[0]!r} runs on its own: `cudampi bench {modes[0]}`, not together with "
-            f"{', '.join(w for w in what if w != modes[0])}"
-        )
-    mode = modes[0] if modes else "collectives"
-    ops: list[str] = []
-    for w in what:
-        for op in COLLECTIVES if w == "all" else (w,):
-            if op not in ops and op not in MODES:
-                ops.append(op)
-    dmin, dmax, dwarm, diters = DEFAULTS[mode]
-    minb = parse_bytes(args.minbytes or dmin, "-b/--minbytes")
-    maxb = parse_bytes(args.maxbytes or dmax, "-e/--maxbytes")
-    if args.maxbytes is None and minb > maxb:
-        maxb = minb  # `-b 1G` alone: one size
-    step = parse_bytes(args.stepbytes, "-i/--stepbytes") if args.stepbytes else 0
-    # -i alone adds; -f (default 2) multiplies, and wins when both are given
-    factor = float(args.stepfactor) if args.stepfactor is not None else (1.0 if step else 2.0)
-    sizes = tuple(size_sweep(minb, maxb, factor, step)) if mode != "ddp" else ()
+    mode, ops = _what(args)
+    _, _, dwarm, diters = DEFAULTS[mode]
+    sizes = _sizes(args, mode)
     dtypes = tuple(dict.fromkeys(parse_dtype(d) for d in _split(args.dtype)))
     redops = tuple(dict.fromkeys(_split(args.op)))
     for r in redops:
@@ -148,18 +126,7 @@ def from_args(args: argparse.Namespace) -> Options:
         raise ConfigError(f"--np {args.np!r}: a job needs at least one rank")
     if args.json == "-" and args.csv == "-":
         raise ConfigError("--json and --csv cannot both go to stdout; give one of them a file")
-    buffers = tuple(_split(args.buffers))
-    for b in buffers:
-        if b not in ("host", "device"):
-            raise ConfigError(f"--buffers {b!r}: expected host and/or device")
-    if args.window < 1:
-        raise ConfigError(f"--window {args.window!r} must be >= 1")
-    models = _split(args.model)
-    for m in models:
-        if m not in MODELS:
-            raise ConfigError(f"--model {m!r}: expected a comma list of {', '.join(MODELS)}")
-    if not models:
-        raise ConfigError(f"--model {args.model!r} names no model; choose from {', '.join(MODELS)}")
+    buffers, models = _p2p_and_ddp(args)
     if args.min_busbw is not None and args.min_busbw < 0:
         raise ConfigError(f"--min-busbw {args.min_busbw!r} cannot be negative")
     for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
@@ -192,6 +159,56 @@ def from_args(args: argparse.Namespace) -> Options:
         batch=args.batch,
         image_size=args.image_size,
     )
+
+
+def _what(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The mode (collectives, p2p or ddp) and the collectives the positional words name."""
+    what = list(args.what or ["all"])
+    for w in what:
+        if w not in WHAT:
+            raise ConfigError(f"unknown benchmark {w!r}; choose from {', '.join(WHAT)}")
+    modes = [w for w in what if w in MODES]
+    if modes and len(what) > 1:
+        raise ConfigError(
+            f"{modes[0]!r} runs on its own: `cudampi bench {modes[0]}`, not together with "
+            f"{', '.join(w for w in what if w != modes[0])}"
+        )
+    ops: list[str] = []
+    for w in what:
+        for op in COLLECTIVES if w == "all" else (w,):
+            if op not in ops and op not in MODES:
+                ops.append(op)
+    return (modes[0] if modes else "collectives"), ops
+
+
+def _sizes(args: argparse.Namespace, mode: str) -> tuple[int, ...]:
+    """The sweep of -b/-e/-f/-i (none for ddp)."""
+    dmin, dmax, _, _ = DEFAULTS[mode]
+    minb = parse_bytes(args.minbytes or dmin, "-b/--minbytes")
+    maxb = parse_bytes(args.maxbytes or dmax, "-e/--maxbytes")
+    if args.maxbytes is None and minb > maxb:
+        maxb = minb  # `-b 1G` alone: one size
+    step = parse_bytes(args.stepbytes, "-i/--stepbytes") if args.stepbytes else 0
+    # -i alone adds; -f (default 2) multiplies, and wins when both are given
+    factor = float(args.stepfactor) if args.stepfactor is not None else (1.0 if step else 2.0)
+    return tuple(size_sweep(minb, maxb, factor, step)) if mode != "ddp" else ()
+
+
+def _p2p_and_ddp(args: argparse.Namespace) -> tuple[tuple[str, ...], list[str]]:
+    """p2p's --buffers and --window, ddp's --model."""
+    buffers = tuple(_split(args.buffers))
+    for b in buffers:
+        if b not in ("host", "device"):
+            raise ConfigError(f"--buffers {b!r}: expected host and/or device")
+    if args.window < 1:
+        raise ConfigError(f"--window {args.window!r} must be >= 1")
+    models = _split(args.model)
+    for m in models:
+        if m not in MODELS:
+            raise ConfigError(f"--model {m!r}: expected a comma list of {', '.join(MODELS)}")
+    if not models:
+        raise ConfigError(f"--model {args.model!r} names no model; choose from {', '.join(MODELS)}")
+    return buffers, models
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

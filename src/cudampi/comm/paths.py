@@ -157,50 +157,72 @@ def choose(
     mpi_reduces: bool,
 ) -> PathChoice:
     """The path for one call. ``mpi_reduces``: MPI has a datatype and op for this reduction."""
-    reducing = call in REDUCING
-    no_mpi = reducing and not mpi_reduces
+    no_mpi = call in REDUCING and not mpi_reduces
     if call in P2P:
         return _choose_p2p(requested, on_device, support)
-    if requested == "nccl":
-        if on_device:
-            return PathChoice(
-                "nccl", "requested: NCCL on the caller's stream, bootstrapped over MPI", "nccl"
-            )
-        host = choose(call, "host", False, dtype, nbytes, support, mpi_reduces=mpi_reduces)
-        return PathChoice(
-            str(host), f"requested nccl, which moves device arrays; {host.reason}", host.engine
-        )
-    if requested == "ipc":
-        if on_device:
-            # across nodes ipc joins each node's ranks; the nodes talk through ``inner``
-            return PathChoice(
-                "ipc",
-                "requested: GPU kernels over CUDA IPC on the caller's stream",
-                "ipc",
-                "alg" if support.p2p else "staged",
-            )
-        host = choose(call, "host", False, dtype, nbytes, support, mpi_reduces=mpi_reduces)
-        return PathChoice(
-            str(host), f"requested ipc, which moves device arrays; {host.reason}", host.engine
-        )
+    if requested in ("nccl", "ipc"):
+        return _choose_kernels(call, requested, on_device, dtype, nbytes, support, mpi_reduces)
     if not on_device:
-        if requested in ("auto", "host", "native"):
-            name = "host" if requested == "auto" else requested
-            if no_mpi:
-                return PathChoice(
-                    name,
-                    f"host memory; MPI has no {dtype} reduction, so cudampi's algorithm reduces it",
-                    "alg",
-                )
-            return PathChoice(name, "host memory: MPI's own collective", "mpi")
-        if requested == "gpu-ring":
-            return PathChoice("gpu-ring", "requested; host memory runs the same algorithm", "alg")
+        return _choose_host(requested, dtype, no_mpi)
+    return _choose_device(call, requested, dtype, nbytes, support, no_mpi)
+
+
+def _choose_kernels(
+    call: str,
+    requested: str,
+    on_device: bool,
+    dtype: str,
+    nbytes: int,
+    support: DeviceSupport,
+    mpi_reduces: bool,
+) -> PathChoice:
+    """``nccl`` or ``ipc`` asked for: their kernels on device arrays, the host path otherwise."""
+    if not on_device:
+        host = choose(call, "host", False, dtype, nbytes, support, mpi_reduces=mpi_reduces)
         return PathChoice(
-            "staged",
-            "requested; host memory staged through host buffers",
-            "staged",
-            "alg" if no_mpi else "mpi",
+            str(host),
+            f"requested {requested}, which moves device arrays; {host.reason}",
+            host.engine,
         )
+    if requested == "nccl":
+        return PathChoice(
+            "nccl", "requested: NCCL on the caller's stream, bootstrapped over MPI", "nccl"
+        )
+    # across nodes ipc joins each node's ranks; the nodes talk through ``inner``
+    return PathChoice(
+        "ipc",
+        "requested: GPU kernels over CUDA IPC on the caller's stream",
+        "ipc",
+        "alg" if support.p2p else "staged",
+    )
+
+
+def _choose_host(requested: str, dtype: str, no_mpi: bool) -> PathChoice:
+    """A collective on host arrays."""
+    if requested in ("auto", "host", "native"):
+        name = "host" if requested == "auto" else requested
+        if no_mpi:
+            return PathChoice(
+                name,
+                f"host memory; MPI has no {dtype} reduction, so cudampi's algorithm reduces it",
+                "alg",
+            )
+        return PathChoice(name, "host memory: MPI's own collective", "mpi")
+    if requested == "gpu-ring":
+        return PathChoice("gpu-ring", "requested; host memory runs the same algorithm", "alg")
+    return PathChoice(
+        "staged",
+        "requested; host memory staged through host buffers",
+        "staged",
+        "alg" if no_mpi else "mpi",
+    )
+
+
+def _choose_device(
+    call: str, requested: str, dtype: str, nbytes: int, support: DeviceSupport, no_mpi: bool
+) -> PathChoice:
+    """A collective on device arrays: what was asked for where the probe allows it (else a
+    :class:`DeviceError` that says why and what to do), or auto's choice."""
     if requested == "host":
         raise DeviceError(
             f"{call}: path='host' takes host arrays, got a device array. Use path='staged' (or "

@@ -168,18 +168,30 @@ def _ranks(spec: str) -> list[int]:
     return out
 
 
-def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
-    """Rank and host failures that the launcher itself reported in ``text`` (its stderr)."""
-    ranks: dict[int | None, RankFailure] = {}
-    hosts: dict[str, HostFailure] = {}
-    problems: list[str] = []
+class _Seen:
+    """What the launcher's output said so far: failed ranks and hosts, problems, and ssh's own
+    words about each host (they name a host best: Open MPI shortens names in its messages)."""
 
-    def add_rank(f: RankFailure) -> None:
-        old = ranks.get(f.rank)
+    def __init__(self, text: str) -> None:
+        self.ranks: dict[int | None, RankFailure] = {}
+        self.hosts: dict[str, HostFailure] = {}
+        self.problems: list[str] = []
+        self.ssh_detail: dict[str, str] = {}
+        for m in _SSH.finditer(text):
+            host = m.group(1) or m.group(3)
+            self.ssh_detail[host] = (m.group(2) or m.group(4) or "").strip()
+        for m in _SSH_TIMEOUT.finditer(text):
+            self.ssh_detail[m.group(1)] = "ssh connection timed out"
+        self.lost = {m.group(1) for m in _SSH_CLOSED.finditer(text)}
+        for host in self.lost:
+            self.ssh_detail[host] = "its ssh connection closed"
+
+    def add_rank(self, f: RankFailure) -> None:
+        old = self.ranks.get(f.rank)
         if old is None:
-            ranks[f.rank] = f
+            self.ranks[f.rank] = f
             return
-        ranks[f.rank] = RankFailure(
+        self.ranks[f.rank] = RankFailure(
             f.rank,
             old.host or f.host,
             old.exit_code if old.exit_code is not None else f.exit_code,
@@ -187,92 +199,98 @@ def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
             old.lines or f.lines,
         )
 
-    def add_host(h: HostFailure) -> None:
-        old = hosts.get(h.host)
+    def add_host(self, h: HostFailure) -> None:
+        old = self.hosts.get(h.host)
         if old is None or (not old.detail and h.detail):
-            hosts[h.host] = h
+            self.hosts[h.host] = h
 
-    # ssh's own words name the host best (Open MPI shortens names in its messages).
-    ssh_detail: dict[str, str] = {}
-    for m in _SSH.finditer(text):
-        host = m.group(1) or m.group(3)
-        ssh_detail[host] = (m.group(2) or m.group(4) or "").strip()
-    for m in _SSH_TIMEOUT.finditer(text):
-        ssh_detail[m.group(1)] = "ssh connection timed out"
-    lost = {m.group(1) for m in _SSH_CLOSED.finditer(text)}
-    for host in lost:
-        ssh_detail[host] = "its ssh connection closed"
-
-    def ssh_name(short: str) -> str:
+    def ssh_name(self, short: str) -> str:
         """Open MPI names a remote node by its own hostname; ssh by the name we gave it."""
-        for h in ssh_detail:
+        for h in self.ssh_detail:
             if h == short or h.split(".")[0] == short:
                 return h
-        unnamed = [h for h in ssh_detail if h not in hosts]
+        unnamed = [h for h in self.ssh_detail if h not in self.hosts]
         return unnamed[0] if len(unnamed) == 1 else short
 
-    if flavour == "openmpi":
-        if "Unable to get the user home directory" in text:
-            problems.append(
-                "Open MPI cannot start without a home folder (HOME is unset or not a folder "
-                "where the launcher or a rank runs). Fix: export HOME=/path/to/a/folder"
-            )
-        for m in _OMPI_EXIT.finditer(text):
-            add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
-        for m in _OMPI_SIGNAL.finditer(text):
-            add_rank(RankFailure(int(m.group(1)), m.group(2), signal=int(m.group(3))))
-        for m in _OMPI_ABORT.finditer(text):
-            add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
-        for m in _OMPI_ABORT_NODE.finditer(text):
-            add_rank(RankFailure(int(m.group(1)), m.group(2)))
-        for m in _OMPI_IMPROPER.finditer(text):
-            add_rank(
-                RankFailure(int(m.group(1)), m.group(2), lines=("exited without finalizing MPI",))
-            )
-        for m in _OMPI_DAEMON.finditer(text):
-            name = ssh_name(m.group(1))
-            detail = ssh_detail.get(name, f"its daemon exited with status {m.group(2)}")
-            if name != m.group(1):
-                detail += f" (Open MPI calls it {m.group(1)})"
-            add_host(HostFailure(name, "lost" if name in lost else "unreachable", detail))
-        for m in _OMPI_LOST.finditer(text):
-            add_host(HostFailure(m.group(1), "lost", "its daemon stopped answering"))
-    elif flavour == "mpich":
-        for m in _HYDRA_ABORT.finditer(text):
-            add_rank(RankFailure(int(m.group(2)), None, exit_code=int(m.group(1))))
-        sig = _HYDRA_SIGNAL.search(text)
-        for m in _HYDRA_BAD.finditer(text):
-            # Hydra's PID is the first process of that host, not the one that failed.
-            host, code = m.group(2), int(m.group(3))
-            if sig is not None and int(sig.group(1)) == code:
-                add_rank(RankFailure(None, host, signal=code))
+
+def _openmpi_output(text: str, seen: _Seen) -> None:
+    if "Unable to get the user home directory" in text:
+        seen.problems.append(
+            "Open MPI cannot start without a home folder (HOME is unset or not a folder "
+            "where the launcher or a rank runs). Fix: export HOME=/path/to/a/folder"
+        )
+    for m in _OMPI_EXIT.finditer(text):
+        seen.add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
+    for m in _OMPI_SIGNAL.finditer(text):
+        seen.add_rank(RankFailure(int(m.group(1)), m.group(2), signal=int(m.group(3))))
+    for m in _OMPI_ABORT.finditer(text):
+        seen.add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
+    for m in _OMPI_ABORT_NODE.finditer(text):
+        seen.add_rank(RankFailure(int(m.group(1)), m.group(2)))
+    for m in _OMPI_IMPROPER.finditer(text):
+        seen.add_rank(
+            RankFailure(int(m.group(1)), m.group(2), lines=("exited without finalizing MPI",))
+        )
+    for m in _OMPI_DAEMON.finditer(text):
+        name = seen.ssh_name(m.group(1))
+        detail = seen.ssh_detail.get(name, f"its daemon exited with status {m.group(2)}")
+        if name != m.group(1):
+            detail += f" (Open MPI calls it {m.group(1)})"
+        seen.add_host(HostFailure(name, "lost" if name in seen.lost else "unreachable", detail))
+    for m in _OMPI_LOST.finditer(text):
+        seen.add_host(HostFailure(m.group(1), "lost", "its daemon stopped answering"))
+
+
+def _hydra_output(text: str, seen: _Seen) -> None:
+    for m in _HYDRA_ABORT.finditer(text):
+        seen.add_rank(RankFailure(int(m.group(2)), None, exit_code=int(m.group(1))))
+    sig = _HYDRA_SIGNAL.search(text)
+    for m in _HYDRA_BAD.finditer(text):
+        # Hydra's PID is the first process of that host, not the one that failed.
+        host, code = m.group(2), int(m.group(3))
+        if sig is not None and int(sig.group(1)) == code:
+            seen.add_rank(RankFailure(None, host, signal=code))
+        else:
+            seen.add_rank(RankFailure(None, host, exit_code=code))
+
+
+def _srun_output(text: str, seen: _Seen) -> None:
+    for m in _SRUN_MPI_PLUGIN.finditer(text):
+        seen.problems.append(
+            f"srun cannot start MPI ranks: its mpi/{m.group(1)} plugin failed to load (Slurm "
+            f"without PMIx support, e.g. libpmix missing). Fix: run "
+            f"`cudampi launch --launcher mpirun` inside the allocation, or install PMIx for Slurm"
+        )
+    for m in _SRUN.finditer(text):
+        host, what = m.group(1), m.group(3).strip()
+        code_m = re.match(r"Exited with exit code (\d+)", what)
+        for r in _ranks(m.group(2)):
+            if code_m:
+                seen.add_rank(RankFailure(r, host, exit_code=int(code_m.group(1))))
             else:
-                add_rank(RankFailure(None, host, exit_code=code))
-    elif flavour == "slurm":
-        for m in _SRUN_MPI_PLUGIN.finditer(text):
-            problems.append(
-                f"srun cannot start MPI ranks: its mpi/{m.group(1)} plugin failed to load (Slurm "
-                f"without PMIx support, e.g. libpmix missing). Fix: run "
-                f"`cudampi launch --launcher mpirun` inside the allocation, or install PMIx for Slurm"
-            )
-        for m in _SRUN.finditer(text):
-            host, what = m.group(1), m.group(3).strip()
-            code_m = re.match(r"Exited with exit code (\d+)", what)
-            for r in _ranks(m.group(2)):
-                if code_m:
-                    add_rank(RankFailure(r, host, exit_code=int(code_m.group(1))))
-                else:
-                    name = what.replace(" (core dumped)", "")
-                    add_rank(RankFailure(r, host, signal=_SIG_BY_TEXT.get(name), lines=(what,)))
-    if flavour == "slurm" and re.search(r"CANCELLED AT|_step_signal: Terminating", text):
+                name = what.replace(" (core dumped)", "")
+                seen.add_rank(RankFailure(r, host, signal=_SIG_BY_TEXT.get(name), lines=(what,)))
+    if re.search(r"CANCELLED AT|_step_signal: Terminating", text):
         # --kill-on-bad-exit: srun terminated the others because one failed; not their fault.
-        first = [k for k, f in ranks.items() if f.signal != 15]
+        first = [k for k, f in seen.ranks.items() if f.signal != 15]
         if first:
-            ranks = {k: f for k, f in ranks.items() if f.signal != 15}
-    for host, detail in ssh_detail.items():
-        if host not in hosts:
-            add_host(HostFailure(host, "lost" if host in lost else "unreachable", detail))
-    return LauncherEvents(tuple(ranks.values()), tuple(hosts.values()), tuple(problems))
+            seen.ranks = {k: f for k, f in seen.ranks.items() if f.signal != 15}
+
+
+_OUTPUT_OF = {"openmpi": _openmpi_output, "mpich": _hydra_output, "slurm": _srun_output}
+
+
+def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
+    """Rank and host failures that the launcher itself reported in ``text`` (its stderr)."""
+    seen = _Seen(text)
+    if flavour in _OUTPUT_OF:
+        _OUTPUT_OF[flavour](text, seen)
+    for host, detail in seen.ssh_detail.items():
+        if host not in seen.hosts:
+            seen.add_host(HostFailure(host, "lost" if host in seen.lost else "unreachable", detail))
+    return LauncherEvents(
+        tuple(seen.ranks.values()), tuple(seen.hosts.values()), tuple(seen.problems)
+    )
 
 
 def exit_status(returncode: int) -> int:

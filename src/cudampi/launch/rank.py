@@ -107,29 +107,31 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def run(argv: Sequence[str]) -> int:
-    """Prepare this rank, run the target, report a failure. Returns the exit code."""
-    args = list(argv)
+def _target(args: list[str]) -> tuple[str | None, str | None, str | None, list[str]] | None:
+    """``(module, program, script, its args)`` from the bootstrap's argv (one of the three
+    set); None for a usage error."""
     if not args or args[0] in ("-h", "--help"):
-        print(USAGE, file=sys.stderr)
-        return 2
+        return None
     if args[0] == "--":
         args = args[1:]
-    module = program = None
+    if not args:
+        return None
     if args[0] == EXEC:
-        if len(args) < 2:
-            print(USAGE, file=sys.stderr)
-            return 2
-        program, rest = args[1], args[2:]
-    elif args[0] == "-m":
-        if len(args) < 2:
-            print(USAGE, file=sys.stderr)
-            return 2
-        module, rest = args[1], args[2:]
-    elif args[0].startswith("-m") and len(args[0]) > 2:
-        module, rest = args[0][2:], args[1:]
-    else:
-        rest = args[1:]
+        return None if len(args) < 2 else (None, args[1], None, args[2:])
+    if args[0] == "-m":
+        return None if len(args) < 2 else (args[1], None, None, args[2:])
+    if args[0].startswith("-m") and len(args[0]) > 2:
+        return args[0][2:], None, None, args[1:]
+    return None, None, args[0], args[1:]
+
+
+def run(argv: Sequence[str]) -> int:
+    """Prepare this rank, run the target, report a failure. Returns the exit code."""
+    target = _target(list(argv))
+    if target is None:
+        print(USAGE, file=sys.stderr)
+        return 2
+    module, program, script, rest = target
     host = socket.gethostname()
     rank = -1
     token = os.environ.pop(TOKEN_ENV, "") or NO_TOKEN
@@ -157,10 +159,10 @@ def run(argv: Sequence[str]) -> int:
             sys.argv = [module, *rest]
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            script = os.path.abspath(args[0])
-            sys.argv = [args[0], *rest]
-            sys.path[0] = os.path.dirname(script)
-            runpy.run_path(script, run_name="__main__")
+            assert script is not None
+            sys.argv = [script, *rest]
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(os.path.abspath(script), run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
         if isinstance(exc.code, str):

@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -311,10 +312,32 @@ def execute(
     if report_dir:
         os.makedirs(report_dir, exist_ok=True)
     start = time.monotonic()
-    launcher_env = merge_env(os.environ if env is None else env, cmd)
+    proc = _start(cmd, os.environ if env is None else env, token)
+    sup = _Supervisor(proc, plan.launcher.flavour, token)
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [
+        threading.Thread(target=sup.pump, args=(proc.stdout, out), daemon=True),
+        threading.Thread(target=sup.pump, args=(proc.stderr, err), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    watch = _Watch(plan.nprocs, report_dir, grace, timeout, start)
+    _supervise(proc, sup, watch)
+    proc.wait()
+    # Whatever the launcher left in its process group (a wrapper's children, a rank it lost
+    # track of) goes with it. Its pid cannot have been reused while the group has members.
+    sup.kill_group(signal.SIGKILL)
+    for reader in readers:
+        reader.join(timeout=10)
+    return _outcome(plan, cmd, proc, sup, watch, token)
+
+
+def _start(cmd: Command, env: Mapping[str, str], token: str) -> subprocess.Popen[bytes]:
+    """The launcher, in a session of its own that dies with this supervisor."""
+    launcher_env = merge_env(env, cmd)
     launcher_env[TOKEN_ENV] = token
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             list(cmd.argv),
             env=launcher_env,
             stdin=subprocess.DEVNULL,
@@ -325,19 +348,28 @@ def execute(
         )
     except OSError as exc:
         raise LaunchError(f"could not start {cmd.argv[0]!r}: {exc}") from None
-    sup = _Supervisor(proc, plan.launcher.flavour, token)
-    assert proc.stdout is not None and proc.stderr is not None
-    readers = [
-        threading.Thread(target=sup.pump, args=(proc.stdout, out), daemon=True),
-        threading.Thread(target=sup.pump, args=(proc.stderr, err), daemon=True),
-    ]
-    for reader in readers:
-        reader.start()
+
+
+@dataclass
+class _Watch:
+    """What the supervision loop waits for, and what it saw."""
+
+    nprocs: int
+    report_dir: str | None
+    grace: float
+    timeout: float | None
+    start: float
+    timed_out: bool = False
+    lingered: float | None = None
+    """When every rank was seen ended while the launcher still ran."""
+
+
+def _supervise(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch) -> None:
+    """Wait for the launcher; stop it on Ctrl-C, ``grace`` seconds after a fault or after every
+    rank ended, or at the timeout."""
     in_main = threading.current_thread() is threading.main_thread()
     old_int = signal.signal(signal.SIGINT, sup.on_sigint) if in_main else None
     old_term = signal.signal(signal.SIGTERM, sup.on_sigint) if in_main else None
-    timed_out = False
-    lingered: float | None = None  # when every rank was seen ended, the launcher still running
     parsed_at, checked_at = 0, 0.0
     try:
         while proc.poll() is None:
@@ -354,17 +386,17 @@ def execute(
                     ev = sup.launcher_events()
                     if ev.ranks or ev.hosts or ev.problems:
                         sup.first_fault = now
-                if lingered is None and _all_ranks_ended(report_dir, plan.nprocs):
-                    lingered = now
-            if sup.first_fault is not None and now - sup.first_fault > grace:
+                if w.lingered is None and _all_ranks_ended(w.report_dir, w.nprocs):
+                    w.lingered = now
+            if sup.first_fault is not None and now - sup.first_fault > w.grace:
                 sup.stopped_for_fault = True
                 sup.stop()
                 break
-            if lingered is not None and now - lingered > grace:
+            if w.lingered is not None and now - w.lingered > w.grace:
                 sup.stop()
                 break
-            if timeout is not None and now - start > timeout:
-                timed_out = True
+            if w.timeout is not None and now - w.start > w.timeout:
+                w.timed_out = True
                 sup.stop()
                 break
             time.sleep(0.05)
@@ -372,13 +404,18 @@ def execute(
         if in_main:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
-    proc.wait()
-    # Whatever the launcher left in its process group (a wrapper's children, a rank it lost
-    # track of) goes with it. Its pid cannot have been reused while the group has members.
-    sup.kill_group(signal.SIGKILL)
-    for reader in readers:
-        reader.join(timeout=10)
-    faults = _read_fault_files(report_dir)
+
+
+def _outcome(
+    plan: LaunchPlan,
+    cmd: Command,
+    proc: subprocess.Popen[bytes],
+    sup: _Supervisor,
+    w: _Watch,
+    token: str,
+) -> JobResult:
+    """The job's result from the ranks' reports, the launcher's words and how it ended."""
+    faults = _read_fault_files(w.report_dir)
     _kill_leftovers(faults)
     with sup.lock:
         text = "".join(sup.tail)
@@ -386,18 +423,18 @@ def execute(
         said = parse_started(sup.report_lines, token)
         finished = parse_started(sup.report_lines, token, "finished")
     events = parse_launcher_output(text, plan.launcher.flavour)
-    lingered_only = lingered is not None and not sup.stopped_for_fault and not timed_out
+    lingered_only = w.lingered is not None and not sup.stopped_for_fault and not w.timed_out
     # Every rank said its script finished well: the job succeeded, whatever the launcher did
     # after (seen once: prterun alive 10 s after its two ranks had finished).
     done_well = lingered_only and len(finished) >= plan.nprocs and not reports
     hung = lingered_only and not done_well
+    launcher = plan.launcher.name or os.path.basename(plan.launcher.path)
     if hung:
         events = dataclasses.replace(
             events,
             problems=(
                 *events.problems,
-                f"{plan.launcher.name or os.path.basename(plan.launcher.path)} had not exited "
-                f"{grace:g} s after every rank ended "
+                f"{launcher} had not exited {w.grace:g} s after every rank ended "
                 "(a launcher that hangs once its ranks are gone): cudampi launch stopped it",
             ),
         )
@@ -408,20 +445,20 @@ def execute(
         faults,
         interrupted=bool(sup.interrupts),
         stopped_for_fault=sup.stopped_for_fault or hung,
-        duration_s=time.monotonic() - start,
+        duration_s=time.monotonic() - w.start,
         argv=cmd.argv,
     )
     if hung and not [f for f in result.failures if f.exit_code or f.signal]:
         result = dataclasses.replace(result, exit_code=1)
     if done_well and not result.failures and not result.hosts:
         note = (
-            f"{plan.launcher.name or os.path.basename(plan.launcher.path)} had not exited "
-            f"{grace:g} s after every rank finished well: cudampi launch stopped it"
+            f"{launcher} had not exited {w.grace:g} s after every rank finished well: "
+            "cudampi launch stopped it"
         )
         result = dataclasses.replace(result, exit_code=0, problems=(*result.problems, note))
-    if timed_out:
+    if w.timed_out:
         real = tuple(f for f in result.failures if f.exit_code != 130)
-        result = dataclasses.replace(result, exit_code=124, timed_out=timeout, failures=real)
+        result = dataclasses.replace(result, exit_code=124, timed_out=w.timeout, failures=real)
     elif result.ok:
         why = _not_started(plan.nprocs, said, set(faults))
         if why is not None:

@@ -98,6 +98,29 @@ class Client:
     aborted: int | None = None
 
 
+_Answer = tuple[list[str], list[Client]]
+"""Replies to the asking rank, and the ranks a completed barrier releases."""
+
+COMMANDS = (
+    "initack",
+    "init",
+    "get_maxes",
+    "get_appnum",
+    "get_my_kvsname",
+    "get_universe_size",
+    "put",
+    "get",
+    "barrier_in",
+    "publish_name",
+    "unpublish_name",
+    "lookup_name",
+    "abort",
+    "finalize",
+    "spawn",
+)
+"""The PMI-1 commands the server answers (the rest get ``rc=-1``)."""
+
+
 @dataclass
 class PmiState:
     """What the job's ranks share: the key-value space, the barrier, who is in.
@@ -122,89 +145,108 @@ class PmiState:
             self.kvs["PMI_process_mapping"] = self.process_mapping
 
     def handle(self, client: Client, line: str) -> tuple[list[str], list[Client]]:
-        """Replies to ``client`` for one request, and the clients a completed barrier releases."""
+        """Replies to ``client`` for one request, and the clients a completed barrier releases:
+        each PMI-1 command is one method (``_<cmd>``)."""
         req = parse_command(line)
         cmd = req.get("cmd", "")
-        if cmd == "initack":
-            pmiid = req.get("pmiid", "")
-            rank = int(pmiid) if pmiid.isdigit() else -1
-            if not 0 <= rank < self.size or client.rank not in (-1, rank):
-                self.log(f"PMI_ID {rank} is outside the job of {self.size} ranks")
-                return [format_reply("initack", rc=-1)], []
-            client.rank = rank
-            return [
-                format_reply("initack"),
-                format_reply("set", size=self.size),
-                format_reply("set", rank=rank),
-                format_reply("set", debug=0),
-            ], []
-        if cmd == "init":
-            version = int(req.get("pmi_version", "1") or 1)
-            rc = 0 if version == PMI_VERSION else -1
-            return [
-                format_reply(
-                    "response_to_init",
-                    pmi_version=PMI_VERSION,
-                    pmi_subversion=PMI_SUBVERSION,
-                    rc=rc,
-                )
-            ], []
-        if cmd == "get_maxes":
-            return [format_reply("maxes", **MAXES, rc=0)], []
-        if cmd == "get_appnum":
-            return [format_reply("appnum", appnum=0, rc=0)], []
-        if cmd == "get_my_kvsname":
-            return [format_reply("my_kvsname", kvsname=self.kvsname, rc=0)], []
-        if cmd == "get_universe_size":
-            return [format_reply("universe_size", size=self.size, rc=0)], []
-        if cmd == "put":
-            key, value = req.get("key", ""), req.get("value", "")
-            if len(key) > MAXES["keylen_max"] or len(value) > MAXES["vallen_max"]:
-                return [format_reply("put_result", rc=-1, msg="key_or_value_too_long")], []
-            if key not in self.kvs and len(self.kvs) >= max_entries(self.size):
-                self.log(f"rank {client.rank} filled the key-value space ({len(self.kvs)} keys)")
-                return [format_reply("put_result", rc=-1, msg="kvs_full")], []
-            self.kvs[key] = value
-            return [format_reply("put_result", rc=0, msg="success")], []
-        if cmd == "get":
-            got = self.kvs.get(req.get("key", ""))
-            if got is None:
-                return [format_reply("get_result", rc=-1, msg="key_not_found", value="unknown")], []
-            return [format_reply("get_result", rc=0, msg="success", value=got)], []
-        if cmd == "barrier_in":
-            self.waiting.append(client)
-            if len(self.waiting) < self.size:
-                return [], []
-            released, self.waiting = self.waiting, []
-            return [], released
-        if cmd == "publish_name":
-            service, port = req.get("service", ""), req.get("port", "")
-            full = service not in self.published and len(self.published) >= max_entries(self.size)
-            if full or len(service) > MAXES["keylen_max"] or len(port) > MAXES["vallen_max"]:
-                return [format_reply("publish_result", rc=-1, msg="refused")], []
-            self.published[service] = port
-            return [format_reply("publish_result", rc=0, msg="success")], []
-        if cmd == "unpublish_name":
-            had = self.published.pop(req.get("service", ""), None) is not None
-            return [format_reply("unpublish_result", rc=0 if had else -1)], []
-        if cmd == "lookup_name":
-            found = self.published.get(req.get("service", ""))
-            if found is None:
-                return [format_reply("lookup_result", rc=-1, msg="not_found")], []
-            return [format_reply("lookup_result", rc=0, port=found)], []
-        if cmd == "abort":
-            code = req.get("exitcode", "1")
-            client.aborted = int(code) if code.lstrip("-").isdigit() else 1
-            self.log(f"rank {client.rank} called MPI_Abort (exit code {client.aborted})")
-            return [], []
-        if cmd == "finalize":
-            client.finalized = True
-            return [format_reply("finalize_ack", rc=0)], []
-        if cmd == "spawn":
-            self.log("MPI_Comm_spawn is not supported by cudampi's PMI server")
-            return [format_reply("spawn_result", rc=-1)], []
+        if cmd in COMMANDS:
+            answer: _Answer = getattr(self, "_" + cmd)(client, req)
+            return answer
         self.log(f"unknown PMI request {line.strip()!r}")
         return [format_reply(cmd or "unknown", rc=-1, msg="unsupported")], []
+
+    def _initack(self, client: Client, req: dict[str, str]) -> _Answer:
+        pmiid = req.get("pmiid", "")
+        rank = int(pmiid) if pmiid.isdigit() else -1
+        if not 0 <= rank < self.size or client.rank not in (-1, rank):
+            self.log(f"PMI_ID {rank} is outside the job of {self.size} ranks")
+            return [format_reply("initack", rc=-1)], []
+        client.rank = rank
+        return [
+            format_reply("initack"),
+            format_reply("set", size=self.size),
+            format_reply("set", rank=rank),
+            format_reply("set", debug=0),
+        ], []
+
+    def _init(self, client: Client, req: dict[str, str]) -> _Answer:
+        version = int(req.get("pmi_version", "1") or 1)
+        rc = 0 if version == PMI_VERSION else -1
+        return [
+            format_reply(
+                "response_to_init",
+                pmi_version=PMI_VERSION,
+                pmi_subversion=PMI_SUBVERSION,
+                rc=rc,
+            )
+        ], []
+
+    def _get_maxes(self, client: Client, req: dict[str, str]) -> _Answer:
+        return [format_reply("maxes", **MAXES, rc=0)], []
+
+    def _get_appnum(self, client: Client, req: dict[str, str]) -> _Answer:
+        return [format_reply("appnum", appnum=0, rc=0)], []
+
+    def _get_my_kvsname(self, client: Client, req: dict[str, str]) -> _Answer:
+        return [format_reply("my_kvsname", kvsname=self.kvsname, rc=0)], []
+
+    def _get_universe_size(self, client: Client, req: dict[str, str]) -> _Answer:
+        return [format_reply("universe_size", size=self.size, rc=0)], []
+
+    def _put(self, client: Client, req: dict[str, str]) -> _Answer:
+        key, value = req.get("key", ""), req.get("value", "")
+        if len(key) > MAXES["keylen_max"] or len(value) > MAXES["vallen_max"]:
+            return [format_reply("put_result", rc=-1, msg="key_or_value_too_long")], []
+        if key not in self.kvs and len(self.kvs) >= max_entries(self.size):
+            self.log(f"rank {client.rank} filled the key-value space ({len(self.kvs)} keys)")
+            return [format_reply("put_result", rc=-1, msg="kvs_full")], []
+        self.kvs[key] = value
+        return [format_reply("put_result", rc=0, msg="success")], []
+
+    def _get(self, client: Client, req: dict[str, str]) -> _Answer:
+        got = self.kvs.get(req.get("key", ""))
+        if got is None:
+            return [format_reply("get_result", rc=-1, msg="key_not_found", value="unknown")], []
+        return [format_reply("get_result", rc=0, msg="success", value=got)], []
+
+    def _barrier_in(self, client: Client, req: dict[str, str]) -> _Answer:
+        self.waiting.append(client)
+        if len(self.waiting) < self.size:
+            return [], []
+        released, self.waiting = self.waiting, []
+        return [], released
+
+    def _publish_name(self, client: Client, req: dict[str, str]) -> _Answer:
+        service, port = req.get("service", ""), req.get("port", "")
+        full = service not in self.published and len(self.published) >= max_entries(self.size)
+        if full or len(service) > MAXES["keylen_max"] or len(port) > MAXES["vallen_max"]:
+            return [format_reply("publish_result", rc=-1, msg="refused")], []
+        self.published[service] = port
+        return [format_reply("publish_result", rc=0, msg="success")], []
+
+    def _unpublish_name(self, client: Client, req: dict[str, str]) -> _Answer:
+        had = self.published.pop(req.get("service", ""), None) is not None
+        return [format_reply("unpublish_result", rc=0 if had else -1)], []
+
+    def _lookup_name(self, client: Client, req: dict[str, str]) -> _Answer:
+        found = self.published.get(req.get("service", ""))
+        if found is None:
+            return [format_reply("lookup_result", rc=-1, msg="not_found")], []
+        return [format_reply("lookup_result", rc=0, port=found)], []
+
+    def _abort(self, client: Client, req: dict[str, str]) -> _Answer:
+        code = req.get("exitcode", "1")
+        client.aborted = int(code) if code.lstrip("-").isdigit() else 1
+        self.log(f"rank {client.rank} called MPI_Abort (exit code {client.aborted})")
+        return [], []
+
+    def _finalize(self, client: Client, req: dict[str, str]) -> _Answer:
+        client.finalized = True
+        return [format_reply("finalize_ack", rc=0)], []
+
+    def _spawn(self, client: Client, req: dict[str, str]) -> _Answer:
+        self.log("MPI_Comm_spawn is not supported by cudampi's PMI server")
+        return [format_reply("spawn_result", rc=-1)], []
 
     @staticmethod
     def barrier_out() -> str:
