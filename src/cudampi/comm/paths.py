@@ -112,30 +112,46 @@ def mpi_support(config: Config, caps: Capabilities | None, note: str = "") -> De
     """:func:`device_support` without the ipc engine (pure: what MPI itself may be given device
     memory for; the doctor's verdict on a stack)."""
     missing = note or "no probe result for this MPI stack (run `cudampi doctor`)"
-    if config.cuda_aware == "yes":
-        p2p, p2p_why = True, "cuda_aware=yes (CUDAMPI_CUDA_AWARE) says MPI p2p takes device memory"
-    elif config.cuda_aware == "no":
-        p2p, p2p_why = False, "cuda_aware=no (CUDAMPI_CUDA_AWARE)"
-    elif caps is None:
-        p2p, p2p_why = False, missing
-    elif caps.device_p2p.ok:
-        p2p, p2p_why = True, "the probe proved device point-to-point correct"
-    else:
-        p2p, p2p_why = False, f"the probe found device point-to-point {caps.device_p2p.status}"
-    if config.native_collectives == "yes":
-        coll, coll_why = True, "native_collectives=yes (CUDAMPI_NATIVE_COLLECTIVES)"
-    elif config.native_collectives == "no":
-        coll, coll_why = False, "native_collectives=no (CUDAMPI_NATIVE_COLLECTIVES)"
-    elif caps is None:
-        coll, coll_why = False, missing
-    elif caps.device_allreduce.ok:
-        coll, coll_why = True, "the probe proved MPI's device Allreduce correct"
-    else:
-        coll, coll_why = (
-            False,
-            f"the probe found MPI's device Allreduce {caps.device_allreduce.status}",
-        )
-    return DeviceSupport(p2p, p2p_why, coll, coll_why)
+    p2p = _verdict(
+        config.cuda_aware,
+        "cuda_aware=",
+        "CUDAMPI_CUDA_AWARE",
+        " says MPI p2p takes device memory",
+        caps.device_p2p if caps is not None else None,
+        "device point-to-point",
+        missing,
+    )
+    coll = _verdict(
+        config.native_collectives,
+        "native_collectives=",
+        "CUDAMPI_NATIVE_COLLECTIVES",
+        "",
+        caps.device_allreduce if caps is not None else None,
+        "MPI's device Allreduce",
+        missing,
+    )
+    return DeviceSupport(*p2p, *coll)
+
+
+def _verdict(
+    setting: str,
+    name: str,
+    var: str,
+    says: str,
+    probed: ProbeOutcome | None,
+    what: str,
+    missing: str,
+) -> tuple[bool, str]:
+    """One yes/no/auto setting against what the probe found, and why."""
+    if setting == "yes":
+        return True, f"{name}yes ({var}){says}"
+    if setting == "no":
+        return False, f"{name}no ({var})"
+    if probed is None:
+        return False, missing
+    if probed.ok:
+        return True, f"the probe proved {what} correct"
+    return False, f"the probe found {what} {probed.status}"
 
 
 def check_path(path: str | None, where: str) -> str | None:
