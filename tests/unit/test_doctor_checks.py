@@ -181,10 +181,13 @@ def test_silent_staging():
 
 
 def test_settings_and_interfaces():
-    c = C.check_settings({"UCX_TLS": "tcp,self"}, gpus_present=True)
+    c = C.check_mpi_settings({"UCX_TLS": "tcp,self"}, gpus_present=True)
     assert c.status == "fail" and "UCX_TLS" in c.detail
-    assert C.check_settings({"UCX_TLS": "tcp,self"}, gpus_present=False).status in ("warn", "fail")
-    assert C.check_settings({}, gpus_present=False).status == "ok"
+    assert C.check_mpi_settings({"UCX_TLS": "tcp,self"}, gpus_present=False).status in (
+        "warn",
+        "fail",
+    )
+    assert C.check_mpi_settings({}, gpus_present=False).status == "ok"
     ifs = [Interface("lo", ("127.0.0.1/8",), True), Interface("eth0", ("192.0.2.2/24",), True)]
     assert C.check_interfaces(ifs, {}).status == "ok"
     assert C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "eth"}).status == "ok"

@@ -246,7 +246,6 @@ def _register(watch: Watch) -> None:
 def _at_exit() -> None:
     """At interpreter exit (before mpi4py finalizes MPI): say goodbye on every open
     communicator; if one failed, abort the job instead of finalizing."""
-    import sys
 
     from mpi4py import MPI
 
@@ -257,13 +256,13 @@ def _at_exit() -> None:
         w.goodbye()
     failed = [w.failed for w in live if w.failed is not None]
     if failed:
-        err = sys.__stderr__ or sys.stderr
-        err.write(
+        from cudampi.abort import abort_job
+
+        abort_job(
+            1,
             f"cudampi: a communicator failed ({failed[0]}); aborting the MPI job at exit, since "
-            "MPI_Finalize could wait for ever for the call left pending.\n"
+            "MPI_Finalize could wait for ever for the call left pending.\n",
         )
-        err.flush()
-        MPI.COMM_WORLD.Abort(1)
 
 
 __all__ = ["GRACE", "Watch", "spin", "wait_request"]

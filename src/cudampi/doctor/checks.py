@@ -34,8 +34,8 @@ from cudampi.doctor.checks_launch import (
     check_gpu_mapping,
     check_interfaces,
     check_launcher,
+    check_mpi_settings,
     check_nccl_settings,
-    check_settings,
 )
 from cudampi.doctor.checks_mpi import (
     check_home,
@@ -189,7 +189,7 @@ def all_checks(f: Facts) -> list[Check]:
         check_cupy(f.python_gpu, gpus_present),
         check_launcher(f.launcher.launcher),
         check_gpu_mapping(f.launcher.launcher, f.env, physical),
-        check_settings(f.settings_env, gpus_present, f.ompi),
+        check_mpi_settings(f.settings_env, gpus_present, f.ompi),
         check_interfaces(f.launcher.interfaces, f.env),
         check_nccl_settings(f.env, f.launcher.interfaces),
         check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note, f.cache_error),

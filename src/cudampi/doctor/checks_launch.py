@@ -68,7 +68,7 @@ def check_gpu_mapping(info: LauncherInfo, env: Mapping[str, str], physical: int)
     return Check("local rank -> GPU", "ok", detail, "", LAUNCH)
 
 
-def check_settings(
+def check_mpi_settings(
     env: Mapping[str, str], gpus_present: bool, ompi: OmpiInfo | None = None
 ) -> Check:
     """OMPI_MCA_* / UCX_* / NCCL_* settings that take CUDA away, as
