@@ -99,7 +99,7 @@ def main() -> int:
             raw.Sendrecv(mem(x.data_ptr(), nb), right, 7, mem(y.data_ptr(), nb), left, 7)
 
         row.append(_timed(world, raw_sr, a.iters, sync))
-        sig = Signature("allreduce", "sum", "float32", count=n, engine="gpu-ring", algo=2)
+        sig = Signature("allreduce", "sum", "float32", count=n, path="gpu-ring", algo=2)
         row.append(
             _timed(world, lambda sig=sig: check(comm._coll, sig, None, debug=False), a.iters, sync)
         )
