@@ -75,6 +75,26 @@ def mpiexec_argv(n: int) -> list[str]:
     return argv
 
 
+def run_launched(
+    argv: list[str], env: dict[str, str], timeout: float, what: str
+) -> subprocess.CompletedProcess[str]:
+    """Run a launcher command line, again (LAUNCH_RETRIES times) when the launcher itself never
+    started (Open MPI's PMIx listener can fail to start on a loaded machine)."""
+    for attempt in range(1 + LAUNCH_RETRIES):
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"{what} hung for {timeout} s\nstdout:\n{exc.stdout}\nstderr:\n{exc.stderr}"
+            ) from None
+        if not _launcher_never_started(proc.returncode, proc.stderr):
+            break
+        sys.stderr.write(f"mpirun: launcher failed to start (attempt {attempt + 1}), retrying\n")
+    return proc
+
+
 def run_mpi(
     n: int,
     file: str,
@@ -86,19 +106,7 @@ def run_mpi(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``func`` of ``file`` on ``n`` ranks; with ``check``, fail with every rank's output."""
     argv = [*mpiexec_argv(n), sys.executable, str(RUNNER), str(file), func, *map(str, args)]
-    for attempt in range(1 + LAUNCH_RETRIES):
-        try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise AssertionError(
-                f"{n}-rank run of {func} hung for {timeout} s\n"
-                f"stdout:\n{exc.stdout}\nstderr:\n{exc.stderr}"
-            ) from None
-        if not _launcher_never_started(proc.returncode, proc.stderr):
-            break
-        sys.stderr.write(f"mpirun: launcher failed to start (attempt {attempt + 1}), retrying\n")
+    proc = run_launched(argv, mpi_env(env), timeout, f"{n}-rank run of {func}")
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{n}-rank run of {func} exited {proc.returncode}\n"

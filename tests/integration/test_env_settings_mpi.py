@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cudampi.env.settings import check_settings
-from tests.mpirun import is_open_mpi, mpi_env, mpiexec
+from tests.mpirun import is_open_mpi, mpi_env, mpiexec, mpiexec_argv, run_launched
 
 pytestmark = pytest.mark.mpi
 
@@ -18,24 +18,14 @@ WHEEL_BTLS = {"self", "sm", "tcp", "ofi", "uct"}  # ompi_info of the 5.0.11 whee
 
 
 def run_job(n: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    argv = [
-        mpiexec(),
-        "-n",
-        str(n),
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        "-c",
-        PROGRAM,
-    ]
+    argv = [*mpiexec_argv(n), sys.executable, "-c", PROGRAM]
     full = mpi_env(env)
     for k in [
         k for k in full if k.startswith(("OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_opal_cuda"))
     ]:
         if k not in env:
             del full[k]
-    return subprocess.run(argv, capture_output=True, text=True, env=full, timeout=60)
+    return run_launched(argv, full, 60, f"{n}-rank job")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,7 +78,7 @@ def test_recommended_multi_node_settings_run_on_this_host():
         "-c",
         PROGRAM,
     ]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=mpi_env(env), timeout=60)
+    proc = run_launched(argv, mpi_env(env), 60, "2-rank job")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok") == 2
     assert check_settings(env, gpus=False, multi_node=True, ompi_major=5) == []

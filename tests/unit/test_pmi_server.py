@@ -375,3 +375,33 @@ def test_a_flood_of_idle_connections_cannot_keep_the_ranks_out(monkeypatch):
     for s in [*idle, rank]:
         s.close()
     srv.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, True),  # torchrun, one host
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, False),
+        # Lightning's own launcher sets no LOCAL_WORLD_SIZE; its store is on loopback
+        ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, True),
+        ({"WORLD_SIZE": "2", "MASTER_ADDR": "localhost"}, True),
+        ({"WORLD_SIZE": "2", "MASTER_ADDR": "::1"}, True),
+        ({"WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.7"}, False),
+        ({"WORLD_SIZE": "2", "MASTER_ADDR": "node-a"}, False),  # no name lookup
+        ({"WORLD_SIZE": "2"}, False),
+    ],
+)
+def test_one_host_reads_torchrun_and_a_loopback_store(env, expected):
+    from cudampi.pmi.join import one_host
+
+    assert one_host(env) is expected
+
+
+def test_a_job_across_hosts_without_a_secret_is_refused_with_the_fix():
+    from cudampi.errors import ConfigError
+    from cudampi.pmi.join import _job_secret
+
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.7"}
+    with pytest.raises(ConfigError, match="CUDAMPI_PMI_SECRET=") as info:
+        _job_secret(None, 0, env, lambda keys: None)
+    assert "MASTER_ADDR=10.0.0.7" in str(info.value)

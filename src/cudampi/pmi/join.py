@@ -19,6 +19,7 @@ address this host reaches MASTER_ADDR from.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import shutil
@@ -59,10 +60,28 @@ def needs_join(env: Mapping[str, str], size: int) -> bool:
 
 
 def one_host(env: Mapping[str, str]) -> bool:
-    """Do all of torchrun's ranks run on this host?"""
+    """Do all of the launcher's ranks run on this host?
+
+    torchrun says so with LOCAL_WORLD_SIZE == WORLD_SIZE. A launcher that sets no
+    LOCAL_WORLD_SIZE (Lightning's own, accelerate's without torchrun) still says so when
+    MASTER_ADDR is a loopback address: every rank reached torch's store there, so every rank
+    shares this host's network (the server on loopback reaches them all).
+    """
     local = env.get("LOCAL_WORLD_SIZE")
     world = env.get("WORLD_SIZE")
-    return bool(local and world and local == world)
+    if local and world:
+        return local == world
+    return _loopback(env.get("MASTER_ADDR") or "")
+
+
+def _loopback(host: str) -> bool:
+    """Is ``host`` a loopback address as written (no name lookup: it could wait on DNS)?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _server_host(env: Mapping[str, str]) -> tuple[str, str]:
@@ -110,7 +129,8 @@ def _job_secret(store: Any, rank: int, env: Mapping[str, str], wait: Any) -> tup
     if not one_host(env):
         raise ConfigError(
             f"torchrun's ranks span several hosts (WORLD_SIZE={env.get('WORLD_SIZE')}, "
-            f"LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')}), so cudampi's PMI server must "
+            f"LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')}, "
+            f"MASTER_ADDR={env.get('MASTER_ADDR')}), so cudampi's PMI server must "
             f"listen on the network, and only a secret shared by the job's processes keeps "
             f"others out. Fix: export {SECRET_ENV}=<the same random value on every host> in "
             f"torchrun's environment, e.g. {SECRET_ENV}=$(python -c 'import secrets; "
