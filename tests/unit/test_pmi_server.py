@@ -13,18 +13,9 @@ import time
 import pytest
 
 from cudampi.pmi import server as pmi
-from cudampi.pmi.server import (
-    Client,
-    PmiServer,
-    PmiState,
-    client_env,
-    connect,
-    hydra_kvsname,
-    max_entries,
-    parse_command,
-    single_node_mapping,
-    watch,
-)
+from cudampi.pmi.client import client_env, connect, single_node_mapping, watch
+from cudampi.pmi.server import Client, PmiServer, PmiState, hydra_kvsname, max_entries
+from cudampi.pmi.wire import parse_command
 from tests.mpirun import ROOT, mpi_env
 
 KVSNAME = hydra_kvsname(4242)

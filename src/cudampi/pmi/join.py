@@ -34,7 +34,7 @@ from typing import Any
 from cudampi.config import PMI_SECRET
 from cudampi.errors import ConfigError
 from cudampi.net import routed_address
-from cudampi.pmi.server import client_env, connect, single_node_mapping, watch
+from cudampi.pmi.client import client_env, connect, single_node_mapping, watch
 from cudampi.rankenv import mpi_launcher
 
 STORE_KEY = "cudampi/pmi_address"

@@ -4,7 +4,7 @@ An MPI library finds its peers through its process manager: ``mpiexec`` (Hydra) 
 PMI-1 wire protocol on a socket it hands each rank (``PMI_FD``, with ``PMI_RANK``/``PMI_SIZE``).
 torchrun starts plain processes, so each would be a one-process MPI job (an MPI singleton).
 Rank 0 starts this server (``python -m cudampi.pmi.server --size N``, the job's secret on its
-standard input); every rank connects to it, proves it knows the secret (:func:`connect`), and
+standard input); every rank connects to it, proves it knows the secret (:func:`cudampi.pmi.client.connect`), and
 hands the connection to MPI as ``PMI_FD`` before MPI initialises: MPI_Init then builds one
 COMM_WORLD of N ranks, exactly as under ``mpiexec``. MPICH, Intel MPI and MVAPICH speak PMI-1;
 Open MPI 5 speaks only PMIx, so it stays a singleton (the torch backend then says so and names
@@ -23,7 +23,7 @@ sockets); :class:`PmiServer` serves it on TCP, one thread a client.
 Ending the job is the process manager's duty too: under Hydra an MPI_Abort, or a rank that dies,
 makes mpiexec kill every rank. MPICH's PMI-1 client only sends ``cmd=abort`` and returns, and
 torchrun knows nothing of MPI. So each rank also opens a *watch* connection
-(``cmd=cudampi_watch rank=R``, see :func:`watch`): the server sends every watcher
+(``cmd=cudampi_watch rank=R``, see :func:`cudampi.pmi.client.watch`): the server sends every watcher
 ``cmd=cudampi_abort rank=R exitcode=C`` when a rank aborts or closes its PMI connection without
 MPI_Finalize, and ``cmd=cudampi_done`` when every rank has finalized; a watcher that hears of an
 abort, or loses the server, ends its process.
@@ -40,7 +40,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
+
+from cudampi.pmi.wire import (
+    MAX_FIRST_LINE,
+    MAX_LINE,
+    format_reply,
+    parse_command,
+    recv_line,
+)
 
 PMI_VERSION, PMI_SUBVERSION = 1, 1
 
@@ -55,10 +63,6 @@ def hydra_kvsname(pid: int | None = None) -> str:
 
 
 MAXES = {"kvsname_max": 256, "keylen_max": 64, "vallen_max": 1024}
-MAX_LINE = 4096
-"""The longest request line served (MPICH's longest, a put of the largest value, is ~1.4 KB)."""
-MAX_FIRST_LINE = 256
-"""The longest first line of a connection (the authentication)."""
 AUTH_TIMEOUT = 10.0
 """Seconds a new connection has to authenticate before it is closed."""
 MAX_PENDING = 64
@@ -70,23 +74,6 @@ def max_entries(size: int) -> int:
     """Keys the key-value space (and names the name service) hold at most for ``size`` ranks:
     MPICH puts a few per rank; a rank putting without end is cut off, not served."""
     return 1024 + 64 * size
-
-
-def parse_command(line: str) -> dict[str, str]:
-    """``"cmd=put kvsname=k key=a value=b"`` -> ``{"cmd": "put", "kvsname": "k", ...}``.
-
-    Values never hold spaces in PMI-1 (MPICH escapes them), so a split on blanks is exact.
-    """
-    out: dict[str, str] = {}
-    for token in line.strip().split():
-        key, sep, value = token.partition("=")
-        if sep:
-            out[key] = value
-    return out
-
-
-def format_reply(cmd: str, **fields: object) -> str:
-    return " ".join([f"cmd={cmd}", *(f"{k}={v}" for k, v in fields.items())]) + "\n"
 
 
 @dataclass
@@ -338,7 +325,7 @@ class PmiServer:
         kind: ``rank`` or ``watch``."""
         try:
             conn.settimeout(AUTH_TIMEOUT)
-            first = _recv_line(conn, MAX_FIRST_LINE)
+            first = recv_line(conn, MAX_FIRST_LINE)
         except (OSError, ValueError) as exc:
             why = "no authentication line in time" if isinstance(exc, TimeoutError) else str(exc)
             self._refuse(conn, peer, why)
@@ -482,28 +469,6 @@ def _peer(peer: Any) -> str:
     return str(peer)
 
 
-def _recv_line(conn: socket.socket, limit: int) -> str:
-    """One line from ``conn`` read a byte at a time (nothing after it is taken from the socket:
-    it may be handed on, as the rank's PMI_FD); ``ValueError`` past ``limit`` bytes."""
-    got = bytearray()
-    while not got.endswith(b"\n"):
-        if len(got) >= limit:
-            raise ValueError(f"its first line is longer than {limit} bytes")
-        byte = conn.recv(1)
-        if not byte:
-            raise ValueError("it closed before a full line")
-        got += byte
-    return got.decode("ascii", errors="replace")
-
-
-def _readline(reader: Any) -> str:
-    """One protocol line, or "" once the peer is gone."""
-    try:
-        return str(reader.readline(MAX_LINE))
-    except (OSError, ValueError):
-        return ""
-
-
 def _send_quietly(conn: socket.socket, text: str) -> None:
     try:
         conn.sendall(text.encode())
@@ -513,71 +478,6 @@ def _send_quietly(conn: socket.socket, text: str) -> None:
 
 def _abort_line(rank: int, code: int, why: str) -> str:
     return format_reply("cudampi_abort", rank=rank, exitcode=code, why=quote(why))
-
-
-def _dial(address: str, first: str, timeout: float) -> socket.socket:
-    host, _, port = address.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
-    sock.sendall(first.encode())
-    return sock
-
-
-def connect(address: str, rank: int, secret: str, timeout: float = 30.0) -> socket.socket:
-    """Rank ``rank``'s PMI connection to the server at ``host:port``, authenticated with the
-    job's ``secret``: a blocking socket ready for MPI (:func:`client_env`), which must stay open
-    (and referenced) for the life of the process. ``ConnectionError`` if refused."""
-    sock = _dial(address, format_reply("cudampi_auth", secret=secret, rank=rank), timeout)
-    try:
-        reply = parse_command(_recv_line(sock, MAX_FIRST_LINE))
-    except (OSError, ValueError) as exc:
-        sock.close()
-        raise ConnectionError(f"the PMI server at {address} refused rank {rank}: {exc}") from None
-    if reply.get("cmd") != "cudampi_auth" or reply.get("rc") != "0":
-        sock.close()
-        raise ConnectionError(f"the PMI server at {address} refused rank {rank}: {reply}")
-    sock.settimeout(None)  # blocking, as MPI's PMI client reads it
-    return sock
-
-
-def watch(
-    address: str,
-    rank: int,
-    on_end: Callable[[str, int], None],
-    secret: str,
-    timeout: float = 30.0,
-) -> threading.Thread:
-    """Open rank ``rank``'s watch connection to the server at ``host:port``; a daemon thread
-    calls ``on_end(message, exit_code)`` if another rank aborts or dies, or the server vanishes
-    (it returns quietly once the server says every rank has finalized)."""
-    sock = _dial(address, format_reply("cudampi_watch", secret=secret, rank=rank), timeout)
-    sock.settimeout(None)
-
-    def run() -> None:
-        req = parse_command(_readline(sock.makefile("r", encoding="ascii", newline="\n")))
-        if req.get("cmd") == "cudampi_done":
-            sock.close()
-            return
-        if req.get("cmd") == "cudampi_abort":
-            why = unquote(req.get("why", "aborted"))
-            code = int(req.get("exitcode", "1") or 1) or 1
-            on_end(f"rank {req.get('rank', '?')} {why} (exit code {code})", code)
-        else:
-            on_end(f"the PMI server (rank 0's host) went away at {address}", 1)
-
-    thread = threading.Thread(target=run, name="cudampi-pmi-watch", daemon=True)
-    thread.start()
-    return thread
-
-
-def single_node_mapping(size: int) -> str:
-    """PMI_process_mapping of ``size`` ranks on one node (Hydra's format)."""
-    return f"(vector,(0,1,{size}))"
-
-
-def client_env(fd: int, rank: int, size: int) -> dict[str, str]:
-    """What a rank must have in its environment before MPI_Init to join the server's job over
-    its authenticated connection ``fd`` (:func:`connect`), as Hydra hands its ranks theirs."""
-    return {"PMI_FD": str(fd), "PMI_RANK": str(rank), "PMI_SIZE": str(size)}
 
 
 def main(argv: list[str] | None = None) -> int:
