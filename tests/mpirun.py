@@ -63,7 +63,7 @@ LAUNCH_RETRIES = 2
 
 
 def _launcher_never_started(returncode: int, stderr: str) -> bool:
-    from cudampi.probe.runtime import launcher_never_started
+    from cudampi.mpiexec import launcher_never_started
 
     return "--- rank " not in stderr and launcher_never_started(returncode, stderr)
 
@@ -76,14 +76,14 @@ def mpiexec_argv(n: int) -> list[str]:
 
 
 def run_launched(
-    argv: list[str], env: dict[str, str], timeout: float, what: str
+    argv: list[str], env: dict[str, str], timeout: float, what: str, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
     """Run a launcher command line, again (LAUNCH_RETRIES times) when the launcher itself never
     started (Open MPI's PMIx listener can fail to start on a loaded machine)."""
     for attempt in range(1 + LAUNCH_RETRIES):
         try:
             proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+                argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
             )
         except subprocess.TimeoutExpired as exc:
             raise AssertionError(

@@ -112,3 +112,15 @@ def _hydra(m: Mpiexec) -> list[str]:
     if m.forward:
         out += ["-genvlist", ",".join(m.forward)]
     return out
+
+
+LAUNCHER_STARTUP_FAILURES = ("The PMIx server's listener thread failed to start",)
+"""Open MPI (PRRTE) failures before any rank ran: a known intermittent start-up failure (seen
+here once in ~150 launches on a loaded 2-core machine, and in other projects' CI). Only these
+are retried; a rank's own failure never is."""
+
+
+def launcher_never_started(returncode: int | None, stderr: str) -> bool:
+    """True when the launcher itself failed to start (so no rank ran) for a known transient
+    reason, and one more try is the right answer."""
+    return returncode not in (0, None) and any(m in stderr for m in LAUNCHER_STARTUP_FAILURES)

@@ -4,12 +4,11 @@ works there, the others skipped with a reason (never crashed), data checked."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpiexec_argv
+from tests.mpirun import mpi_env, mpiexec_argv, run_launched
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
@@ -27,9 +26,7 @@ def bench(n, *args, timeout=400):
         "--quiet",
         "--json",
     ]
-    proc = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT
-    )
+    proc = run_launched(argv, mpi_env(), timeout, f"cudampi bench {args}")
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
     )

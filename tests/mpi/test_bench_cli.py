@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpiexec_argv
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv, run_launched
 
 pytestmark = pytest.mark.mpi
 
@@ -21,12 +21,7 @@ PATHS = ("host", "gpu-ring", "staged", "native", "torch-gloo", "torch-cudampi", 
 def bench(n, *args, timeout=240, launcher=True):
     argv = [*mpiexec_argv(n)] if launcher else []
     argv += [sys.executable, "-m", "cudampi", "bench", *args, "--device", "cpu", "--quiet"]
-    try:
-        return subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"cudampi bench {args} hung\n{exc.stdout}\n{exc.stderr}") from None
+    return run_launched(argv, mpi_env(), timeout, f"cudampi bench {args}")
 
 
 def ok(proc):

@@ -5,14 +5,13 @@ or, for a rank that left, within seconds; the job then ends (non-zero) instead o
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpiexec_argv, only_when_asked, run_mpi
+from tests.mpirun import mpi_env, mpiexec_argv, only_when_asked, run_launched, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -55,14 +54,8 @@ def test_a_rank_that_skips_a_collective_makes_the_others_raise(tmp_path, how):
     script = tmp_path / "skips.py"
     script.write_text(textwrap.dedent(SKIPS))
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [*mpiexec_argv(2), sys.executable, str(script), how],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=mpi_env({"CUDAMPI_TIMEOUT": TIMEOUT}),
-        cwd=ROOT,
-    )
+    argv = [*mpiexec_argv(2), sys.executable, str(script), how]
+    proc = run_launched(argv, mpi_env({"CUDAMPI_TIMEOUT": TIMEOUT}), 120, how)
     out = proc.stdout
     assert "rank 0 raised after" in out, out + proc.stderr[-3000:]
     line = next(ln for ln in out.splitlines() if ln.startswith("rank 0 raised after"))

@@ -269,10 +269,10 @@ def test_launcher_detected_in_real_ranks(n):
 
 
 def test_doctor_started_on_two_ranks_reports_once(isolated_cache):
-    from tests.mpirun import mpi_env, mpiexec_argv
+    from tests.mpirun import mpi_env, mpiexec_argv, run_launched
 
     argv = [*mpiexec_argv(2), sys.executable, "-m", "cudampi", "doctor", "--no-runtime", "--json"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=mpi_env())
+    proc = run_launched(argv, mpi_env(), 240, "doctor")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(proc.stdout)  # one document: only rank 0 printed
     c = _check(doc, "launcher")

@@ -282,6 +282,43 @@ def _fake_launcher(tmp_path: Path) -> str:
     return str(fake)
 
 
+def _flaky_launcher(tmp_path: Path, fails: int, message: str) -> str:
+    """The real mpiexec, after ``fails`` starts that print ``message`` and exit 213 at once (as
+    prterun does when its PMIx listener fails to start); each start is counted in ``starts``."""
+    real = Path(sys.executable).parent / "mpiexec"
+    fake = tmp_path / "bin" / "mpiexec"
+    fake.parent.mkdir()
+    count = tmp_path / "starts"
+    fake.write_text(
+        f'#!/bin/sh\ncase "$1" in --version|-V) exec "{real}" "$@";; esac\n'
+        f'echo x >> "{count}"\n'
+        f'if [ "$(wc -l < "{count}")" -le {fails} ]; then echo "{message}" >&2; exit 213; fi\n'
+        f'exec "{real}" "$@"\n'
+    )
+    fake.chmod(0o755)
+    return str(fake)
+
+
+PMIX_LISTENER = "The PMIx server's listener thread failed to start. We cannot"
+
+
+@pytest.mark.parametrize(
+    ("fails", "message", "code", "starts"),
+    [(1, PMIX_LISTENER, 0, 2), (5, PMIX_LISTENER, 213, 3), (1, "some other failure", 213, 1)],
+    ids=["once", "every-time", "unknown-failure"],
+)
+def test_a_launcher_that_failed_to_start_is_started_again(tmp_path, fails, message, code, starts):
+    """Open MPI's launcher sometimes fails before starting any rank ("The PMIx server's listener
+    thread failed to start"; seen in CI here): cudampi launch starts it again, twice at most,
+    and only for that known message."""
+    launcher = _flaky_launcher(tmp_path, fails, message)
+    p = launch("-n", "2", "--launcher", launcher, TARGET, "check", "2", "--flag", "a b")
+    assert p.returncode == code, p.stdout + p.stderr
+    assert len((tmp_path / "starts").read_text().split()) == starts
+    again = "failed before it started any rank"
+    assert (again in p.stderr) == (message == PMIX_LISTENER), p.stderr
+
+
 @pytest.mark.parametrize(
     ("mode", "code", "words"),
     [

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpich_venv, mpiexec_argv
+from tests.mpirun import ROOT, mpi_env, mpich_venv, mpiexec_argv, run_launched
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -38,9 +37,7 @@ def _example(n, script, *args, tmp_path, env=None, launcher=True, timeout=240):
     if launcher:
         argv = [*mpiexec_argv(n), *argv]
     full = mpi_env({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})})
-    return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=full, cwd=tmp_path
-    )
+    return run_launched(argv, full, timeout, script, cwd=tmp_path)
 
 
 def _result(proc):
@@ -148,14 +145,8 @@ except ValueError as exc:
 def _refused(lib, tmp_path):
     script = tmp_path / "refused.py"
     script.write_text(textwrap.dedent(_REFUSED[lib]))
-    proc = subprocess.run(
-        [*mpiexec_argv(2), sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=mpi_env({"OMP_NUM_THREADS": "1"}),
-        cwd=tmp_path,
-    )
+    argv = [*mpiexec_argv(2), sys.executable, str(script)]
+    proc = run_launched(argv, mpi_env({"OMP_NUM_THREADS": "1"}), 180, lib, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # accelerate's CPU path swaps the name for gloo (or mpi) on every rank.
     want = f"{lib}: Your assigned backend cudampi is not available, please use gloo"

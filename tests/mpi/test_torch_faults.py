@@ -6,14 +6,13 @@ Under mpiexec (Open MPI) and under torchrun (MPICH through cudampi's PMI server)
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpiexec_argv, only_when_asked, run_mpi
+from tests.mpirun import mpi_env, mpiexec_argv, only_when_asked, run_launched, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -161,7 +160,7 @@ def run_faults(tmp_path, fault: str, launcher: str):
         argv += ["--nproc-per-node", "2", str(script), fault]
         env = torchrun_env("mpich")
     t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
+    proc = run_launched(argv, env, 150, f"{fault} under {launcher}")
     return proc, time.monotonic() - t0
 
 

@@ -10,13 +10,12 @@
 from __future__ import annotations
 
 import importlib.metadata
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpiexec_argv
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv, run_launched
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -47,14 +46,8 @@ dist.destroy_process_group()
 def _run(tmp_path, body, n=2, env=None):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
-    return subprocess.run(
-        [*mpiexec_argv(n), sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=mpi_env(env),
-        cwd=ROOT,
-    )
+    argv = [*mpiexec_argv(n), sys.executable, str(script)]
+    return run_launched(argv, mpi_env(env), 180, f"{n}-rank script")
 
 
 def test_mpi_backend_name_gets_the_fix(tmp_path):

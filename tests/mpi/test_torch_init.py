@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpiexec_argv, run_mpi
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv, run_launched, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -160,14 +160,7 @@ def test_a_raising_rank_fails_every_rank_fast(tmp_path):
     script = tmp_path / "raises.py"
     script.write_text(textwrap.dedent(_RAISES))
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [*mpiexec_argv(2), sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=mpi_env(),
-        cwd=ROOT,
-    )
+    proc = run_launched([*mpiexec_argv(2), sys.executable, str(script)], mpi_env(), 150, "script")
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
     assert "ValueError: planted failure" in proc.stderr, proc.stderr[-3000:]

@@ -197,7 +197,7 @@ def test_staging_verdict():
 
 
 def test_only_a_launcher_that_never_started_is_worth_a_retry():
-    from cudampi.probe.runtime import launcher_never_started
+    from cudampi.mpiexec import launcher_never_started
 
     pmix = (
         "--------------------------------------------------------------------------\n"

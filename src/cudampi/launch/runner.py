@@ -11,8 +11,9 @@ Its stderr passes through line by line while the ranks' tagged lines, carrying t
 itself, gives the launcher ``grace`` seconds to end the job (Open MPI does at once; Hydra waits
 for the other ranks) before the supervisor ends it; so does a launcher that lingers after every
 rank has ended (prterun sometimes hangs once its ranks have died). A launcher that exits 0
-without having started every rank is a failure. Rank processes left on this host afterwards
-(their launcher killed with -9) are killed from their fault-file pids.
+without having started every rank is a failure; one that fails with a known transient start-up
+message before any rank ran is started again (:data:`LAUNCH_RETRIES`). Rank processes left on
+this host afterwards (their launcher killed with -9) are killed from their fault-file pids.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from cudampi.launch.rankreport import (
     parse_started,
     report_prefix,
 )
+from cudampi.mpiexec import launcher_never_started
 
 STOP_STEPS = (3.0, 3.0)
 """Seconds to wait after the launcher's interrupt, then after SIGTERM, before SIGKILL."""
@@ -312,7 +314,41 @@ def execute(
     if report_dir:
         os.makedirs(report_dir, exist_ok=True)
     start = time.monotonic()
-    proc = _start(cmd, os.environ if env is None else env, token)
+    env = os.environ if env is None else env
+    for attempt in range(1 + LAUNCH_RETRIES):
+        proc, sup, watch = _run_once(
+            cmd, env, token, plan, report_dir, grace, timeout, start, out, err
+        )
+        if attempt == LAUNCH_RETRIES or not _never_started(proc, sup, watch, token):
+            break
+        launcher = plan.launcher.name or os.path.basename(plan.launcher.path)
+        err.write(
+            f"cudampi launch: {launcher} failed before it started any rank (a known intermittent "
+            f"start-up failure of the launcher itself); starting the job again (attempt "
+            f"{attempt + 2} of {1 + LAUNCH_RETRIES})\n"
+        )
+    return _outcome(plan, cmd, proc, sup, watch, token)
+
+
+LAUNCH_RETRIES = 2
+"""How many times a launcher that failed before starting any rank, with one of the known
+transient messages (:func:`cudampi.mpiexec.launcher_never_started`), is started again."""
+
+
+def _run_once(
+    cmd: Command,
+    env: Mapping[str, str],
+    token: str,
+    plan: LaunchPlan,
+    report_dir: str | None,
+    grace: float,
+    timeout: float | None,
+    start: float,
+    out: IO[str],
+    err: IO[str],
+) -> tuple[subprocess.Popen[bytes], _Supervisor, _Watch]:
+    """Start the launcher, pass its output through and supervise it until it has ended."""
+    proc = _start(cmd, env, token)
     sup = _Supervisor(proc, plan.launcher.flavour, token)
     assert proc.stdout is not None and proc.stderr is not None
     readers = [
@@ -329,7 +365,20 @@ def execute(
     sup.kill_group(signal.SIGKILL)
     for reader in readers:
         reader.join(timeout=10)
-    return _outcome(plan, cmd, proc, sup, watch, token)
+    return proc, sup, watch
+
+
+def _never_started(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch, token: str) -> bool:
+    """The launcher failed on its own, with a known transient message, before any rank ran (no
+    rank's started line, no fault file), and nobody stopped it: starting it again is safe."""
+    if sup.interrupts or w.timed_out or sup.stopped_for_fault:
+        return False
+    with sup.lock:
+        text = "".join(sup.tail)
+        said = parse_started(sup.report_lines, token)
+    if said or _read_fault_files(w.report_dir):
+        return False
+    return launcher_never_started(proc.returncode, text)
 
 
 def _start(cmd: Command, env: Mapping[str, str], token: str) -> subprocess.Popen[bytes]:

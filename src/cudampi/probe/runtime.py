@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cudampi.config import PROBE_TIMEOUT
-from cudampi.mpiexec import ROOT_ENV, Mpiexec
+from cudampi.mpiexec import ROOT_ENV, Mpiexec, launcher_never_started
 from cudampi.names import OPEN_MPI
 from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.worker import MARKER, STAGE
@@ -369,18 +369,6 @@ class ProbeRun:
     failure: ProbeFailure | None = None
     report: dict[str, Any] | None = None
     stderr_tail: str = ""
-
-
-LAUNCHER_STARTUP_FAILURES = ("The PMIx server's listener thread failed to start",)
-"""Open MPI (PRRTE) failures before any rank ran: a known intermittent start-up failure (seen
-here once in ~150 launches on a loaded 2-core machine, and in other projects' CI). Only these
-are retried; a rank's own failure never is."""
-
-
-def launcher_never_started(returncode: int | None, stderr: str) -> bool:
-    """True when the launcher itself failed to start (so no rank ran) for a known transient
-    reason, and one more try is the right answer."""
-    return returncode not in (0, None) and any(m in stderr for m in LAUNCHER_STARTUP_FAILURES)
 
 
 def run_test(
