@@ -116,8 +116,9 @@ def _hydra(m: Mpiexec) -> list[str]:
 
 LAUNCHER_STARTUP_FAILURES = ("The PMIx server's listener thread failed to start",)
 """Open MPI (PRRTE) failures before any rank ran: a known intermittent start-up failure (seen
-here once in ~150 launches on a loaded 2-core machine, and in other projects' CI). Only these
-are retried; a rank's own failure never is."""
+here once in a few hundred launches on a loaded 2-core machine, in two of three CI runs of the
+whole suite, and in other projects' CI). Only these are retried (the doctor's probe,
+``cudampi launch``); a rank's own failure never is."""
 
 
 def launcher_never_started(returncode: int | None, stderr: str) -> bool:
