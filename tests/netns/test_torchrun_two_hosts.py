@@ -188,6 +188,15 @@ for mine, theirs in zip((s, got, b), collectives(gloo)):
 dist.barrier()
 say(f"rank {rank} ok on {host} pmi={pmi} hosts={','.join(names)} end")
 dist.destroy_process_group()
+# The gloo group's last reference goes now, while the interpreter is whole: its destructor lets
+# its worker threads drop their finished works. Left to interpreter exit, a worker thread that
+# drops one then (its tensors need the GIL) is ended inside a C++ destructor: std::terminate,
+# "terminate called without an active exception" (torch's gloo, seen on CI under load).
+del gloo
+if os.environ.get("DIE_AT_END") == str(rank):  # the others are in MPI_Finalize by now
+    import signal
+    time.sleep(1)
+    os.kill(os.getpid(), signal.SIGKILL)
 """.replace("BIG", str(BIG))
 
 
@@ -314,6 +323,23 @@ def test_a_rank_raising_on_host_2_ends_both_torchruns(hosts: Hosts, tmp_path: Pa
     assert "RuntimeError: planted failure on rank 2" in out2, both
     # host 1's torchrun never heard of host 2's failure: its ranks ended on the PMI watch
     assert "cudampi: rank 2 called MPI_Abort (exit code 1); ending rank" in out1, both
+
+
+def test_ranks_in_mpi_finalize_end_when_a_rank_dies_at_exit(hosts: Hosts, tmp_path: Path):
+    """Host 1's ranks finish and enter MPI_Finalize (mpi4py calls it at interpreter exit, when no
+    Python thread runs, so their PMI watchers cannot act); rank 2 on host 2 is then killed, and
+    host 1's torchrun never hears of it. Host 1's ranks waited in the PMI barrier for ever
+    (seen on CI, where a crash at exit did the killing); the PMI server now fails their
+    PMI barrier, so MPI_Finalize fails and MPI ends them."""
+    script = tmp_path / "dies.py"
+    script.write_text(textwrap.dedent(_WORKER))
+    (rc1, out1), (rc2, out2) = run_job(
+        hosts, script, {"DIE_AT_END": "2"}, timeout=90, after="rank 2 ok", grace=30
+    )
+    both = f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
+    assert rc1 != 0 and rc2 != 0, both
+    assert "rank 2 closed its PMI connection without MPI_Finalize" in out1, both
+    assert "PMI_Barrier returned -1" in out1, both  # MPICH's error stack, from both ranks
 
 
 def test_a_job_across_hosts_without_a_pmi_secret_is_refused_on_every_rank(

@@ -231,6 +231,55 @@ def test_watchers_hear_when_a_rank_aborts_or_dies(how):
     srv.close()
 
 
+@pytest.mark.parametrize("how", ["abort", "vanish"])
+def test_ranks_left_waiting_in_a_barrier_after_a_failure_are_failed_soon(monkeypatch, how):
+    """A rank in MPI_Finalize at interpreter exit has no watcher left to end it (Python runs no
+    thread then): it waits in the PMI barrier for the failed rank. The server fails that
+    barrier, and later ones at once; its watcher heard of the failure first."""
+    monkeypatch.setattr(pmi, "FAIL_AFTER", 0.5)
+    logs: list[str] = []
+    srv = server(3, logs.append)
+    ranks = [_connect_rank(srv.port, r) for r in range(3)]
+    watchers = [_watcher(srv.port, r) for r in range(3)]
+    time.sleep(0.2)
+    ranks[0].sendall(b"cmd=barrier_in\n")  # in MPI_Finalize's barrier
+    t0 = time.monotonic()
+    if how == "abort":
+        ranks[1].sendall(b"cmd=abort exitcode=7\n")
+    else:
+        ranks[1].close()
+    ranks[0].settimeout(10)
+    assert _recv_until(ranks[0], b"\n") == b"cmd=barrier_out rc=-1 msg=a_rank_of_the_job_failed\n"
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert watchers[0][1] and watchers[0][1][0][0].startswith("rank 1 ")  # told first
+    said = [m for m in logs if m.startswith("failed the PMI barrier")]
+    assert len(said) == 1 and "of ranks 0, still waiting 0.5 s after rank 1's" in said[0], logs
+    ranks[2].settimeout(10)  # a barrier entered after the failure fails at once
+    ranks[2].sendall(b"cmd=barrier_in\n")
+    assert _recv_until(ranks[2], b"\n") == b"cmd=barrier_out rc=-1 msg=a_rank_of_the_job_failed\n"
+    assert "failed rank 2's PMI barrier: a rank of the job failed" in logs[-1], logs
+    for s in ranks:
+        s.close()
+    srv.close()
+
+
+def test_a_barrier_after_the_job_finished_cleanly_is_not_failed(monkeypatch):
+    monkeypatch.setattr(pmi, "FAIL_AFTER", 0.2)
+    srv = server(2)
+    ranks = [_connect_rank(srv.port, r) for r in range(2)]
+    for s in ranks:
+        s.sendall(b"cmd=barrier_in\n")
+    for s in ranks:
+        assert _recv_until(s, b"\n") == b"cmd=barrier_out rc=0\n"
+        s.sendall(b"cmd=finalize\n")
+        _recv_until(s, b"finalize_ack")
+        s.close()
+    assert srv.done.wait(10)
+    time.sleep(0.4)
+    assert not srv.state.failed and srv.aborted is None
+    srv.close()
+
+
 def test_watchers_are_released_quietly_when_every_rank_finalizes():
     srv = server(2)
     ranks = [_connect_rank(srv.port, r) for r in range(2)]

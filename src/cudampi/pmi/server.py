@@ -26,7 +26,11 @@ torchrun knows nothing of MPI. So each rank also opens a *watch* connection
 (``cmd=cudampi_watch rank=R``, see :func:`cudampi.pmi.client.watch`): the server sends every watcher
 ``cmd=cudampi_abort rank=R exitcode=C`` when a rank aborts or closes its PMI connection without
 MPI_Finalize, and ``cmd=cudampi_done`` when every rank has finalized; a watcher that hears of an
-abort, or loses the server, ends its process.
+abort, or loses the server, ends its process. A watcher is Python, and Python runs no thread once
+the interpreter is finalizing: a rank already in MPI_Finalize there (mpi4py calls it at exit)
+would wait in the PMI barrier for the rank that failed, for ever. So :data:`FAIL_AFTER` seconds
+after a failure the server answers that barrier, and every later one, with ``rc=-1``: MPI_Finalize
+then fails and MPI ends the process with its error stack ("PMI_Barrier returned -1").
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ def hydra_kvsname(pid: int | None = None) -> str:
 MAXES = {"kvsname_max": 256, "keylen_max": 64, "vallen_max": 1024}
 AUTH_TIMEOUT = 10.0
 """Seconds a new connection has to authenticate before it is closed."""
+FAIL_AFTER = 2.0
+"""Seconds from a rank's failure to failing the PMI barrier of the ranks left in it: their
+watchers end them first (with a message naming the failed rank) where their interpreter runs."""
 MAX_PENDING = 64
 """Connections that have not authenticated yet; past it the oldest is closed (a rank sends its
 line at once, so a flood of idle connections cannot keep the job's own ranks out)."""
@@ -123,6 +130,8 @@ class PmiState:
     kvs: dict[str, str] = field(default_factory=dict)
     published: dict[str, str] = field(default_factory=dict)
     waiting: list[Client] = field(default_factory=list)
+    failed: bool = False
+    """A rank failed (:meth:`fail`): no barrier can complete."""
     log: Callable[[str], None] = field(default=lambda msg: None)
 
     def __post_init__(self) -> None:
@@ -197,6 +206,9 @@ class PmiState:
         return [format_reply("get_result", rc=0, msg="success", value=got)], []
 
     def _barrier_in(self, client: Client, req: dict[str, str]) -> _Answer:
+        if self.failed:
+            self.log(f"failed rank {client.rank}'s PMI barrier: a rank of the job failed")
+            return [self.barrier_failed()], []
         self.waiting.append(client)
         if len(self.waiting) < self.size:
             return [], []
@@ -235,9 +247,20 @@ class PmiState:
         self.log("MPI_Comm_spawn is not supported by cudampi's PMI server")
         return [format_reply("spawn_result", rc=-1)], []
 
+    def fail(self) -> list[Client]:
+        """A rank failed: the ranks waiting in the barrier, to be answered
+        :meth:`barrier_failed`, as every later ``barrier_in`` is."""
+        self.failed = True
+        stuck, self.waiting = self.waiting, []
+        return stuck
+
     @staticmethod
     def barrier_out() -> str:
         return format_reply("barrier_out", rc=0)
+
+    @staticmethod
+    def barrier_failed() -> str:
+        return format_reply("barrier_out", rc=-1, msg="a_rank_of_the_job_failed")
 
 
 class PmiServer:
@@ -435,6 +458,25 @@ class PmiServer:
         for conn, watcher_rank in list(self._watchers.items()):
             if watcher_rank != rank:
                 _send_quietly(conn, line)
+        timer = threading.Timer(FAIL_AFTER, self._fail_barriers, args=(rank,))
+        timer.daemon = True
+        timer.start()
+
+    def _fail_barriers(self, failed: int) -> None:
+        """Answer the PMI barrier of the ranks waiting in it, and every later one, with
+        ``rc=-1``: it cannot complete without ``failed``."""
+        with self._lock:
+            if self.done.is_set():
+                return
+            stuck = self.state.fail()
+            if stuck:
+                self._log(
+                    f"failed the PMI barrier of ranks {', '.join(str(c.rank) for c in stuck)}, "
+                    f"still waiting {FAIL_AFTER:g} s after rank {failed}'s failure (in "
+                    "MPI_Finalize, most likely): their MPI ends them"
+                )
+            for client in stuck:
+                self._send(client, PmiState.barrier_failed())
 
     def _finish(self) -> None:
         """Every rank has finalized or gone: release the watchers, then say done. Lock held."""
