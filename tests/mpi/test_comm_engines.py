@@ -31,6 +31,8 @@ def rank_stream_ordered_dispatch(comm):
         return real_check(*a, **k)
 
     class CountingOps(NumpyOps):
+        device = 0  # stands for device ops: host ops skip the stream protocol (no-ops there)
+
         def capture(self):
             counts["capture"] += 1
 

@@ -377,6 +377,8 @@ def rank_read_only_outputs(comm, tmp):
         _expect(c, lambda: c.broadcast(src if comm.rank == 0 else view), CommError, "read-only")
         assert data == bytes(range(16)) * 4, "the immutable bytes changed"
         _expect(c, lambda: c.allreduce(np.ones(64, np.uint8), out=ro), CommError, "read-only")
+        _expect(c, lambda: c.allreduce(view, out=view), CommError, "read-only")  # in place
+        assert data == bytes(range(16)) * 4, "the immutable bytes changed"
         _expect(c, lambda: c.allgather(np.ones(1, np.uint8), out=ro[: comm.size]), CommError)
         try:
             c.recv(view, source=(comm.rank + 1) % comm.size)

@@ -36,9 +36,10 @@ DTYPES = (
 DTYPE_CODE = {name: i + 1 for i, name in enumerate(DTYPES)}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Buf:
-    """One array as the collectives see it.
+    """One array as the collectives see it (made for every array of every call: slots, not
+    frozen, whose checked assignments cost a microsecond a call; treat it as read-only).
 
     ``arr`` is the array in its own library (a view of the caller's memory, never a copy);
     ``device`` is None for host memory, else the CUDA device ordinal.
@@ -122,14 +123,23 @@ def adapt(x: Any, what: str = "x") -> Buf:
 
 
 _NP_NAMES: dict[Any, str] = {}
+_MEMORY: Any = None
+
+
+def _memory() -> Any:
+    """``MPI.memory``, imported once (an import statement costs more than the call)."""
+    global _MEMORY
+    from mpi4py import MPI
+
+    _MEMORY = MPI.memory
+    return _MEMORY
 
 
 def np_ptr(a: Any) -> int:
     """The data address of a NumPy array (mpi4py's buffer view is the cheapest way to read it)."""
-    from mpi4py import MPI
-
+    memory = _MEMORY or _memory()
     try:
-        return int(MPI.memory(a).address)
+        return int(memory(a).address)
     except (TypeError, ValueError, BufferError):  # not exposable as a buffer: ask NumPy
         return int(a.__array_interface__["data"][0])
 
@@ -139,17 +149,10 @@ def _from_numpy(a: Any, obj: Any) -> Buf:
     name = _NP_NAMES.get(dt)
     if name is None:
         name = _NP_NAMES[dt] = dt.name  # dtype.name is slow to compute; dtypes are few
-    return Buf(
-        obj=obj,
-        arr=a,
-        lib="numpy",
-        device=None,
-        dtype=name,
-        shape=tuple(int(d) for d in a.shape),
-        itemsize=int(dt.itemsize),
-        contiguous=bool(a.flags.c_contiguous),
-        writable=bool(a.flags.writeable),
-    )
+    flags = a.flags
+    # NumPy's shape is a tuple of Python ints already
+    return Buf(obj, a, "numpy", None, name, a.shape, dt.itemsize, flags.c_contiguous,
+               flags.writeable)  # fmt: skip
 
 
 _TORCH_NAMES: dict[Any, str] = {}
@@ -169,17 +172,10 @@ def _from_torch(t: Any, obj: Any) -> Buf:
     name = _TORCH_NAMES.get(dt)
     if name is None:
         name = _TORCH_NAMES[dt] = _canon_torch_dtype(dt)
-    return Buf(
-        obj=obj,
-        # same memory; in-place writes must not be recorded by autograd
-        arr=t.detach() if t.requires_grad else t,
-        lib="torch",
-        device=device,
-        dtype=name,
-        shape=tuple(int(d) for d in t.shape),
-        itemsize=int(t.element_size()),
-        contiguous=bool(t.is_contiguous()),
-    )
+    # same memory; in-place writes must not be recorded by autograd. torch.Size holds ints.
+    arr = t.detach() if t.requires_grad else t
+    return Buf(obj, arr, "torch", device, name, tuple(t.shape), t.element_size(),
+               t.is_contiguous())  # fmt: skip
 
 
 def _from_cupy(a: Any, obj: Any) -> Buf:

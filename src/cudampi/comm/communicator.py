@@ -93,6 +93,8 @@ class Communicator:
         found = capmod.lookup(self.config.cache_dir, MPI.Get_library_version(), os.environ)
         self.capabilities: capmod.Capabilities | None = found.entry
         self._support = device_support(self.config, found.entry, found.note)
+        self._choices: dict[tuple[Any, ...], PathChoice] = {}
+        """(call, path asked, on device, dtype, bytes) -> its choice (support is fixed)."""
         if found.ignored and self.rank == 0:
             warnings.warn(f"cudampi: {found.note}", RuntimeWarning, stacklevel=2)
         try:
@@ -191,17 +193,23 @@ class Communicator:
         return self._choose(op, b, None, n)
 
     def _choose(self, call: str, b: Buf, path: str | None, nbytes: int | None = None) -> PathChoice:
-        requested = check_path(path, "path") or self._path
         n = b.nbytes if nbytes is None else nbytes
-        choice = choose(
-            call,
-            requested,
-            b.on_device,
-            b.dtype,
-            n,
-            self._support,
-            mpi_reduces=can_reduce(b.dtype),
-        )
+        key = (call, path, b.device is not None, b.dtype, n)
+        choice = self._choices.get(key)
+        if choice is None:  # a training loop repeats a few calls: each is chosen once
+            requested = check_path(path, "path") or self._path
+            choice = choose(
+                call,
+                requested,
+                b.on_device,
+                b.dtype,
+                n,
+                self._support,
+                mpi_reduces=can_reduce(b.dtype),
+            )
+            if len(self._choices) >= 4096:
+                self._choices.clear()
+            self._choices[key] = choice
         self._chosen = (choice, n, b.dtype)
         return choice
 
@@ -224,7 +232,7 @@ class Communicator:
     def _out(self, x: Buf, out: Any, shape: tuple[int, ...], what: str = "out") -> Buf:
         if out is None:
             return adapt(empty_like_shape(x, shape))
-        ob = self._buf(out, what)
+        ob = x if out is x.obj else self._buf(out, what)  # in place: adapted already
         args.check_out(x, ob, shape, what)
         return ob
 
@@ -243,8 +251,9 @@ class Communicator:
         seq = self._seq
         try:
             plan = build()
-            if plan.ops is not None and not plan.ordered:
-                plan.token = plan.ops.capture()
+            ops = plan.ops
+            if ops is not None and ops.device is not None and not plan.ordered:
+                plan.token = ops.capture()
         except Exception as exc:
             if self._reject_ordered(what):
                 raise
@@ -274,14 +283,15 @@ class Communicator:
 
         def execute() -> Any:
             check(self._coll, plan.sig, plan.error, debug=debug, watch=self._watch, seq=seq)
-            assert plan.run is not None
+            run, ops = plan.run, plan.ops
+            assert run is not None
             with observed:
-                if plan.ops is None:
-                    return plan.run()
-                with plan.ops.device_ctx():
-                    plan.ops.begin(plan.token)
-                    result = plan.run()
-                    plan.ops.fence()
+                if ops is None or ops.device is None:  # host memory: no stream to order
+                    return run()
+                with ops.device_ctx():
+                    ops.begin(plan.token)
+                    result = run()
+                    ops.fence()
                 return result
 
         return self._submit(execute, what, async_op)

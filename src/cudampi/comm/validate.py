@@ -10,6 +10,7 @@ disagreement or local failure every rank raises, naming the ranks and values.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,19 +111,17 @@ def check(
         if local_error is not None:
             raise local_error
         return
-    import numpy
     from mpi4py import MPI
 
-    codes = sig.codes()
-    vec = numpy.array([*codes, *(-c for c in codes), 1 if local_error else 0], dtype=numpy.int64)
-    out = numpy.empty_like(vec)
+    vec = _vector(sig, local_error is not None)
+    out = vec.copy()
     if watch is None:
         comm.Allreduce(vec, out, MPI.MAX)
     else:
         watch.wait(comm.Iallreduce(vec, out, MPI.MAX), sig.call, seq)
-    k = len(codes)
-    agree = all(out[i] == -out[k + i] for i in range(k))
-    if agree and out[-1] == 0 and not debug:
+    # max(c) == -max(-c), i.e. max == min, for every code: all ranks gave the same; the last
+    # entry is 1 where any rank failed its local check
+    if out[-1] == 0 and not debug and _agree(out):
         return
     # Every rank has arrived (the allreduce completed): the full exchange cannot wait for ever.
     entries = comm.allgather(
@@ -135,6 +134,29 @@ def check(
     if debug and all(e[1] is None and e[0] == sig and e[0].shape == sig.shape for e in entries):
         return
     _raise_for(comm.rank, sig, local_error, entries, debug)
+
+
+@functools.lru_cache(maxsize=256)
+def _codes(sig: Signature) -> Any:
+    import numpy
+
+    codes = sig.codes()
+    return numpy.array([*codes, *(-c for c in codes), 0], dtype=numpy.int64)
+
+
+def _vector(sig: Signature, failed: bool) -> Any:
+    """What this rank contributes to the cheap check (a training loop repeats a few calls:
+    their vectors are made once); the caller must not write into it."""
+    if failed:
+        vec = _codes(sig).copy()
+        vec[-1] = 1
+        return vec
+    return _codes(sig)
+
+
+def _agree(out: Any) -> bool:
+    k = (len(out) - 1) // 2
+    return bool((out[:k] == -out[k : 2 * k]).all())
 
 
 def _raise_for(

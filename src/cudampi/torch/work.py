@@ -99,11 +99,36 @@ def completed_future(result: Any) -> Any:
 
 
 def completed_work(result: Any) -> Any:
-    """A c10d Work that is already done, whose future holds ``result``."""
-    import importlib
+    """A c10d Work that is already done, whose future holds ``result`` (made when first asked
+    for: a typed future costs ~6 us, most of a small host collective, and a plain
+    ``dist.all_reduce`` never asks)."""
+    return _done_work_class()(result)
 
-    c10d: Any = importlib.import_module("torch._C._distributed_c10d")
-    return c10d._create_work_from_future(completed_future(result))
+
+@cache
+def _done_work_class() -> type:
+    work_base: Any = _work_base()
+
+    class DoneWork(work_base):
+        """A collective that ran to the end in the caller's thread."""
+
+        def __init__(self, result: Any) -> None:
+            super().__init__()
+            self._result = result
+            self._future: Any = None
+
+        def wait(self, timeout: Any = None) -> bool:
+            return True
+
+        def is_completed(self) -> bool:
+            return True
+
+        def get_future(self) -> Any:
+            if self._future is None:
+                self._future = completed_future(self._result)
+            return self._future
+
+    return DoneWork
 
 
 def finished_work(result: Any) -> Any:

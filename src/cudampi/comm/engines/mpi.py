@@ -96,6 +96,8 @@ def can_reduce(dtype: str) -> bool:
 
 
 def _typed(ops: ArrayOps, a: Any, dtype: str) -> Any:
+    if ops.lib == "numpy":  # mpi4py reads a NumPy array's buffer itself, cheaper than an address
+        return [a, int(a.shape[0]), mpi_type(dtype)]
     n = ops.nbytes(a)
     return typed_mem(ops.ptr(a), n, int(a.shape[0]), mpi_type(dtype))
 
