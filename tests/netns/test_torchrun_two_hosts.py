@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -293,12 +294,20 @@ def _tails(logs: list[Path]) -> str:
     return "\n".join(f"--- {log.name}:\n{log.read_text()[-4000:]}" for log in logs)
 
 
-def test_torchrun_on_two_hosts_is_one_mpi_job(hosts: Hosts, tmp_path: Path):
-    script = tmp_path / "worker.py"
+def run_worker(
+    hosts: Hosts, tmp_path: Path, name: str, extra: dict[str, str | None], **kw: Any
+) -> tuple[int, str, int, str, str]:
+    """_WORKER (as ``tmp_path/name.py``) on both hosts through :func:`run_job`: each host's exit
+    code and output, then both outputs' tails for an assertion's message."""
+    script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(_WORKER))
+    (rc1, out1), (rc2, out2) = run_job(hosts, script, extra, **kw)
+    return rc1, out1, rc2, out2, f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
+
+
+def test_torchrun_on_two_hosts_is_one_mpi_job(hosts: Hosts, tmp_path: Path):
     before = hosts.veth_bytes(0)
-    (rc1, out1), (rc2, out2) = run_job(hosts, script, {}, timeout=90)
-    both = f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
+    rc1, out1, rc2, out2, both = run_worker(hosts, tmp_path, "worker", {}, timeout=90)
     assert (rc1, rc2) == (0, 0), both
     seen = dict(re.findall(r"rank (\d) ok on (.*? end)", out1 + out2))
     assert sorted(seen) == ["0", "1", "2", "3"], both
@@ -313,12 +322,9 @@ def test_torchrun_on_two_hosts_is_one_mpi_job(hosts: Hosts, tmp_path: Path):
 
 
 def test_a_rank_raising_on_host_2_ends_both_torchruns(hosts: Hosts, tmp_path: Path):
-    script = tmp_path / "raises.py"
-    script.write_text(textwrap.dedent(_WORKER))
-    (rc1, out1), (rc2, out2) = run_job(
-        hosts, script, {"FAIL_RANK": "2"}, timeout=60, after="rank 2 raises", grace=20
+    rc1, out1, rc2, out2, both = run_worker(
+        hosts, tmp_path, "raises", {"FAIL_RANK": "2"}, timeout=60, after="rank 2 raises", grace=20
     )
-    both = f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
     assert rc1 != 0 and rc2 != 0, both
     assert "RuntimeError: planted failure on rank 2" in out2, both
     # host 1's torchrun never heard of host 2's failure: its ranks ended on the PMI watch
@@ -331,12 +337,9 @@ def test_ranks_in_mpi_finalize_end_when_a_rank_dies_at_exit(hosts: Hosts, tmp_pa
     host 1's torchrun never hears of it. Host 1's ranks waited in the PMI barrier for ever
     (seen on CI, where a crash at exit did the killing); the PMI server now fails their
     PMI barrier, so MPI_Finalize fails and MPI ends them."""
-    script = tmp_path / "dies.py"
-    script.write_text(textwrap.dedent(_WORKER))
-    (rc1, out1), (rc2, out2) = run_job(
-        hosts, script, {"DIE_AT_END": "2"}, timeout=90, after="rank 2 ok", grace=30
+    rc1, out1, rc2, _, both = run_worker(
+        hosts, tmp_path, "dies", {"DIE_AT_END": "2"}, timeout=90, after="rank 2 ok", grace=30
     )
-    both = f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
     assert rc1 != 0 and rc2 != 0, both
     assert "rank 2 closed its PMI connection without MPI_Finalize" in out1, both
     assert "PMI_Barrier returned -1" in out1, both  # MPICH's error stack, from both ranks
@@ -347,9 +350,8 @@ def test_a_job_across_hosts_without_a_pmi_secret_is_refused_on_every_rank(
 ):
     """Issue 16, item 16: across hosts the PMI server listens on the network, so the job must
     share a secret (torch's store is readable by anyone who reaches it): every rank says so."""
-    script = tmp_path / "worker.py"
-    script.write_text(textwrap.dedent(_WORKER))
-    (rc1, out1), (rc2, out2) = run_job(hosts, script, {"CUDAMPI_PMI_SECRET": None}, timeout=60)
-    both = f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
+    rc1, out1, rc2, out2, both = run_worker(
+        hosts, tmp_path, "worker", {"CUDAMPI_PMI_SECRET": None}, timeout=60
+    )
     assert rc1 != 0 and rc2 != 0, both
     assert (out1 + out2).count("export CUDAMPI_PMI_SECRET=") >= 4, both
