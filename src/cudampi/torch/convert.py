@@ -50,6 +50,12 @@ def reduce_spec(op: Any) -> ReduceSpec:
     in ``.factor`` (torch >= 2.5) or in ``__getstate__()`` (``(op, factor)``, older wheels).
     """
     red_type = getattr(op, "op", op)
+    try:
+        known = _SPECS.get(red_type)
+    except TypeError:  # unhashable: not an op type
+        known = None
+    if known is not None:
+        return known
     name = getattr(red_type, "name", None)
     if name is None and isinstance(red_type, str):
         name = red_type.upper()
@@ -71,7 +77,14 @@ def reduce_spec(op: Any) -> ReduceSpec:
                 f"ReduceOp.PREMUL_SUM {op!r} carries no factor. Fix: build it with "
                 "torch.distributed._make_nccl_premul_sum(factor)."
             )
-    return ReduceSpec(torch_name=name, op=TORCH_REDUCE_OPS[name], premul=factor)
+    spec = ReduceSpec(torch_name=name, op=TORCH_REDUCE_OPS[name], premul=factor)
+    if factor is None and not isinstance(red_type, str):
+        _SPECS[red_type] = spec  # each call looks it up again: a few are made once
+    return spec
+
+
+_SPECS: dict[Any, ReduceSpec] = {}
+"""torch ``RedOpType`` -> its spec (PREMUL_SUM, whose factor varies, is never kept)."""
 
 
 def check_dtype(spec: ReduceSpec, dtype: Any) -> None:
