@@ -78,13 +78,14 @@ def reduce_spec(op: Any) -> ReduceSpec:
                 "torch.distributed._make_nccl_premul_sum(factor)."
             )
     spec = ReduceSpec(torch_name=name, op=TORCH_REDUCE_OPS[name], premul=factor)
-    if factor is None and not isinstance(red_type, str):
+    if factor is None:
         _SPECS[red_type] = spec  # each call looks it up again: a few are made once
     return spec
 
 
 _SPECS: dict[Any, ReduceSpec] = {}
-"""torch ``RedOpType`` -> its spec (PREMUL_SUM, whose factor varies, is never kept)."""
+"""A torch ``RedOpType`` (or a name) -> its spec (PREMUL_SUM, whose factor varies, is never
+kept)."""
 
 
 def check_dtype(spec: ReduceSpec, dtype: Any) -> None:
