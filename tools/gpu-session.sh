@@ -110,9 +110,15 @@ mps)
 ddpasync)
   B=$OUT/bench; mkdir -p $B
   export PATH=/tmp/v/bin:$PATH
-  sec bench ddp 2 ranks, cudampi blocking and async_ops
-  T 200 $W -m cudampi launch -n 2 -m cudampi bench ddp -w 3 -n 10 \
-    --paths local,torch-gloo,torch-cudampi,torch-cudampi-async --json $B/ddp2.json > $B/ddp2.txt; tail -12 $B/ddp2.txt
+  export CUPY_CACHE_DIR=$PWD/.cupy-cache
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  ddp() {
+    sec bench ddp 2 ranks, cudampi blocking and async_ops, MPS $MPS
+    T ${DDP_T:-200} $W -m cudampi launch -n 2 -m cudampi bench ddp -w 3 -n 10 \
+      --paths local,torch-gloo,torch-cudampi,torch-cudampi-async --json $B/ddp2-mps$MPS.json \
+      > $B/ddp2-mps$MPS.txt; tail -12 $B/ddp2-mps$MPS.txt
+  }
+  mps_each ddp
   tar czf $OUT/bench-ddp.tgz -C $OUT bench && rm -rf $B
   ;;
 torchrun)
@@ -180,30 +186,53 @@ final)
     T 100 $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_torch_gpu.py -k "gpu-ring and sync" -o addopts= ) 2>&1 | tail -15
   tar czf $OUT/bench.tgz -C $OUT bench && rm -rf $B
   ;;
-ipc)
+ipc|warm)
   # The ipc engine: compile its kernels for IPC_RANKS in parallel (CuPy's disk cache, carried
-  # between calls as .cupy-cache.tgz), then tests/gpu/test_ipc_gpu.py with MPS off and on.
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache CUDAMPI_TIMEOUT=${IPC_TIMEOUT:-30}
-  [ -f .cupy-cache.tgz ] && tar xzf .cupy-cache.tgz
+  # between calls as .cupy-cache.tgz); `ipc` then runs tests/gpu/test_ipc_gpu.py with MPS off
+  # and on (`ipctests` alone runs the tests).
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
   sec ipc kernels
   T 300 $W tools/ipc-warm.py --ranks ${IPC_RANKS:-2,3,4} --jobs 16 2>&1 | tee $OUT/ipc-warm.log | grep -a -v warning | tail -40
+  tar czf $OUT/cupy-cache.tgz .cupy-cache
+  ;;&
+ipc|ipctests)
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache CUDAMPI_TIMEOUT=${IPC_TIMEOUT:-30}
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
   ipc_tests() {
     sec ipc tests, MPS $MPS
-    T ${IPC_T:-300} $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_ipc_gpu.py -o addopts= \
-      -rfEs --durations=12 ${IPC_X:+-x} ${IPC_K:+-k "$IPC_K"} 2>&1 | tee $OUT/ipc-tests-mps-$MPS.log \
+    T ${IPC_T:-300} $W -m pytest -q -p no:cacheprovider -m gpu ${IPC_FILES:-tests/gpu/test_ipc_gpu.py} -o addopts= \
+      -rfEs --durations=12 --timeout ${IPC_TEST_T:-200} ${IPC_X:+-x} ${IPC_K:+-k "$IPC_K"} 2>&1 | tee $OUT/ipc-tests-mps-$MPS.log \
       | grep -a -v "warning\|^ *#pragma\|^ *\^\|detected during" | tail -${IPC_TAIL:-45}
   }
   mps_each ipc_tests
-  tar czf $OUT/cupy-cache.tgz .cupy-cache
   ;;
 ipcprofile)
   export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
   [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
   ipc_prof() {
     sec ipc profile, MPS $MPS
-    for n in ${PROF_SIZES:-1024}; do T 60 $W -m cudampi launch -n 2 tools/ipc-profile.py $n 2>&1 | tail -${PROF_LINES:-48}; done
+    for n in ${PROF_SIZES:-1024}; do T 60 $W -m cudampi launch -n 2 tools/ipc-profile.py $n 2>&1 | tee -a $OUT/ipc-profile-mps-$MPS.txt | tail -${PROF_LINES:-48}; done
   }
   mps_each ipc_prof
+  ;;
+ipcswitch)
+  # Where allreduce should switch from one-shot to two-shot: ipc forced one way, then the
+  # other (CUDAMPI_IPC_ONESHOT_BYTES), SWITCH_NP ranks, MPS on.
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  B=$OUT/switch; mkdir -p $B
+  switch() {
+    for N in ${SWITCH_NP:-2 4}; do for one in 1G 0; do
+      sec allreduce ipc $N ranks, one-shot up to $one, MPS $MPS
+      CUDAMPI_IPC_ONESHOT_BYTES=$one T 90 $W -m cudampi launch -n $N -m cudampi bench allreduce \
+        -b ${SWITCH_B:-32K} -e ${SWITCH_E:-32M} -f 2 -w 5 -n 40 --time-limit 0.3 --paths ipc \
+        --json $B/switch-$N-$one-mps$MPS.json > $B/switch-$N-$one-mps$MPS.txt
+      grep -E "^ *[0-9]|wrong" $B/switch-$N-$one-mps$MPS.txt | head -14
+    done; done
+  }
+  mps_each switch
+  tar czf $OUT/switch.tgz -C $OUT switch && rm -rf $B
   ;;
 ipcbench)
   # Every collective on ipc beside gpu-ring, staged, torch gloo and the copy peer, MPS off and

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from cudampi.comm import Communicator
 from cudampi.comm.ipc import layout as L
 from cudampi.comm.ipc import plan
-from cudampi.comm.ipc.workspace import kernel
+from cudampi.comm.ipc.workspace import function, kernel
 
 w = MPI.COMM_WORLD
 torch.cuda.set_device(0)
@@ -55,6 +55,14 @@ with Communicator(w, path="ipc") as c:
     arg = (launches[0].params.view(plan.PARAM_DTYPE),)
     raw = per_call(lambda: fn((ws.blocks,), (L.NTHREADS,), arg, stream=cs))
     ws.launches += 20 + iters  # the raw launches above advanced the kernels' counters
+    import cupy
+
+    f, argv = function(0, name["reduce"]), launches[0].argv_ptr
+    go = cupy.cuda.driver.launchKernel
+    driver = per_call(lambda: go(f, ws.blocks, 1, 1, L.NTHREADS, 1, 1, 0, stream, argv, 0))
+    ws.launches += 20 + iters
+    engine_only = per_call(lambda: eng.allreduce(x, y, "sum", "float32"))
+    registered = per_call(lambda: eng._registered(x.data_ptr(), y.data_ptr()))
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     w.Barrier()
@@ -64,6 +72,19 @@ with Communicator(w, path="ipc") as c:
     e1.record()
     torch.cuda.synchronize()
     gpu = e0.elapsed_time(e1) * 1000 / 100
+    from cudampi.comm.buffers import adapt
+    from cudampi.comm.engines.base import caller_stream
+
+    def observed():
+        with c._observer.call("allreduce", 4 * n, "float32", "ipc", "why"):
+            pass
+
+    pieces = {
+        "adapt(x)": per_call(lambda: adapt(x)),
+        "caller_stream": per_call(lambda: caller_stream(eng.ops)),
+        "observer": per_call(observed),
+        "ws.check": per_call(ws.check),
+    }
     prof = cProfile.Profile()
     w.Barrier()
     prof.enable()
@@ -74,7 +95,11 @@ with Communicator(w, path="ipc") as c:
     c.synchronize()
     if w.rank == 0:
         print(f"n={n} blocks={ws.blocks} us/call: pipelined {pipelined:.1f}, synced {synced:.1f}, "
-              f"launch path {launch_only:.1f}, raw kernel launch {raw:.1f}, GPU per launch {gpu:.1f}")
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
-        print("\n".join(s.getvalue().splitlines()[:45]))
+              f"launch path {launch_only:.1f}, CuPy kernel call {raw:.1f}, driver launch {driver:.1f}, "
+              f"GPU per launch {gpu:.1f}, engine.allreduce {engine_only:.1f}, registration "
+              f"lookup {registered:.1f} (registered calls {eng.registered_calls})")
+        print("pieces us/call: " + ", ".join(f"{k} {v:.1f}" for k, v in pieces.items()))
+        for key, k in (("tottime", 22), ("cumulative", 30)):
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats(key).print_stats(k)
+            print("\n".join(s.getvalue().splitlines()[:k + 12]))

@@ -54,6 +54,13 @@ def parse_size(text: str | int) -> int:
     return int(value * mult)
 
 
+def _size_or_auto(text: str | int) -> int:
+    """A size (:func:`parse_size`), or ``auto`` / -1: chosen by the engine (-1)."""
+    if text in ("auto", "-1", -1):
+        return -1
+    return parse_size(text)
+
+
 def parse_seconds(text: str | float) -> float:
     """A positive, finite number of seconds (``nan``, ``inf``, 0 and negatives are refused)."""
     try:
@@ -155,11 +162,13 @@ class Config:
         ),
     )
     ipc_oneshot_bytes: int = field(
-        default=512 << 10,
+        default=-1,
         metadata=_meta(
-            parse_size,
+            _size_or_auto,
             "ipc engine: allreduce up to this size runs one-shot (every rank reads every rank), "
-            "above it two-shot (reduce-scatter + all-gather)",
+            "above it two-shot (reduce-scatter + all-gather); auto (-1): the switch measured on "
+            "the H200 (docs/ipc.md): 32 MiB / ranks where the node's ranks share one GPU, "
+            "512 KiB with a GPU each",
             agreed=True,
         ),
     )

@@ -4,9 +4,10 @@ show it: a log line, a torch.profiler range, an NVTX range, a Chrome-trace event
 - ``CUDAMPI_LOG=info`` logs, once per new (op, size, dtype), the path chosen and why;
   ``CUDAMPI_LOG=debug`` every call with its time. Standard :mod:`logging` (logger ``cudampi``),
   lines prefixed with host and rank, on rank 0 (``CUDAMPI_LOG_RANKS=all``: every rank).
-- While a torch.profiler runs, every call is a ``record_function`` range; once torch has
-  initialized CUDA, an NVTX range too (what Nsight Systems shows). Both are named
-  ``cudampi.<op> <size> <dtype> <path>``.
+- While a torch.profiler runs, every call is a ``record_function`` range; under a tool that
+  records NVTX (Nsight Systems, Nsight Compute: they set ``NVTX_INJECTION64_PATH``, without
+  which NVTX ranges go nowhere) and once torch has initialized CUDA, an NVTX range too. Both
+  are named ``cudampi.<op> <size> <dtype> <path>``.
 - ``CUDAMPI_TRACE=DIR``: every rank writes its calls to ``DIR/cudampi-trace-rank<R>.json``
   (Chrome trace events); :func:`merge_traces` joins them into one timeline (``cudampi trace``).
 
@@ -182,6 +183,11 @@ def _torch_profiling() -> Any:
         return None
 
 
+NVTX_TOOL = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
+"""How a tool that records NVTX ranges attaches itself (NVTX's own mechanism): with neither
+set, an NVTX range records nothing, and building one costs a small call ~5 us on the host."""
+
+
 def _torch_nvtx() -> Any:
     """torch.cuda.nvtx once torch has initialized CUDA (else None)."""
     torch = sys.modules.get("torch")
@@ -206,6 +212,8 @@ class Observer:
         """Read once: the logging set up when the Communicator was made (CUDAMPI_LOG)."""
         self.seen: set[tuple[str, int, str]] = set()
         self.trace = recorder(config.trace, wr, self.host) if config.trace else None
+        self.nvtx = any(os.environ.get(v) for v in NVTX_TOOL)
+        """NVTX ranges are made only under a tool that records them (read once)."""
 
     def close(self) -> None:
         if self.trace is not None:
@@ -220,7 +228,7 @@ class Observer:
             self.seen.add(key)
             logger.info("%s %s %s: path %s (%s)", op, human_bytes(nbytes), dtype, path, why)
         torch = _torch_profiling()
-        nvtx = _torch_nvtx()
+        nvtx = _torch_nvtx() if self.nvtx else None
         with contextlib.ExitStack() as stack:
             if torch is not None:
                 stack.enter_context(torch.profiler.record_function(name))
@@ -247,7 +255,7 @@ class Observer:
             self.trace is None
             and not self.logs
             and _torch_profiling() is None
-            and _torch_nvtx() is None
+            and (not self.nvtx or _torch_nvtx() is None)
         ):
             return _NOTHING
         return self._observed(op, nbytes, dtype, path, why)

@@ -222,3 +222,18 @@ def test_slices_are_pack_aligned_and_cover() -> None:
                 assert all(a % pe == 0 for a, _ in sl)
                 covered = [i for a, b in sl for i in range(a, b)]
                 assert covered == list(range(count))
+
+
+def test_the_oneshot_switch_follows_the_measurement_and_a_setting_wins() -> None:
+    from cudampi.config import Config
+
+    # ranks sharing one GPU: one-shot up to 32 MiB / ranks (measured, docs/ipc.md)
+    assert plan.oneshot_auto(2, True) == 16 << 20 and plan.oneshot_auto(4, True) == 8 << 20
+    # a GPU each: small messages only until several GPUs measure it
+    assert plan.oneshot_auto(2, False) == plan.oneshot_auto(8, False) == 512 << 10
+    assert Config.load({}, env={}).ipc_oneshot_bytes == -1
+    assert Config.load({}, env={"CUDAMPI_IPC_ONESHOT_BYTES": "auto"}).ipc_oneshot_bytes == -1
+    assert Config.load({}, env={"CUDAMPI_IPC_ONESHOT_BYTES": "0"}).ipc_oneshot_bytes == 0
+    assert Config.load({}, env={"CUDAMPI_IPC_ONESHOT_BYTES": "1M"}).ipc_oneshot_bytes == 1 << 20
+    with pytest.raises(ValueError):
+        Config.load({}, env={"CUDAMPI_IPC_ONESHOT_BYTES": "-2"})

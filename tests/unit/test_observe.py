@@ -44,6 +44,38 @@ def test_nothing_on_is_a_null_context():
     assert isinstance(obs.call("allreduce", 8, "float32", "host", "why"), contextlib.nullcontext)
 
 
+class FakeNvtx:
+    """Stands for torch.cuda.nvtx, which needs an initialized CUDA (no GPU here)."""
+
+    def __init__(self):
+        self.ranges = []
+        self.depth = 0
+
+    def range_push(self, name):
+        self.ranges.append(name)
+        self.depth += 1
+
+    def range_pop(self):
+        self.depth -= 1
+
+
+@pytest.mark.parametrize("tool", ["", "/opt/nsys/libToolsInjection64.so"])
+def test_nvtx_ranges_only_under_a_tool_that_records_them(monkeypatch, tool):
+    import cudampi.observe as observe
+
+    fake = FakeNvtx()
+    monkeypatch.setattr(observe, "_torch_nvtx", lambda: fake)
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", tool)
+    obs = Observer(cfg(), 0, 1)
+    ctx = obs.call("allreduce", 4096, "float32", "ipc", "why")
+    with ctx:
+        assert fake.depth == (1 if tool else 0)
+    if tool:
+        assert fake.ranges == ["cudampi.allreduce 4 KiB float32 ipc"] and fake.depth == 0
+    else:  # no tool: the call costs a null context, not a range nobody records
+        assert isinstance(ctx, contextlib.nullcontext) and fake.ranges == []
+
+
 def test_info_logs_each_new_op_size_dtype_once_with_the_path_and_why(capsys):
     obs = Observer(cfg(log="info"), 0, 2)
     for _ in range(3):

@@ -74,6 +74,17 @@ class Launch:
         """The kernel's argument list: the parameter block as ``struct Params`` (by value)."""
         return (self.params.view(PARAM_DTYPE),)
 
+    @cached_property
+    def argv(self) -> numpy.ndarray:
+        """cuLaunchKernel's ``kernelParams``: one pointer, to the parameter block (which this
+        launch keeps alive; the driver copies it at each launch)."""
+        assert self.params.flags.c_contiguous and self.params.dtype == numpy.int64
+        return numpy.array([self.params.ctypes.data], numpy.uint64)
+
+    @cached_property
+    def argv_ptr(self) -> int:
+        return int(self.argv.ctypes.data)
+
 
 def _base(geo: Geometry, x: int, out: int) -> numpy.ndarray:
     p = numpy.zeros(L.NPARAM, numpy.int64)
@@ -149,6 +160,21 @@ def _slices(n: int, nranks: int, pe: int) -> list[tuple[int, int]]:
 
 
 # ------------------------------------------------------------------------------ reductions
+
+
+def oneshot_auto(nranks: int, one_gpu: bool) -> int:
+    """The allreduce size up to which one-shot is used when not set (``ipc_oneshot_bytes``).
+
+    Measured on one H200 under MPS (docs/ipc.md, ``tools/gpu-session.sh ipcswitch``): where the
+    ranks share the GPU, every byte moves through its memory either way and one-shot, one
+    barrier instead of two, wins up to 16-32 MiB at 2 ranks and ~8 MiB at 4: 32 MiB / ranks.
+    With a GPU each, one-shot pulls (ranks - 1) x the message over the links where two-shot
+    moves about twice it, so it is kept to small messages, 512 KiB as vLLM's and TensorRT-LLM's
+    custom allreduce keep it, until a machine with several GPUs measures it here.
+    """
+    if one_gpu:
+        return (32 << 20) // max(nranks, 1)
+    return 512 << 10
 
 
 def two_shot(geo: Geometry, count: int, itemsize: int) -> bool:

@@ -70,6 +70,25 @@ def kernel(device: int, name: str) -> Any:
     return fn
 
 
+_FUNCTIONS: dict[tuple[int, str], int] = {}
+"""The CUfunction of each compiled kernel per (device, name expression)."""
+
+
+def function(device: int, name: str) -> int:
+    """The CUfunction (a driver handle) of the kernel ``name`` on ``device``, for a launch
+    through ``cupy.cuda.driver.launchKernel``: a call of a CuPy RawKernel costs ~13 us of
+    argument handling on the H200 machine's host, the driver launch of a packed parameter block
+    a few."""
+    key = (device, name)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            fn = _FUNCTIONS[key] = int(kernel(device, name).kernel.ptr)
+    return fn
+
+
 _OPENED: dict[bytes, list[int]] = {}
 """IPC handles this process opened: handle -> [mapped base, references] (CUDA maps a handle
 once per process; two communicators registering the same buffer share the mapping)."""
@@ -97,20 +116,30 @@ def ipc_close(base: int) -> None:
             return
 
 
+_POINTER_ATTRIBUTES: Any = None
+
+
 def query_pointer(ptr: int) -> tuple[int, int, int] | None:
     """(allocation base, size, CUDA buffer id) of a device pointer, through NVIDIA's
-    cuda-bindings; None where they are missing or the driver cannot describe the pointer."""
+    cuda-bindings (one cuPointerGetAttributes: this runs at every registered call); None where
+    they are missing or the driver cannot describe the pointer."""
+    global _POINTER_ATTRIBUTES
     try:
         from cuda.bindings import driver as cu
     except ImportError:
         return None
-    err, base, size = cu.cuMemGetAddressRange(ptr)
+    if _POINTER_ATTRIBUTES is None:
+        a = cu.CUpointer_attribute
+        _POINTER_ATTRIBUTES = [
+            a.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            a.CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            a.CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        ]
+    err, got = cu.cuPointerGetAttributes(3, _POINTER_ATTRIBUTES, ptr)
     if err != cu.CUresult.CUDA_SUCCESS:
         return None
-    err, buffer_id = cu.cuPointerGetAttribute(
-        cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr
-    )
-    if err != cu.CUresult.CUDA_SUCCESS:
+    base, size, buffer_id = got
+    if not int(base):
         return None
     return int(base), int(size), int(buffer_id)
 
@@ -178,8 +207,7 @@ class Workspace:
                         rt.cudaDevAttrPciDeviceId,
                     )
                 )
-                pid = os.getpid()
-                info = (handle, pid, _start_time(pid), pci, sms)
+                info = (handle, os.getpid(), _start_time(os.getpid()), pci, sms)
             except Exception as exc:  # a CUDA error on this rank: every rank must hear of it
                 local = f"{type(exc).__name__}: {exc}"
             infos = comm.allgather(None if local else info)
@@ -201,12 +229,15 @@ class Workspace:
                 self.ptr + L.HEADER_PEERS, table.ctypes.data, table.nbytes, rt.memcpyHostToDevice
             )
             rt.deviceSynchronize()
+            # the device's primary context: a launch where it is current needs no switch
+            self._context = cupy.cuda.driver.ctxGetCurrent()
         from mpi4py import MPI
 
         raw: Any = MPI.memory.fromaddress(self.err_ptr, L.ERROR_BYTES)
         self.err = numpy.frombuffer(raw, ERROR_DTYPE)[0]
         self.err.fill(0)
         on_my_gpu = sum(1 for i in infos if i[3] == info[3])
+        self.one_gpu = on_my_gpu == self.size  # every rank of the group on this rank's GPU
         want = blocks or min(L.MAX_BLOCKS, max(1, info[4] // on_my_gpu))
         self.blocks = int(comm.allreduce(min(want, L.MAX_BLOCKS), op=MPI.MIN))
         self.registry = self._registry(MPI)
@@ -267,6 +298,9 @@ class Workspace:
     # ------------------------------------------------------------------ launching
 
     def geometry(self, oneshot_bytes: int) -> plan.Geometry:
+        """The launches' geometry; ``oneshot_bytes`` -1: :func:`plan.oneshot_auto`."""
+        if oneshot_bytes < 0:
+            oneshot_bytes = plan.oneshot_auto(self.size, self.one_gpu)
         return plan.Geometry(
             self.rank,
             self.size,
@@ -293,19 +327,33 @@ class Workspace:
         self.check()
         import cupy
 
-        stream = self.stream(stream_ptr)
-        with _device(self.device):
-            last = self._last_stream
-            if last is not None and last != stream_ptr and not self.capturing(stream_ptr):
-                ev = cupy.cuda.Event(block=False, disable_timing=True)
-                ev.record(self.stream(last))
-                stream.wait_event(ev)
-            grid, block = (self.blocks,), (L.NTHREADS,)
-            for lc in launches:
-                kernel(self.device, kernels[lc.kernel])(grid, block, lc.args, stream=stream)
+        last = self._last_stream
+        if cupy.cuda.driver.ctxGetCurrent() != self._context:  # another device is current
+            with _device(self.device):
+                self._enqueue(launches, kernels, stream_ptr, last)
+        else:
+            self._enqueue(launches, kernels, stream_ptr, last)
         self._last_stream = stream_ptr
         self.calls += 1
         self.launches += len(launches)
+
+    def _enqueue(
+        self,
+        launches: list[plan.Launch],
+        kernels: dict[str, str],
+        stream_ptr: int,
+        last: int | None,
+    ) -> None:
+        import cupy
+
+        if last is not None and last != stream_ptr and not self.capturing(stream_ptr):
+            ev = cupy.cuda.Event(block=False, disable_timing=True)
+            ev.record(self.stream(last))
+            self.stream(stream_ptr).wait_event(ev)
+        go, blocks, device = cupy.cuda.driver.launchKernel, self.blocks, self.device
+        for lc in launches:
+            go(function(device, kernels[lc.kernel]), blocks, 1, 1, L.NTHREADS, 1, 1, 0,
+               stream_ptr, lc.argv_ptr, 0)  # fmt: skip
 
     # ------------------------------------------------------------------ errors
 
