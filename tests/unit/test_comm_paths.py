@@ -153,3 +153,24 @@ def test_auto_takes_ipc_only_where_the_probe_proved_it_and_it_wins():
     assert got == "ipc" and got.engine == "ipc" and got.inner == "alg"
     assert choose("allreduce", "auto", False, "float32", 4096, on, mpi_reduces=True) == "host"
     assert choose("send", "auto", True, "float32", 4096, on, mpi_reduces=True).engine == "mpi"
+
+
+def test_auto_stages_small_device_calls_where_ranks_time_slice_one_gpu():
+    from dataclasses import replace
+
+    from cudampi.comm.paths import SHARED_GPU_STAGED_BELOW, DeviceSupport, staged_below
+
+    assert staged_below(True, False) == SHARED_GPU_STAGED_BELOW  # shared GPU, no MPS
+    assert staged_below(True, True) == 0 and staged_below(False, False) == 0
+    assert staged_below(None, False) == 0  # not probed: no claim
+    base = DeviceSupport(True, "p2p proven", False, "no")
+    sliced = replace(base, staged_below=staged_below(True, False))
+    for n in (8, 4096, 2 << 20):
+        got = choose("allreduce", "auto", True, "float32", n, sliced, mpi_reduces=True)
+        assert got == "staged" and "time-slicing" in got.reason, n
+        assert choose("allreduce", "auto", True, "float32", n, base, mpi_reduces=True) == "gpu-ring"
+    big = choose("allreduce", "auto", True, "float32", 16 << 20, sliced, mpi_reduces=True)
+    assert big == "gpu-ring"
+    # asked for by name, gpu-ring stays gpu-ring
+    forced = choose("allreduce", "gpu-ring", True, "float32", 4096, sliced, mpi_reduces=True)
+    assert forced == "gpu-ring"

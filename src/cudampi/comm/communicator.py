@@ -129,6 +129,7 @@ class Communicator:
             "path": self._path,
             "device p2p": "proven" if s.p2p else "not proven",
             "device collectives": "proven" if s.collectives else "not proven",
+            "staged below (bytes)": s.staged_below,
         }
 
     def close(self) -> None:

@@ -58,6 +58,22 @@ class DeviceSupport:
     ipc: bool = False
     """May ``auto`` run device collectives on the ipc engine (see :func:`ipc_support`)?"""
     ipc_why: str = "the ipc engine was not probed (run `cudampi doctor`)"
+    staged_below: int = 0
+    """``auto`` stages device collectives under this many bytes instead of gpu-ring (see
+    :func:`staged_below`); 0: never."""
+
+
+SHARED_GPU_STAGED_BELOW = 4 << 20
+"""Ranks time-slicing one GPU (no MPS daemon): below this size staged beat gpu-ring at every
+size measured on the H200, 2-4.5x up to 256 KiB and 1.4x at 2 MiB, and gpu-ring won from
+16 MiB (docs/benchmarks.md, "the ipc engine, second round", MPS off)."""
+
+
+def staged_below(shared_gpu: bool | None, mps: bool) -> int:
+    """The size under which ``auto`` stages device collectives rather than run gpu-ring: where
+    the ranks share a GPU without MPS, each device-to-device MPI message waits for the other
+    context's time slice, and a copy to host and back costs less up to a few MiB."""
+    return SHARED_GPU_STAGED_BELOW if shared_gpu and not mps else 0
 
 
 def ipc_support(
@@ -98,14 +114,20 @@ def device_support(config: Config, caps: Capabilities | None, note: str = "") ->
     from cudampi.comm.engines.ipc import available
     from cudampi.probe.gpu import mps_active
 
+    shared, mps = (caps.ipc_shared_gpu if caps is not None else None), mps_active()
     ipc, ipc_why = ipc_support(
         caps.device_ipc if caps is not None else None,
-        caps.ipc_shared_gpu if caps is not None else None,
-        mps_active(),
+        shared,
+        mps,
         available(),
         latency_us=caps.ipc_latency_us if caps is not None else None,
     )
-    return dataclasses.replace(mpi_support(config, caps, note), ipc=ipc, ipc_why=ipc_why)
+    return dataclasses.replace(
+        mpi_support(config, caps, note),
+        ipc=ipc,
+        ipc_why=ipc_why,
+        staged_below=staged_below(shared, mps),
+    )
 
 
 def mpi_support(config: Config, caps: Capabilities | None, note: str = "") -> DeviceSupport:
@@ -263,6 +285,15 @@ def _choose_device(
                 f"device memory, {support.ipc_why}: GPU kernels over CUDA IPC",
                 "ipc",
                 "alg" if support.p2p else "staged",
+            )
+        if support.p2p and nbytes < support.staged_below:
+            return PathChoice(
+                "staged",
+                f"device memory under {support.staged_below >> 20} MiB on ranks time-slicing "
+                "one GPU (no MPS daemon): staged through pinned host buffers beats gpu-ring "
+                "there (measured)",
+                "staged",
+                "alg" if no_mpi else "mpi",
             )
         if support.p2p:
             return PathChoice(

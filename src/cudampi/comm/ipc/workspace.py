@@ -236,10 +236,10 @@ class Workspace:
         raw: Any = MPI.memory.fromaddress(self.err_ptr, L.ERROR_BYTES)
         self.err = numpy.frombuffer(raw, ERROR_DTYPE)[0]
         self.err.fill(0)
-        on_my_gpu = sum(1 for i in infos if i[3] == info[3])
-        self.one_gpu = on_my_gpu == self.size  # every rank of the group on this rank's GPU
-        want = blocks or min(L.MAX_BLOCKS, max(1, info[4] // on_my_gpu))
-        self.blocks = int(comm.allreduce(min(want, L.MAX_BLOCKS), op=MPI.MIN))
+        # every rank of the group on this rank's GPU?
+        self.one_gpu = (on_my_gpu := sum(1 for i in infos if i[3] == info[3])) == self.size
+        want = min(blocks or max(1, info[4] // on_my_gpu), L.MAX_BLOCKS)
+        self.blocks = int(comm.allreduce(want, op=MPI.MIN))
         self.registry = self._registry(MPI)
         comm.Barrier()
         self._watch = threading.Thread(target=self._watchdog, name="cudampi-ipc-watch", daemon=True)
