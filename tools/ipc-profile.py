@@ -63,6 +63,10 @@ with Communicator(w, path="ipc") as c:
     ws.launches += 20 + iters
     engine_only = per_call(lambda: eng.allreduce(x, y, "sum", "float32"))
     registered = per_call(lambda: eng._registered(x.data_ptr(), y.data_ptr()))
+    real = eng.allreduce
+    eng.allreduce = lambda *a, **k: None  # every rank: the Communicator's front end alone
+    front = per_call(call)
+    eng.allreduce = real
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     w.Barrier()
@@ -97,7 +101,8 @@ with Communicator(w, path="ipc") as c:
         print(f"n={n} blocks={ws.blocks} us/call: pipelined {pipelined:.1f}, synced {synced:.1f}, "
               f"launch path {launch_only:.1f}, CuPy kernel call {raw:.1f}, driver launch {driver:.1f}, "
               f"GPU per launch {gpu:.1f}, engine.allreduce {engine_only:.1f}, registration "
-              f"lookup {registered:.1f} (registered calls {eng.registered_calls})")
+              f"lookup {registered:.1f} (registered calls {eng.registered_calls}), front end alone "
+              f"{front:.1f}")
         print("pieces us/call: " + ", ".join(f"{k} {v:.1f}" for k, v in pieces.items()))
         for key, k in (("tottime", 22), ("cumulative", 30)):
             s = io.StringIO()
