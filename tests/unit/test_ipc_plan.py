@@ -237,3 +237,11 @@ def test_the_oneshot_switch_follows_the_measurement_and_a_setting_wins() -> None
     assert Config.load({}, env={"CUDAMPI_IPC_ONESHOT_BYTES": "1M"}).ipc_oneshot_bytes == 1 << 20
     with pytest.raises(ValueError):
         Config.load({}, env={"CUDAMPI_IPC_ONESHOT_BYTES": "-2"})
+
+
+def test_a_launch_hands_the_driver_a_pointer_to_its_own_parameter_block() -> None:
+    launches = plan.reduction(geo(0, 2), "allreduce", 1000, 4, X_BASE, OUT_BASE, (12, 1))
+    for lc in launches:
+        assert lc.argv is lc.argv and lc.argv_ptr == lc.argv.ctypes.data  # made once, kept
+        assert int(lc.argv[0]) == lc.params.ctypes.data  # kernelParams[0] -> struct Params
+        assert lc.params.nbytes == plan.PARAM_DTYPE.itemsize == 8 * L.NPARAM
