@@ -108,3 +108,27 @@ with Communicator(w, path="ipc") as c:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats(key).print_stats(k)
             print("\n".join(s.getvalue().splitlines()[:k + 12]))
+
+# The torch backend on the same tensor: what dist.all_reduce adds over the Communicator's call
+# (torch's dispatch to a Python process group, the Work and its CUDA event).
+import torch.distributed as dist  # noqa: E402
+
+import cudampi.torch  # noqa: E402,F401
+from cudampi.torch.work import record_done  # noqa: E402
+
+dist.init_process_group("cudampi")
+torch_call = per_call(lambda: dist.all_reduce(x))
+event = per_call(lambda: record_done(x.device))
+tprof = cProfile.Profile()
+w.Barrier()
+tprof.enable()
+for _ in range(200):
+    dist.all_reduce(x)
+tprof.disable()
+torch.cuda.synchronize()
+if w.rank == 0:
+    print(f"torch backend us/call: dist.all_reduce {torch_call:.1f}, record_done alone {event:.1f}")
+    s = io.StringIO()
+    pstats.Stats(tprof, stream=s).sort_stats("tottime").print_stats(25)
+    print("\n".join(s.getvalue().splitlines()[:37]))
+dist.destroy_process_group()
