@@ -43,7 +43,8 @@ CALL_IDS = {
 CALL_NAMES = {v: k for k, v in CALL_IDS.items()}
 
 PARAM_DTYPE = numpy.dtype([("v", numpy.int64, (L.NPARAM,))])
-"""The kernels' ``struct Params`` as a NumPy structured dtype (CuPy passes it by value)."""
+"""The kernels' ``struct Params`` as a NumPy structured dtype (a CuPy RawKernel call takes it
+by value; the engine hands the driver a pointer to the same bytes, :attr:`Launch.argv`)."""
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,6 @@ class Launch:
     kernel: str
     """``reduce`` or ``exchange``."""
     params: numpy.ndarray
-
-    @cached_property
-    def args(self) -> tuple[numpy.ndarray]:
-        """The kernel's argument list: the parameter block as ``struct Params`` (by value)."""
-        return (self.params.view(PARAM_DTYPE),)
 
     @cached_property
     def argv(self) -> numpy.ndarray:

@@ -327,25 +327,21 @@ class Workspace:
         self.check()
         import cupy
 
-        last = self._last_stream
         if cupy.cuda.driver.ctxGetCurrent() != self._context:  # another device is current
             with _device(self.device):
-                self._enqueue(launches, kernels, stream_ptr, last)
+                self._enqueue(launches, kernels, stream_ptr)
         else:
-            self._enqueue(launches, kernels, stream_ptr, last)
+            self._enqueue(launches, kernels, stream_ptr)
         self._last_stream = stream_ptr
         self.calls += 1
         self.launches += len(launches)
 
     def _enqueue(
-        self,
-        launches: list[plan.Launch],
-        kernels: dict[str, str],
-        stream_ptr: int,
-        last: int | None,
+        self, launches: list[plan.Launch], kernels: dict[str, str], stream_ptr: int
     ) -> None:
         import cupy
 
+        last = self._last_stream
         if last is not None and last != stream_ptr and not self.capturing(stream_ptr):
             ev = cupy.cuda.Event(block=False, disable_timing=True)
             ev.record(self.stream(last))
