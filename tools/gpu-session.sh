@@ -186,6 +186,41 @@ final)
     T 100 $W -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_torch_gpu.py -k "gpu-ring and sync" -o addopts= ) 2>&1 | tail -15
   tar czf $OUT/bench.tgz -C $OUT bench && rm -rf $B
   ;;
+p2pcheck)
+  # Raw mpi4py Isend/Irecv of device buffers, with and without synchronising the producer's
+  # stream (tools/p2p-sync-check.py); the bench's p2p sweeps with the mpi peer; the p2p and
+  # NVML GPU tests. Run `probe` first (the bench's mpi peer needs the probe's p2p result).
+  export PATH=/tmp/v/bin:$PATH
+  P=$OUT/p2p; mkdir -p $P
+  sec raw mpi4py device p2p, with and without a stream sync
+  T 150 $W -m cudampi launch -n 2 tools/p2p-sync-check.py ${P2P_REPS:-20} > $P/sync-check.txt 2>&1; grep -a -v -i warn $P/sync-check.txt | tail -18
+  for i in $(seq ${P2P_SWEEPS:-2}); do
+    sec bench p2p --paths mpi,cudampi --buffers device, sweep $i
+    T 150 $W -m cudampi launch -n 2 -m cudampi bench p2p -b 1K -e 64M -f 4 -n 20 --time-limit 0.3 \
+      --buffers device --paths mpi,cudampi --json $P/sweep-$i.json > $P/sweep-$i.txt 2>&1
+    grep -a -E "wrong|Verdict|skip" $P/sweep-$i.txt | head -6
+  done
+  sec p2p and NVML GPU tests
+  ( export "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W
+    T ${P2P_TEST_T:-240} $W -m pytest -q -p no:cacheprovider -m gpu -o addopts= -rfEs --durations=5 \
+      tests/gpu/test_bench_gpu.py::test_p2p_device_buffers \
+      tests/gpu/test_doctor_gpu.py::test_nvml_on_this_machine_agrees_with_nvidia_smi_and_sysfs ) 2>&1 \
+    | tee $P/tests.log | tail -15
+  tar czf $OUT/p2p.tgz -C $OUT p2p && rm -rf $P
+  ;;
+graphdebug)
+  # Which call breaks a CUDA graph capture on the cudampi backend (tools/graph-debug.py).
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache CUDAMPI_TIMEOUT=20
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  gdebug() {
+    for v in ${GRAPH_VARIANTS:-allreduce:global ddp:global ddp:relaxed fsdp:global}; do
+      sec graph capture ${v%%:*} ${v##*:}, MPS $MPS
+      T 90 $W -m cudampi launch -n 2 tools/graph-debug.py ${v%%:*} ${v##*:} > $OUT/graph-${v%%:*}-${v##*:}-mps$MPS.txt 2>&1
+      grep -a -v -i "warn\|pragma\|^ *\^\|detected during\|^$" $OUT/graph-${v%%:*}-${v##*:}-mps$MPS.txt | tail -${GRAPH_TAIL:-30}
+    done
+  }
+  mps_each gdebug
+  ;;
 ipc|warm)
   # The ipc engine: compile its kernels for IPC_RANKS in parallel (CuPy's disk cache, carried
   # between calls as .cupy-cache.tgz); `ipc` then runs tests/gpu/test_ipc_gpu.py with MPS off

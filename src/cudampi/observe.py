@@ -257,8 +257,9 @@ class Observer:
             and _torch_profiling() is None
             and (not self.nvtx or _torch_nvtx() is None)
         ):
-            return _NOTHING
+            return QUIET
         return self._observed(op, nbytes, dtype, path, why)
 
 
-_NOTHING = contextlib.nullcontext()
+QUIET = contextlib.nullcontext()
+"""The context of a call nothing observes (callers may skip entering it)."""

@@ -64,12 +64,11 @@ def test_device_collectives_on_every_path_that_works(n):
 
 
 def test_p2p_device_buffers():
-    """cudampi's own paths and the torch peers, every size checked. The raw ``mpi`` peer is left
-    out: on the H200 (2 ranks on one GPU, Open MPI 5.0.11 wheel + libucx-cu13 1.22, pml ucx),
-    mpi4py's own Isend/Irecv of device buffers delivered wrong bytes in 4 of 10 full sweeps
-    (twice 630 at 4 KiB, twice 4,145,152 at 16 MiB; docs/benchmarks.md, "Raw mpi4py device
-    p2p"), not yet traced to the bench or to UCX: a fault of that peer this test
-    cannot fix; the bench reports it (#wrong, exit 1), which tests/mpi/test_bench_cli.py checks."""
+    """cudampi's own paths, raw mpi4py and the torch peers, every size checked. The raw ``mpi``
+    peer once delivered wrong bytes here (4 of 10 sweeps, when the bench handed mpi4py buffers
+    whose producing kernels had not finished); the bench now synchronises after making its
+    buffers, and tools/p2p-sync-check.py shows the mechanism (docs/benchmarks.md, "Raw mpi4py
+    device p2p")."""
     data = bench(
         2,
         "p2p",
@@ -84,12 +83,13 @@ def test_p2p_device_buffers():
         "--buffers",
         "host,device",
         "--paths",
-        "cudampi,torch-cudampi,torch-gloo",
+        "cudampi,mpi,torch-cudampi,torch-gloo",
     )
     assert data["verdict"]["wrong"] == 0
-    assert any(r["buffers"] == "device" and r["path"] == "cudampi" for r in data["results"]), data[
-        "skipped"
-    ]
+    for path in ("cudampi", "mpi"):
+        assert any(r["buffers"] == "device" and r["path"] == path for r in data["results"]), data[
+            "skipped"
+        ]
 
 
 def test_ddp_on_cuda():

@@ -344,7 +344,13 @@ def rank_graphs(comm):
     ddp = {}
     for eager in (True, False):
         model = _mlp(rank, dev)  # different inits: DDP's broadcast makes them equal
-        net = DDP(model, device_ids=[dev.index], bucket_cap_mb=0.25)
+        # torch's CUDA graph notes: wrap DDP on a side stream (its gradient hooks run on the
+        # stream current at construction; the legacy default stream cannot join a capture)
+        setup = torch.cuda.Stream()
+        setup.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(setup):
+            net = DDP(model, device_ids=[dev.index], bucket_cap_mb=0.25)
+        torch.cuda.current_stream().wait_stream(setup)
         _train_captured(net, batches, warm, eager=eager)
         ddp[eager] = [p.detach().clone() for p in model.parameters()]
     assert_same(ddp[False], ddp[True], "DDP: graph replay vs eager", atol=1e-5)

@@ -29,7 +29,7 @@ from cudampi.comm.paths import DeviceSupport, PathChoice, check_path, choose, de
 from cudampi.comm.validate import Signature, agree, check
 from cudampi.config import Config
 from cudampi.errors import CommError, CommTimeoutError, CudampiError, DeviceError
-from cudampi.observe import Observer
+from cudampi.observe import QUIET, Observer
 
 
 @dataclass
@@ -45,10 +45,6 @@ class _Plan:
     @property
     def ops(self) -> ArrayOps | None:
         return self.engine.ops if self.engine is not None else None
-
-    @property
-    def ordered(self) -> bool:
-        return self.engine is not None and self.engine.stream_ordered
 
 
 class Communicator:
@@ -234,6 +230,9 @@ class Communicator:
         if out is None:
             return adapt(empty_like_shape(x, shape))
         ob = x if out is x.obj else self._buf(out, what)  # in place: adapted already
+        if ob is x and shape == x.shape:  # in place, same shape: only writability to check
+            args.check_writable(x, what)
+            return x
         args.check_out(x, ob, shape, what)
         return ob
 
@@ -252,13 +251,14 @@ class Communicator:
         seq = self._seq
         try:
             plan = build()
-            ops = plan.ops
-            if ops is not None and ops.device is not None and not plan.ordered:
-                plan.token = ops.capture()
+            engine = plan.engine
+            ordered = engine is not None and engine.stream_ordered
+            if not ordered and engine is not None and engine.ops.device is not None:
+                plan.token = engine.ops.capture()
         except Exception as exc:
             if self._reject_ordered(what):
                 raise
-            plan = _Plan(Signature(what), error=exc)
+            plan, ordered = _Plan(Signature(what), error=exc), False
         # Every collective is observed here, whatever engine runs it: the log line (path and
         # why), the profiler/NVTX range and the timeline event (cudampi.observe).
         chosen = self._chosen
@@ -267,13 +267,15 @@ class Communicator:
         else:
             choice, nbytes, dtype = chosen
             observed = self._observer.call(what, nbytes, dtype, choice.label, choice.reason)
-        if plan.ordered:
+        if ordered:
             # the engine orders its work on the caller's stream and checks across ranks itself:
             # it runs in this thread, after the calls queued before it
             run = plan.run
             assert run is not None
             if self._worker is not None:
                 self._worker.drain()
+            if observed is QUIET and not async_op:  # the common case, kept short
+                return run()
 
             def inline() -> Any:
                 with observed:
@@ -348,7 +350,7 @@ class Communicator:
             ob = self._out(xb, out, xb.shape)
             choice = self._choose("allreduce", xb, path)
             engine = self._engine(choice, xb)
-            inplace = same_memory(xb, ob)
+            inplace = ob is xb or same_memory(xb, ob)
             sig = Signature(
                 "allreduce",
                 op,

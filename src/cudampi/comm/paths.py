@@ -31,20 +31,17 @@ class PathChoice(str):
     reason: str
     engine: str
     inner: str
+    label: str
+    """What the ranks must agree on: the path plus, where it differs, what actually runs (set
+    once: every call reads it)."""
 
     def __new__(cls, path: str, reason: str, engine: str, inner: str = "") -> PathChoice:
         obj = super().__new__(cls, path)
         obj.reason = reason
         obj.engine = engine
         obj.inner = inner
+        obj.label = f"{path}-alg" if engine == "alg" and path in ("host", "native") else str(path)
         return obj
-
-    @property
-    def label(self) -> str:
-        """What the ranks must agree on: the path plus, where it differs, what actually runs."""
-        if self.engine == "alg" and str(self) in ("host", "native"):
-            return f"{self}-alg"
-        return str(self)
 
 
 @dataclass(frozen=True)

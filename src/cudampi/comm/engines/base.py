@@ -66,16 +66,31 @@ class Setting:
 def caller_stream(ops: ArrayOps) -> int:
     """The raw pointer of the caller's current CUDA stream on ``ops``' device."""
     if ops.lib == "torch":
-        import torch
-
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw is not None:  # what Triton's launcher reads: no Stream object per call (~2 us)
-            return int(raw(ops.device))
-        return int(torch.cuda.current_stream(ops.device).cuda_stream)
+        raw = _RAW_STREAM or _raw_stream()
+        return int(raw(ops.device))
     import cupy
 
     with cupy.cuda.Device(ops.device):
         return int(cupy.cuda.get_current_stream().ptr)
+
+
+_RAW_STREAM: Any = None
+
+
+def _raw_stream() -> Any:
+    """torch's current-stream reader, found once: the raw pointer where torch has it (what
+    Triton's launcher reads: no Stream object per call, ~2 us), else the public API."""
+    global _RAW_STREAM
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+
+        def raw(device: int) -> int:
+            return int(torch.cuda.current_stream(device).cuda_stream)
+
+    _RAW_STREAM = raw
+    return raw
 
 
 def node_comm(coll: Any, config: Config) -> Any:

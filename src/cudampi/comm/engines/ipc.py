@@ -61,6 +61,7 @@ class IpcEngine(CollectivesOnly):
         self.geo = ws.geometry(setting.config.ipc_oneshot_bytes)
         self._fixed_stream = stream
         """Launch on this stream instead of the caller's (the hierarchical engine's use)."""
+        self._register = setting.config.ipc_register
         self.registered_calls = 0
         """Calls whose input or output the peers addressed in place (for tests and the log)."""
         self._plans: dict[tuple[Any, ...], list[plan.Launch]] = {}
@@ -132,12 +133,11 @@ class IpcEngine(CollectivesOnly):
     # ------------------------------------------------------------------ collectives
 
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
-        isz = self.ops.itemsize(xf)
+        isz, n = self.ops.itemsize(xf), xf.shape[0]  # len() of a tensor is Python-level
         x, out = self._ptr(xf), self._ptr(of)
         reg = (0, 0, 0, 0)
-        if self.setting.config.ipc_register and plan.two_shot(self.geo, len(xf), isz):
+        if self._register and plan.two_shot(self.geo, n, isz):
             reg = self._registered(x, out)
-        n = len(xf)
         launches = self._planned(
             ("allreduce", n, isz, x, out, dtype, op, reg),
             lambda: plan.reduction(
@@ -161,7 +161,7 @@ class IpcEngine(CollectivesOnly):
     def reduce(
         self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
-        isz, n, x, out = self.ops.itemsize(xf), len(xf), self._ptr(xf), self._ptr(of)
+        isz, n, x, out = self.ops.itemsize(xf), xf.shape[0], self._ptr(xf), self._ptr(of)
         launches = self._planned(
             ("reduce", n, isz, x, out, dtype, op, root),
             lambda: plan.reduction(
@@ -181,7 +181,7 @@ class IpcEngine(CollectivesOnly):
 
     def broadcast(self, xf: Any, root: int) -> None:
         isz, code = self._kind(xf)
-        n, x = len(xf), self._ptr(xf)
+        n, x = xf.shape[0], self._ptr(xf)
         launches = self._planned(
             ("broadcast", n, isz, x, code, root),
             lambda: plan.gather_like(
