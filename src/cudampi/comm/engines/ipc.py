@@ -173,9 +173,10 @@ class IpcEngine(CollectivesOnly):
     def reduce_scatterv(
         self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
-        isz = self.ops.itemsize(xf)
-        launches = plan.reduce_scatter(
-            self.geo, counts, isz, self._ptr(xf), self._ptr(of), self._sig(dtype, op)
+        isz, x, out = self.ops.itemsize(xf), self._ptr(xf), self._ptr(of)
+        launches = self._planned(
+            ("reduce_scatter", tuple(counts), isz, x, out, dtype, op),
+            lambda: plan.reduce_scatter(self.geo, counts, isz, x, out, self._sig(dtype, op)),
         )
         self._reduce(launches, dtype, op)
 
@@ -203,8 +204,10 @@ class IpcEngine(CollectivesOnly):
     def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
         isz, code = self._kind(xf)
         call = "gather" if len(set(counts)) == 1 else "gatherv"
-        launches = plan.gather_like(
-            self.geo, call, counts, isz, self._ptr(xf), self._ptr(of), code, root=root
+        x, out = self._ptr(xf), self._ptr(of)
+        launches = self._planned(
+            (call, tuple(counts), isz, x, out, code, root),
+            lambda: plan.gather_like(self.geo, call, counts, isz, x, out, code, root=root),
         )
         self._move(launches)
 
@@ -212,9 +215,13 @@ class IpcEngine(CollectivesOnly):
         isz, code = self._kind(of)
         me = self.ws.rank
         recv = [counts[me] if s == root else 0 for s in range(self.ws.size)]
-        launches = plan.all_to_all(
-            self.geo, "scatter", counts, recv, isz, self._ptr(xf), self._ptr(of), code,
-            max_pair=max(counts, default=0), root=root,
+        x, out = self._ptr(xf), self._ptr(of)
+        launches = self._planned(
+            ("scatter", tuple(counts), isz, x, out, code, root),
+            lambda: plan.all_to_all(
+                self.geo, "scatter", counts, recv, isz, x, out, code,
+                max_pair=max(counts, default=0), root=root,
+            ),
         )  # fmt: skip
         self._move(launches)
 
@@ -227,9 +234,13 @@ class IpcEngine(CollectivesOnly):
         # engine's only MPI call on a data path; alltoall is rarely latency-bound).
         mine = max([*send_counts, *recv_counts], default=0)
         biggest = int(self.ws.comm.allreduce(mine, op=MPI.MAX))
-        launches = plan.all_to_all(
-            self.geo, "alltoall", send_counts, recv_counts, isz, self._ptr(xf), self._ptr(of),
-            code, max_pair=biggest,
+        x, out = self._ptr(xf), self._ptr(of)
+        launches = self._planned(
+            ("alltoall", tuple(send_counts), tuple(recv_counts), isz, x, out, code, biggest),
+            lambda: plan.all_to_all(
+                self.geo, "alltoall", send_counts, recv_counts, isz, x, out, code,
+                max_pair=biggest,
+            ),
         )  # fmt: skip
         self._move(launches)
 
