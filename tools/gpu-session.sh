@@ -234,9 +234,10 @@ ipc|warm)
 ipc|ipctests)
   export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache CUDAMPI_TIMEOUT=${IPC_TIMEOUT:-30}
   [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  # the whole file took ~5 min under MPS and ~6 min without (each call waits for a time slice)
   ipc_tests() {
     sec ipc tests, MPS $MPS
-    T ${IPC_T:-300} $W -m pytest -q -p no:cacheprovider -m gpu ${IPC_FILES:-tests/gpu/test_ipc_gpu.py} -o addopts= \
+    T ${IPC_T:-$([ "$MPS" = off ] && echo 450 || echo 360)} $W -m pytest -q -p no:cacheprovider -m gpu ${IPC_FILES:-tests/gpu/test_ipc_gpu.py} -o addopts= \
       -rfEs --durations=12 --timeout ${IPC_TEST_T:-200} ${IPC_X:+-x} ${IPC_K:+-k "$IPC_K"} 2>&1 | tee $OUT/ipc-tests-mps-$MPS.log \
       | grep -a -v "warning\|^ *#pragma\|^ *\^\|detected during" | tail -${IPC_TAIL:-45}
   }
