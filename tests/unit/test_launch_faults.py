@@ -59,6 +59,28 @@ def test_openmpi_host_killed_mid_run_and_host_refusing_ssh():
     assert "ssh HOST true" in res.summary()
 
 
+def test_openmpi_lost_daemon_is_named_by_the_host_the_user_gave():
+    """PRTE names a lost daemon by the node's own hostname, and when the remote shell's "closed"
+    line has not come yet (seen in CI: the two-host test got "host cm-host2", not the address
+    it launched on) only its daemon number says which of the given hosts it is."""
+    text = fixture("openmpi-host-lost.txt")  # from a two-host run in network namespaces
+    ev = parse_launcher_output(text, "openmpi", ("10.231.0.2",))
+    assert ev.hosts == (
+        HostFailure(
+            "10.231.0.2", "lost", "its daemon stopped answering (Open MPI calls it cm-host2)"
+        ),
+    )
+    res = build_result(1, [], ev)
+    assert "host 10.231.0.2 was lost during the run" in res.summary()
+    # no hosts given (or a daemon number beyond them): the node's own name
+    assert parse_launcher_output(text, "openmpi").hosts == (
+        HostFailure("cm-host2", "lost", "its daemon stopped answering"),
+    )
+    # three hosts: daemon 2 is the second remote host given
+    third = text.replace("@0,1] on node cm-host2", "@0,2] on node cm-host3")
+    assert parse_launcher_output(third, "openmpi", ("h2", "h3")).hosts[0].host == "h3"
+
+
 def test_hydra_and_srun_messages():
     ev = parse_launcher_output(fixture("mpich-kill.txt"), "mpich")
     assert ev.ranks == (RankFailure(None, "vm", signal=9),)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import signal as _signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,7 +145,8 @@ _OMPI_ABORT_NODE = re.compile(r'process rank (\d+) with PID \d+ on node (\S+) ca
 _OMPI_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exiting\s+improperly")
 _OMPI_DAEMON = re.compile(r"Remote host:\s+(\S+)\s+Daemon exit status:\s*(-?\d+)")
 _OMPI_LOST = re.compile(
-    r"lost communication with a remote daemon\.(?:.*?\n)*?\s*Remote daemon:\s*\S+\s+on node\s+(\S+)",
+    r"lost communication with a remote daemon\.(?:.*?\n)*?\s*Remote daemon:\s*\[[^\]]*?,(\d+)\]"
+    r"\s+on node\s+(\S+)",
 )
 _SSH = re.compile(
     r"ssh: (?:connect to host (\S+) port \d+: (.+)|Could not resolve hostname ([^:\s]+): (.+))"
@@ -172,7 +173,10 @@ class _Seen:
     """What the launcher's output said so far: failed ranks and hosts, problems, and ssh's own
     words about each host (they name a host best: Open MPI shortens names in its messages)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, remote: Sequence[str] = ()) -> None:
+        self.remote = tuple(remote)
+        """The hosts that are not this machine, in the order given: Open MPI numbers their
+        daemons 1, 2, ... in that order (0 is the launcher's own)."""
         self.ranks: dict[int | None, RankFailure] = {}
         self.hosts: dict[str, HostFailure] = {}
         self.problems: list[str] = []
@@ -238,7 +242,14 @@ def _openmpi_output(text: str, seen: _Seen) -> None:
             detail += f" (Open MPI calls it {m.group(1)})"
         seen.add_host(HostFailure(name, "lost" if name in seen.lost else "unreachable", detail))
     for m in _OMPI_LOST.finditer(text):
-        seen.add_host(HostFailure(m.group(1), "lost", "its daemon stopped answering"))
+        vpid, node = int(m.group(1)), m.group(2)
+        name = seen.ssh_name(node)
+        if name == node and 1 <= vpid <= len(seen.remote):
+            name = seen.remote[vpid - 1]  # the name the user gave, not the node's own
+        detail = "its daemon stopped answering"
+        if name != node:
+            detail += f" (Open MPI calls it {node})"
+        seen.add_host(HostFailure(name, "lost", detail))
 
 
 def _hydra_output(text: str, seen: _Seen) -> None:
@@ -280,9 +291,10 @@ def _srun_output(text: str, seen: _Seen) -> None:
 _OUTPUT_OF = {"openmpi": _openmpi_output, "mpich": _hydra_output, "slurm": _srun_output}
 
 
-def parse_launcher_output(text: str, flavour: str) -> LauncherEvents:
-    """Rank and host failures that the launcher itself reported in ``text`` (its stderr)."""
-    seen = _Seen(text)
+def parse_launcher_output(text: str, flavour: str, remote: Sequence[str] = ()) -> LauncherEvents:
+    """Rank and host failures that the launcher itself reported in ``text`` (its stderr);
+    ``remote``: the job's hosts that are not this machine, in the order given."""
+    seen = _Seen(text, remote)
     if flavour in _OUTPUT_OF:
         _OUTPUT_OF[flavour](text, seen)
     for host, detail in seen.ssh_detail.items():

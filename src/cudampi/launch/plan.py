@@ -113,6 +113,9 @@ class LaunchPlan:
     """Nodes asked for (torchrun's --nnodes; srun -N)."""
     multi_host: bool = False
     """Does the job span hosts (:func:`cudampi.launch.hosts.multi_host`, decided once)?"""
+    remote_hosts: tuple[str, ...] = ()
+    """The hosts that are not this machine, in the order given (the fault summary names a lost
+    Open MPI daemon by them)."""
     notes: tuple[str, ...] = ()
     """Why the plan is what it is, in words (printed by --dry-run)."""
 
@@ -235,6 +238,9 @@ def make_plan(
         tag_output=req.tag_output,
         nnodes=req.nnodes,
         multi_host=spans,
+        remote_hosts=tuple(
+            dict.fromkeys(h.name for h in hosts if h.name not in machine.local_names)
+        ),
         notes=tuple(notes),
     )
 

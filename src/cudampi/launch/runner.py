@@ -114,9 +114,12 @@ def _may_be_report(partial: str, prefix: str) -> bool:
 
 
 class _Supervisor:
-    def __init__(self, proc: subprocess.Popen[bytes], flavour: str, token: str) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], flavour: str, token: str, remote: tuple[str, ...]
+    ) -> None:
         self.proc = proc
         self.flavour = flavour
+        self.remote = remote
         self.token = token
         self.prefix = report_prefix(token)
         self.tail: deque[str] = deque(maxlen=400)
@@ -142,7 +145,7 @@ class _Supervisor:
     def launcher_events(self) -> LauncherEvents:
         with self.lock:
             text = "".join(self.tail)
-        return parse_launcher_output(text, self.flavour)
+        return parse_launcher_output(text, self.flavour, self.remote)
 
     def pump(self, pipe: IO[bytes], out: IO[str]) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -349,7 +352,7 @@ def _run_once(
 ) -> tuple[subprocess.Popen[bytes], _Supervisor, _Watch]:
     """Start the launcher, pass its output through and supervise it until it has ended."""
     proc = _start(cmd, env, token)
-    sup = _Supervisor(proc, plan.launcher.flavour, token)
+    sup = _Supervisor(proc, plan.launcher.flavour, token, plan.remote_hosts)
     assert proc.stdout is not None and proc.stderr is not None
     readers = [
         threading.Thread(target=sup.pump, args=(proc.stdout, out), daemon=True),
@@ -471,7 +474,7 @@ def _outcome(
         reports = parse_reports(sup.report_lines, token)
         said = parse_started(sup.report_lines, token)
         finished = parse_started(sup.report_lines, token, "finished")
-    events = parse_launcher_output(text, plan.launcher.flavour)
+    events = parse_launcher_output(text, plan.launcher.flavour, plan.remote_hosts)
     lingered_only = w.lingered is not None and not sup.stopped_for_fault and not w.timed_out
     # Every rank said its script finished well: the job succeeded, whatever the launcher did
     # after (seen once: prterun alive 10 s after its two ranks had finished).
