@@ -249,14 +249,18 @@ class Observer:
                 {"op": op, "bytes": nbytes, "dtype": dtype, "path": path, "why": why},
             )
 
-    def call(self, op: str, nbytes: int, dtype: str, path: str, why: str) -> Any:
-        """The context one call runs in (a no-op context when nothing observes)."""
-        if (
+    def quiet(self) -> bool:
+        """Nothing observes calls now (no trace, no log, no profiler, no NVTX tool)."""
+        return (
             self.trace is None
             and not self.logs
             and _torch_profiling() is None
             and (not self.nvtx or _torch_nvtx() is None)
-        ):
+        )
+
+    def call(self, op: str, nbytes: int, dtype: str, path: str, why: str) -> Any:
+        """The context one call runs in (a no-op context when nothing observes)."""
+        if self.quiet():
             return QUIET
         return self._observed(op, nbytes, dtype, path, why)
 

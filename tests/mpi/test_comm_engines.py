@@ -96,3 +96,104 @@ def rank_stream_ordered_dispatch(comm):
 
 def test_stream_ordered_engine_runs_inline_unchecked_after_queued_calls():
     run_mpi(2, __file__, "rank_stream_ordered_dispatch", timeout=120)
+
+
+def rank_repeats(comm):
+    """An allreduce repeated on the same torch tensors goes straight to a stream-ordered engine
+    (cudampi.comm.repeat); anything that could change what the full path decided takes the full
+    path again, and the results are right either way."""
+    import gc
+
+    import torch
+    from mpi4py import MPI
+
+    from cudampi.comm import Communicator, PathChoice
+    from cudampi.comm.engines import KINDS, Engine
+    from cudampi.errors import CommError
+
+    class Ordered(Engine):
+        name = "ordered"
+        stream_ordered = True
+
+        def allreduce(self, xf, of, op, dtype):
+            mpi_op = {"sum": MPI.SUM, "max": MPI.MAX}[op]
+            if xf.data_ptr() == of.data_ptr():
+                self.setting.coll.Allreduce(MPI.IN_PLACE, of.numpy(), mpi_op)
+            else:
+                self.setting.coll.Allreduce(xf.numpy(), of.numpy(), mpi_op)
+
+    KINDS["ordered"] = Ordered
+    try:
+        c = Communicator(comm)
+        c._choose = lambda *a, **k: PathChoice("host", "test", "ordered")
+        full = [0]
+        real = c._collective
+
+        def counting(build, what, async_op):
+            full[0] += 1
+            return real(build, what, async_op)
+
+        c._collective = counting
+        r, n = c.rank, c.size
+        total = float(n * (n + 1) // 2)
+
+        def call(t, expect_full, op="sum", out=None, **kw):
+            before = full[0]
+            t.fill_(r + 1) if not t.requires_grad else t.detach().fill_(r + 1)
+            got = c.allreduce(t, op, out=t if out is None else out, **kw)
+            if kw.get("async_op"):
+                got = got.wait()
+            want = total if op == "sum" else float(n)
+            assert torch.equal(got.detach(), torch.full_like(got.detach(), want)), (got, want)
+            assert full[0] - before == expect_full, (full[0] - before, expect_full)
+
+        x = torch.empty(4, 3)
+        call(x, 1)  # the full path, remembered
+        assert len(c._repeats) == 1
+        call(x, 0)  # straight to the engine
+        call(x, 0)
+        y = torch.empty(4, 3)
+        x.fill_(r + 1)
+        assert c.allreduce(x, out=y) is y and torch.equal(y, torch.full_like(y, total))
+        x.fill_(r + 1)
+        assert c.allreduce(x, out=y) is y and torch.equal(y, torch.full_like(y, total))
+        assert torch.equal(x, torch.full_like(x, r + 1.0)), "out of place wrote its input"
+        assert len(c._repeats) == 2
+        call(x, 1, op="max")  # another op: its own entry
+        call(x, 0, op="max")
+        call(x, 1, path="host")  # another path asked for
+        call(x, 1, async_op=True)  # async calls always take the full path
+        x.data = torch.empty(4, 3)  # new storage under the same tensor object
+        call(x, 1)
+        call(x, 0)
+        x.resize_(12)  # same storage, another shape
+        call(x, 1)
+        c._observer.logs = True  # something observes calls: the full path logs them
+        call(x, 1)
+        c._observer.logs = False
+        call(x, 0)
+        w = torch.empty(6, requires_grad=True)  # a leaf that needs grad: written detached
+        call(w, 1)
+        call(w, 0)
+        before = len(c._repeats)
+        z = torch.empty(5)
+        call(z, 1)
+        assert len(c._repeats) == before + 1
+        del z
+        gc.collect()
+        assert len(c._repeats) == before, "a dead tensor's entry stays"
+        c.close()
+        try:
+            c.allreduce(x, out=x)
+        except CommError as exc:
+            assert "closed" in str(exc), exc
+        else:
+            raise AssertionError("a closed Communicator ran an allreduce")
+    finally:
+        del KINDS["ordered"]
+    if comm.rank == 0:
+        print("repeats ok", flush=True)
+
+
+def test_repeated_allreduce_skips_the_front_end_only_when_nothing_changed():
+    run_mpi(2, __file__, "rank_repeats", timeout=120)
