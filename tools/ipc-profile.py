@@ -65,7 +65,10 @@ with Communicator(w, path="ipc") as c:
     registered = per_call(lambda: eng._registered(x.data_ptr(), y.data_ptr()))
     real = eng.allreduce
     eng.allreduce = lambda *a, **k: None  # every rank: the Communicator's front end alone
-    front = per_call(call)
+    front = per_call(call)  # repeated on the same tensors: cudampi.comm.repeat's short path
+    c._repeat = lambda *a: False  # the full path on every call (a call whose tensors changed)
+    front_full = per_call(call)
+    del c._repeat
     eng.allreduce = real
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -102,7 +105,7 @@ with Communicator(w, path="ipc") as c:
               f"launch path {launch_only:.1f}, CuPy kernel call {raw:.1f}, driver launch {driver:.1f}, "
               f"GPU per launch {gpu:.1f}, engine.allreduce {engine_only:.1f}, registration "
               f"lookup {registered:.1f} (registered calls {eng.registered_calls}), front end alone "
-              f"{front:.1f}")
+              f"{front:.1f} (full path {front_full:.1f})")
         print("pieces us/call: " + ", ".join(f"{k} {v:.1f}" for k, v in pieces.items()))
         for key, k in (("tottime", 22), ("cumulative", 30)):
             s = io.StringIO()
