@@ -79,6 +79,10 @@ def test_openmpi_lost_daemon_is_named_by_the_host_the_user_gave():
     # three hosts: daemon 2 is the second remote host given
     third = text.replace("@0,1] on node cm-host2", "@0,2] on node cm-host3")
     assert parse_launcher_output(third, "openmpi", ("h2", "h3")).hosts[0].host == "h3"
+    # a node named as it was given (or by its short name) is that host, whatever its number
+    assert parse_launcher_output(third, "openmpi", ("cm-host3.lan", "h3")).hosts[0].host == (
+        "cm-host3.lan"
+    )
 
 
 def test_hydra_and_srun_messages():

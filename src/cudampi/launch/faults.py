@@ -244,7 +244,10 @@ def _openmpi_output(text: str, seen: _Seen) -> None:
     for m in _OMPI_LOST.finditer(text):
         vpid, node = int(m.group(1)), m.group(2)
         name = seen.ssh_name(node)
-        if name == node and 1 <= vpid <= len(seen.remote):
+        given = [h for h in seen.remote if h == node or h.split(".")[0] == node]
+        if given:
+            name = given[0]
+        elif name == node and 1 <= vpid <= len(seen.remote):
             name = seen.remote[vpid - 1]  # the name the user gave, not the node's own
         detail = "its daemon stopped answering"
         if name != node:
