@@ -172,6 +172,12 @@ def rank_repeats(comm):
         call(x, 1)
         c._observer.logs = False
         call(x, 0)
+        try:  # a bad op after remembered calls: the full path's error, on every rank
+            c.allreduce(x, ["sum"], out=x)
+        except CommError as exc:
+            assert "sum" in str(exc), exc
+        else:
+            raise AssertionError("allreduce took op=['sum']")
         w = torch.empty(6, requires_grad=True)  # a leaf that needs grad: written detached
         call(w, 1)
         call(w, 0)

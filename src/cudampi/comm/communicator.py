@@ -347,7 +347,7 @@ class Communicator:
     ) -> Any:
         """Reduce ``x`` over all ranks with ``op`` (sum, prod, min, max, avg, band, bor, bxor);
         every rank gets the result (in ``out``; ``out=x`` is in place)."""
-        if out is not None and not async_op and self._repeat(x, op, out, path):
+        if out is not None and not async_op and type(op) is str and self._repeat(x, op, out, path):
             return out
 
         def build() -> _Plan:

@@ -82,7 +82,10 @@ class Repeats:
 
     def lookup(self, x: Any, out: Any, op: str, path: str | None) -> Entry | None:
         """The entry for this call, if nothing it depends on changed."""
-        e = self._table.get((id(x), id(out), op, path))
+        try:
+            e = self._table.get((id(x), id(out), op, path))
+        except TypeError:  # an unhashable path: the full path says what is wrong with it
+            return None
         if e is None or e.x() is not x or e.out() is not out or fingerprint(x, out) != e.key:
             return None
         return e
