@@ -225,12 +225,20 @@ def _from_cuda_wrapped(x: Any, what: str) -> Buf:
 def flat(b: Buf) -> Any:
     """A 1-D view of a contiguous array (never a copy)."""
     if b.lib == "torch":
-        t = b.arr if len(b.shape) == 1 else b.arr.reshape(-1)
-        if t.numel() <= 1 and t.stride(0) != 1:
-            # size-0/1 tensors count as contiguous whatever their stride; byte views need 1
-            t = t.as_strided((t.numel(),), (1,))
-        return t
+        return flat_tensor(b.arr)
     return b.arr.reshape(-1)
+
+
+def flat_tensor(t: Any) -> Any:
+    """A 1-D view of a contiguous torch tensor that autograd does not record (never a copy)."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.dim() != 1:
+        t = t.reshape(-1)
+    if t.numel() <= 1 and t.stride(0) != 1:
+        # size-0/1 tensors count as contiguous whatever their stride; byte views need 1
+        t = t.as_strided((t.numel(),), (1,))
+    return t
 
 
 def empty_like_shape(b: Buf, shape: tuple[int, ...]) -> Any:

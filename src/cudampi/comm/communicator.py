@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from cudampi.comm import args
-from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, same_memory
+from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, flat_tensor, same_memory
 from cudampi.comm.deadline import Watch
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
@@ -26,7 +26,7 @@ from cudampi.comm.engines.mpi import can_reduce
 from cudampi.comm.handle import Handle, Worker, completed
 from cudampi.comm.ops import ArrayOps, check_op
 from cudampi.comm.paths import DeviceSupport, PathChoice, check_path, choose, device_support
-from cudampi.comm.repeat import Repeats, flat_view
+from cudampi.comm.repeat import Repeats
 from cudampi.comm.validate import Signature, agree, check
 from cudampi.config import Config
 from cudampi.errors import CommError, CommTimeoutError, CudampiError, DeviceError
@@ -347,7 +347,7 @@ class Communicator:
     ) -> Any:
         """Reduce ``x`` over all ranks with ``op`` (sum, prod, min, max, avg, band, bor, bxor);
         every rank gets the result (in ``out``; ``out=x`` is in place)."""
-        if out is not None and not async_op and type(op) is str and self._repeat(x, op, out, path):
+        if out is not None and not async_op and self._repeat(x, op, out, path):
             return out
 
         def build() -> _Plan:
@@ -392,8 +392,8 @@ class Communicator:
         ):
             return False
         self._seq += 1
-        xf = flat_view(x)
-        e.engine.allreduce(xf, xf if out is x else flat_view(out), op, e.dtype)
+        xf = flat_tensor(x)
+        e.engine.allreduce(xf, xf if out is x else flat_tensor(out), op, e.dtype)
         return True
 
     def reduce(

@@ -33,13 +33,6 @@ def fingerprint(x: Any, out: Any) -> tuple[Any, ...]:
     return _shape(x) if out is x else (*_shape(x), *_shape(out))
 
 
-def flat_view(t: Any) -> Any:
-    """The 1-D view of a contiguous tensor the engines take (as buffers.flat, for torch)."""
-    if t.requires_grad:
-        t = t.detach()
-    return t if t.dim() == 1 else t.view(-1)
-
-
 @dataclass(slots=True)
 class Entry:
     x: Any
@@ -67,8 +60,8 @@ class Repeats:
         torch = sys.modules.get("torch")
         if torch is None or not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
             return
-        if x.numel() <= 1 or not x.is_contiguous() or not out.is_contiguous():
-            return  # size-0/1 tensors need buffers.flat's stride fix-up: keep the full path
+        if not x.is_contiguous() or not out.is_contiguous():
+            return
         table = self._table
         if len(table) >= LIMIT:
             table.clear()
@@ -84,7 +77,7 @@ class Repeats:
         """The entry for this call, if nothing it depends on changed."""
         try:
             e = self._table.get((id(x), id(out), op, path))
-        except TypeError:  # an unhashable path: the full path says what is wrong with it
+        except TypeError:  # an unhashable op or path: the full path says what is wrong
             return None
         if e is None or e.x() is not x or e.out() is not out or fingerprint(x, out) != e.key:
             return None

@@ -169,6 +169,11 @@ def _ranks(spec: str) -> list[int]:
     return out
 
 
+def _names(host: str, short: str) -> bool:
+    """Is ``short`` (how Open MPI names a node: its own, often short, hostname) ``host``?"""
+    return host == short or host.split(".")[0] == short
+
+
 class _Seen:
     """What the launcher's output said so far: failed ranks and hosts, problems, and ssh's own
     words about each host (they name a host best: Open MPI shortens names in its messages)."""
@@ -211,7 +216,7 @@ class _Seen:
     def ssh_name(self, short: str) -> str:
         """Open MPI names a remote node by its own hostname; ssh by the name we gave it."""
         for h in self.ssh_detail:
-            if h == short or h.split(".")[0] == short:
+            if _names(h, short):
                 return h
         unnamed = [h for h in self.ssh_detail if h not in self.hosts]
         return unnamed[0] if len(unnamed) == 1 else short
@@ -244,7 +249,7 @@ def _openmpi_output(text: str, seen: _Seen) -> None:
     for m in _OMPI_LOST.finditer(text):
         vpid, node = int(m.group(1)), m.group(2)
         name = seen.ssh_name(node)
-        given = [h for h in seen.remote if h == node or h.split(".")[0] == node]
+        given = [h for h in seen.remote if _names(h, node)]
         if given:
             name = given[0]
         elif name == node and 1 <= vpid <= len(seen.remote):
