@@ -94,12 +94,13 @@ def test_p2p_device_buffers():
 
 def test_ddp_on_cuda():
     """The default on CUDA: ResNet-50 (where torchvision is importable) and the CUDA
-    transformer in one run, each against its own local; MPS on/off reported."""
+    transformer in one run, each against its own local; MPS on/off reported; two rounds, and
+    ddp-nocomm (its hook's future on the device) unchecked."""
     import importlib.util
 
-    data = bench(
-        2, "ddp", "-w", "2", "-n", "3", "--paths", "local,torch-gloo,torch-cudampi,torch-nccl"
-    )
+    paths = "local,ddp-nocomm,torch-gloo,torch-cudampi,torch-nccl"
+    data = bench(2, "ddp", "-w", "2", "-n", "3", "--rounds", "2", "--paths", paths)
+    assert data["meta"]["rounds"] == 2
     assert isinstance(data["meta"]["mps"], bool)
     models = ["transformer"]
     if importlib.util.find_spec("torchvision"):
@@ -111,3 +112,4 @@ def test_ddp_on_cuda():
         assert rows.get("torch-cudampi", {}).get("vs_local") or any(
             s["path"] == "torch-cudampi" and s["model"] == model for s in data["skipped"]
         )
+        assert rows["ddp-nocomm"]["vs_local"] > 0 and rows["ddp-nocomm"]["wrong"] is None

@@ -261,6 +261,41 @@ def test_ddp_trains_and_ranks_agree(tmp_path):
     assert bad.returncode == 1 and "parameters diverged across ranks on 1 tensors" in bad.stdout
 
 
+def test_ddp_rounds_give_one_median_row_per_path_and_nocomm_is_unchecked(tmp_path):
+    js = tmp_path / "ddp.json"
+    proc = ok(
+        bench(
+            2,
+            "ddp",
+            "--model",
+            "transformer",
+            "-w",
+            "1",
+            "-n",
+            "1",
+            "--batch",
+            "2",
+            "--rounds",
+            "2",
+            "--paths",
+            "ddp-nocomm,torch-gloo,local",
+            "--json",
+            str(js),
+        ),
+    )
+    data = json.loads(js.read_text())
+    assert data["meta"]["rounds"] == 2 and data["verdict"]["ok"] is True
+    rows = [r["path"] for r in data["results"]]
+    assert rows == ["local", "ddp-nocomm", "torch-gloo"]  # one row per path, local first
+    by = {r["path"]: r for r in data["results"]}
+    assert by["ddp-nocomm"]["wrong"] is None and by["ddp-nocomm"]["vs_local"] > 0
+    assert by["torch-gloo"]["wrong"] == 0
+    assert all(r["step_min_ms"] <= r["step_ms"] <= r["step_max_ms"] for r in by.values())
+    assert "1 step x 2 rounds, the median round" in proc.stdout.splitlines()[0]
+    nocomm = next(line for line in proc.stdout.splitlines() if "ddp-nocomm" in line)
+    assert nocomm.split()[-2].endswith("x") and nocomm.split()[-1] == "N/A"
+
+
 def test_started_plainly_it_says_one_rank_and_how_to_run_more(tmp_path):
     js = tmp_path / "one.json"
     argv = [sys.executable, "-m", "cudampi", "bench", "allreduce", "--paths", "mpi"]

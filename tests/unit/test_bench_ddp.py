@@ -1,8 +1,13 @@
-"""bench ddp's report without running a model: a section per model, MPS as a fact of the run."""
+"""bench ddp's report without running a model: a section per model, MPS as a fact of the run,
+the rounds and their median."""
 
 from __future__ import annotations
 
-from cudampi.bench.ddp import DDPRow, render_text
+import dataclasses
+
+import pytest
+
+from cudampi.bench.ddp import DDPRow, aggregate, render_text
 from cudampi.probe.gpu import mps_active
 
 
@@ -54,3 +59,25 @@ def test_mps_is_its_control_pipe():
     assert mps_active({}, exists) is False
     assert seen[-1] == "/tmp/nvidia-mps/control"
     assert mps_active({"CUDA_MPS_PIPE_DIRECTORY": ""}, lambda p: p == "/tmp/nvidia-mps/control")
+
+
+def test_a_row_is_the_median_round_with_the_extremes_of_every_round():
+    # (min, mean, max) over the ranks per round; the first round is the slow outlier
+    rounds = [(0.030, 0.031, 0.032), (0.019, 0.020, 0.021), (0.021, 0.022, 0.025)]
+    lo, typical, hi = aggregate(rounds)
+    assert typical == pytest.approx(0.022)  # not the first round's 0.031, nor the mean 0.0243
+    assert (lo, hi) == (0.019, 0.032)
+    assert aggregate(rounds[:2])[1] == pytest.approx(0.0255)  # even: between the middle two
+    assert aggregate(rounds[:1]) == rounds[0]  # one round: today's figures
+
+
+def test_the_rounds_are_in_the_header_only_when_there_are_several():
+    meta = {"ranks": 2, "device": "cpu", "iters": 10}
+    info = {"models": {"transformer": {"describe": "2 x layer", "batch": 8}}, "rounds": 5}
+    nocomm = dataclasses.replace(_row("transformer", "ddp-nocomm", 48, 0.96), wrong=None)
+    rows = [_row("transformer", "local", 50.0, None), nocomm]
+    lines = render_text(meta, info, rows, []).splitlines()
+    assert lines[0].endswith("device cpu; 10 steps x 5 rounds, the median round")
+    assert lines[-4].split()[-2:] == ["0.96x", "N/A"]
+    one = render_text(meta, {**info, "rounds": 1}, rows, []).splitlines()[0]
+    assert one == "# cudampi bench ddp: ranks 2; device cpu"

@@ -62,6 +62,16 @@ def test_p2p_and_ddp_modes_have_their_own_defaults():
     assert o.paths == ("cudampi", "mpi", "torch-nccl", "torch-gloo", "torch-cudampi")
     o = options.from_args(parse("ddp", "--paths", "local,torch-gloo")[1])
     assert o.mode == "ddp" and o.paths == ("local", "torch-gloo") and o.sizes == ()
+    assert o.rounds == 1
+
+
+def test_ddp_rounds_and_the_nocomm_path():
+    o = options.from_args(parse("ddp", "--rounds", "3", "--paths", "local,ddp-nocomm")[1])
+    assert o.rounds == 3 and o.paths == ("local", "ddp-nocomm")
+    every = options.from_args(parse("ddp")[1]).paths
+    assert "ddp-nocomm" in every and "torch-cudampi-async" in every and "local" in every
+    p, a = parse("ddp", "--rounds", "3")
+    assert options.from_args(parse(*options.to_argv(a, p))[1]).rounds == 3
 
 
 def test_ddp_models_from_the_flag():
@@ -91,6 +101,7 @@ def test_ddp_models_from_the_flag():
         (("ddp", "--paths", "mpi"), "not a ddp path"),
         (("ddp", "--model", "resnet50,vit"), "--model 'vit'"),
         (("ddp", "--model", ","), "names no model"),
+        (("ddp", "--rounds", "0"), "--rounds 0 must be >= 1"),
     ],
 )
 def test_bad_flags_are_usage_errors(argv, match):

@@ -23,9 +23,16 @@ COMMUNICATOR_PATHS = tuple(p for p in FORCED_PATHS if p != "nccl")
 """The Communicator forced onto each of its paths; not ``nccl`` (NCCL itself is measured as
 ``torch-nccl``)."""
 TORCH_PATHS = {"torch-nccl": "nccl", "torch-gloo": "gloo", "torch-cudampi": "cudampi"}
-DDP_PATHS = {**TORCH_PATHS, "torch-cudampi-async": "cudampi-async"}
-"""``bench ddp`` also trains on a cudampi group with ``Options(async_ops=True)``, where gradient
-buckets are reduced on the group's thread while backward goes on."""
+DDP_PATHS: dict[str, str | None] = {
+    "ddp-nocomm": None,
+    **TORCH_PATHS,
+    "torch-cudampi-async": "cudampi-async",
+}
+"""``bench ddp``'s paths and the backend of each one's group. Beside the torch paths:
+``torch-cudampi-async``, a cudampi group with ``Options(async_ops=True)``, where gradient buckets
+are reduced on the group's thread while backward goes on; ``ddp-nocomm`` (None: the run's
+default group), DDP whose comm hook hands every bucket back untouched: DDP's own cost without
+gradient communication."""
 PEERS = ("mpi", "copy")
 BENCH_PATHS = (*COMMUNICATOR_PATHS, *TORCH_PATHS, *PEERS)
 """Every path ``--paths`` accepts (``all`` is all of them)."""
@@ -40,6 +47,8 @@ DESCRIPTION = {
     "torch-gloo": "torch.distributed, Gloo backend",
     "torch-cudampi": "torch.distributed, cudampi backend",
     "torch-cudampi-async": "torch.distributed, cudampi backend with Options(async_ops=True)",
+    "ddp-nocomm": "DDP's own cost without gradient communication (a comm hook that returns "
+    "each bucket untouched): the ceiling for every backend",
     "mpi": "peer: mpi4py directly (device buffers staged through pinned host copies)",
     "copy": "peer: one raw copy of the same size (device-to-device; memcpy on the host)",
 }

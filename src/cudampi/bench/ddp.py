@@ -8,14 +8,22 @@ the transformer. Every path starts from the same weights; the check is DDP's own
 after the timed steps every rank holds the same parameters (per-parameter float64 sums compared
 across ranks; a differing parameter is one #wrong). Whether the CUDA MPS daemon was serving the
 run is reported with it (``meta.mps``): ranks sharing a GPU time-slice it without MPS.
+
+``ddp-nocomm`` is DDP whose comm hook hands every bucket back untouched: DDP's own cost (bucket
+copies, hooks, the buffer broadcast) without gradient communication, the ceiling for every
+backend; its replicas differ by design, so it is not checked. ``--rounds R`` trains every path
+R times, interleaved, and reports the median round: a GPU shared by ranks drifts by about 2%
+from pass to pass, the median of interleaved rounds by about 0.5%.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,7 +165,7 @@ def run_ddp(
         s.torch_default = "cudampi"
     rows: list[DDPRow] = []
     skips: list[tuple[str, str, str]] = []
-    info: dict[str, Any] = {"models": {}}
+    info: dict[str, Any] = {"models": {}, "rounds": o.rounds}
     for kind in pick_models(o.model, s.device, _has_torchvision()):
         r, sk, about = _run_model(s, o, kind)
         rows += r
@@ -168,9 +176,27 @@ def run_ddp(
     return rows, skips, info
 
 
+def aggregate(rounds: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """One row's step time (min, typical, max) from its rounds' (min, mean, max) over the ranks:
+    the median of the rounds' means (a round that the shared GPU slowed moves it least), the min
+    and the max over every round and rank."""
+    return (
+        min(r[0] for r in rounds),
+        statistics.median(r[1] for r in rounds),
+        max(r[2] for r in rounds),
+    )
+
+
+UNCHECKED = ("local", "ddp-nocomm")
+"""Paths whose replicas legitimately differ (no gradient is averaged): no #wrong check."""
+
+
 def _run_model(
     s: Session, o: Any, kind: str
 ) -> tuple[list[DDPRow], list[tuple[str, str]], dict[str, Any]]:
+    """``--rounds`` passes over the paths, interleaved (local, A, B, local, A, B, ...), so a
+    drift of the machine hits every path alike; a path skipped in the first round is not
+    retried."""
     import torch
 
     device = (
@@ -180,42 +206,32 @@ def _run_model(
     )
     batch = o.batch or (64 if kind == "resnet50" else (16 if s.device == "cuda" else 8))
     order = [p for p in o.paths if p == "local"] + [p for p in o.paths if p != "local"]
-    rows: list[DDPRow] = []
+    times: dict[str, list[tuple[float, float, float]]] = {p: [] for p in order}
+    wrongs: dict[str, list[int]] = {p: [] for p in order}
     skips: list[tuple[str, str]] = []
-    local_rate: float | None = None
     info: dict[str, Any] = {"model": kind, "batch": batch}
+    for r in range(o.rounds):
+        for path in order:
+            if r and not times[path]:
+                continue  # skipped in the first round (or dropped since)
+            if s.rank == 0 and not o.quiet:
+                tag = f" round {r + 1}/{o.rounds}" if o.rounds > 1 else ""
+                print(f"# ddp {path} {kind}{tag}", file=sys.stderr, flush=True)
+            timed = _one_pass(s, o, kind, path, device, batch, info)
+            if isinstance(timed, str):
+                skips.append((path, timed if not r else f"round {r + 1}: {timed}"))
+                times[path].clear()
+                continue
+            times[path].append(timed[0])
+            if timed[1] is not None:
+                wrongs[path].append(timed[1])
+    rows: list[DDPRow] = []
+    local_rate: float | None = None
     for path in order:
-        if s.rank == 0 and not o.quiet:
-            print(f"# ddp {path} {kind}", file=sys.stderr, flush=True)
-        error: str | None = None
-        net = opt = w = None
-        try:
-            w = build(kind, device, batch, o.image_size, s.rank)
-            info["describe"] = w.describe
-            info["unit"] = w.unit
-            net = w.model if path == "local" else _wrap(s, path, w.model, device)
-            opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
-            _steps(net, opt, w, 1)  # the probe step
-            _sync(device)
-        except Skip as exc:
-            error = str(exc)
-        except Exception as exc:
-            error = describe_error(exc)
-        agreed = s.first_error(error)
-        if agreed is not None:
-            skips.append((path, agreed))
+        if not times[path]:
             continue
-        assert net is not None and w is not None
-        _steps(net, opt, w, max(o.warmup - 1, 0))
-        _sync(device)
-        s.barrier()
-        t0 = time.perf_counter()
-        _steps(net, opt, w, o.iters)
-        _sync(device)
-        step = (time.perf_counter() - t0) / o.iters
-        lo, avg, hi = s.stats(step)
-        per_rank = batch / avg
-        wrong = _count_wrong(s, o, w.model) if o.check and path != "local" else None
+        lo, typical, hi = aggregate(times[path])
+        per_rank = batch / typical
         if path == "local":
             local_rate = per_rank
         rows.append(
@@ -224,24 +240,63 @@ def _run_model(
                 model=kind,
                 batch=batch,
                 steps=o.iters,
-                step_ms=avg * 1e3,
+                step_ms=typical * 1e3,
                 step_min_ms=lo * 1e3,
                 step_max_ms=hi * 1e3,
                 samples_per_s=per_rank * s.size,
                 per_rank=per_rank,
                 vs_local=None if local_rate is None or path == "local" else per_rank / local_rate,
-                wrong=wrong,
+                wrong=max(wrongs[path]) if wrongs[path] else None,
             )
         )
-        del net, opt, w
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     return rows, skips, info
+
+
+def _one_pass(
+    s: Session, o: Any, kind: str, path: str, device: Any, batch: int, info: dict[str, Any]
+) -> str | tuple[tuple[float, float, float], int | None]:
+    """One round of ``path``: a fresh model, the probe step, -w warmup and -n timed steps.
+    Returns the step time's (min, mean, max) over the ranks and the #wrong (None: not
+    checked), or the reason every rank agrees it cannot run."""
+    import torch
+
+    error: str | None = None
+    net = opt = w = None
+    try:
+        w = build(kind, device, batch, o.image_size, s.rank)
+        info["describe"] = w.describe
+        info["unit"] = w.unit
+        net = w.model if path == "local" else _wrap(s, path, w.model, device)
+        opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+        _steps(net, opt, w, 1)  # the probe step
+        _sync(device)
+    except Skip as exc:
+        error = str(exc)
+    except Exception as exc:
+        error = describe_error(exc)
+    agreed = s.first_error(error)
+    if agreed is not None:
+        return agreed
+    assert net is not None and w is not None
+    _steps(net, opt, w, max(o.warmup - 1, 0))
+    _sync(device)
+    s.barrier()
+    t0 = time.perf_counter()
+    _steps(net, opt, w, o.iters)
+    _sync(device)
+    step = (time.perf_counter() - t0) / o.iters
+    stats = s.stats(step)
+    wrong = _count_wrong(s, o, w.model) if o.check and path not in UNCHECKED else None
+    del net, opt, w
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return stats, wrong
 
 
 def _wrap(s: Session, path: str, model: Any, device: Any) -> Any:
     """``model`` in DistributedDataParallel on ``path``'s backend (:class:`Skip` where that
-    backend cannot train here)."""
+    backend cannot train here); ``ddp-nocomm`` on the run's default group, with a comm hook
+    that communicates nothing."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     backend = DDP_PATHS[path]
@@ -249,9 +304,40 @@ def _wrap(s: Session, path: str, model: Any, device: Any) -> Any:
         raise Skip("NCCL trains CUDA models only; this run is on the host")
     if backend == "nccl" and s.shares_gpu:
         raise Skip(f"NCCL needs one GPU per rank: {s.local_size} ranks share {s.gpus}")
-    group = s.torch_group(backend)
+    group = _default_group(s) if backend is None else s.torch_group(backend)
     ids = [device.index] if device.type == "cuda" else None
-    return DDP(model, device_ids=ids, process_group=group)
+    net = DDP(model, device_ids=ids, process_group=group)
+    if backend is None:
+        net.register_comm_hook(None, _nocomm_hook(device))
+    return net
+
+
+def _default_group(s: Session) -> Any:
+    """torch's default group in this run: the one the torch paths' DDP would meet (cudampi's
+    when a torch-cudampi path is asked, else gloo's). DDP still broadcasts the initial weights
+    and, every forward, the buffers (BatchNorm's statistics) on it."""
+    backend = s.torch_default
+    try:
+        return s.torch_group(backend)
+    except Exception:
+        if s.torch_default == backend:
+            raise
+        return s.torch_group(s.torch_default)  # cudampi's world group failed: gloo's is it
+
+
+def _nocomm_hook(device: Any) -> Any:
+    """A DDP comm hook that hands the bucket back untouched: no communication, no averaging."""
+    import torch
+
+    # No annotations: DDP refuses a hook whose annotations are not dist.GradBucket and
+    # Future[Tensor] (and under `from __future__ import annotations` every one is a string).
+    def hook(state, bucket):  # type: ignore[no-untyped-def]
+        cuda = device.type == "cuda"
+        fut: Any = torch.futures.Future(devices=[device]) if cuda else torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    return hook
 
 
 def _count_wrong(s: Session, o: Any, model: Any) -> int:
@@ -273,6 +359,14 @@ def _mps_word(meta: dict[str, Any]) -> str:
     return "; MPS on" if meta.get("mps") else "; MPS off"
 
 
+def _rounds_words(meta: dict[str, Any], info: dict[str, Any]) -> str:
+    rounds = info.get("rounds", 1)
+    if rounds == 1:
+        return ""
+    steps = meta.get("iters")
+    return f"; {steps} step{'' if steps == 1 else 's'} x {rounds} rounds, the median round"
+
+
 def render_text(
     meta: dict[str, Any],
     info: dict[str, Any],
@@ -282,7 +376,8 @@ def render_text(
     lines = [
         f"# cudampi bench ddp: ranks {meta.get('ranks')}; device {meta.get('device')}"
         + (f" [{meta.get('gpu_name')}]" if meta.get("gpu_name") else "")
-        + _mps_word(meta),
+        + _mps_word(meta)
+        + _rounds_words(meta, info),
         f"# MPI: {meta.get('mpi_library', '?')}   torch {meta.get('torch')}",
     ]
     models = info.get("models") or {info.get("model"): info}

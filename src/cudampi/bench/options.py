@@ -63,6 +63,8 @@ class Options:
     model: str
     batch: int | None
     image_size: int | None
+    rounds: int
+    """ddp: passes over every path, interleaved; a row is the median of its rounds."""
 
 
 def _split(text: str) -> list[str]:
@@ -158,6 +160,7 @@ def from_args(args: argparse.Namespace) -> Options:
         model=",".join(models),
         batch=args.batch,
         image_size=args.image_size,
+        rounds=int(args.rounds),
     )
 
 
@@ -195,13 +198,15 @@ def _sizes(args: argparse.Namespace, mode: str) -> tuple[int, ...]:
 
 
 def _p2p_and_ddp(args: argparse.Namespace) -> tuple[tuple[str, ...], list[str]]:
-    """p2p's --buffers and --window, ddp's --model."""
+    """p2p's --buffers and --window, ddp's --model and --rounds."""
     buffers = tuple(_split(args.buffers))
     for b in buffers:
         if b not in ("host", "device"):
             raise ConfigError(f"--buffers {b!r}: expected host and/or device")
     if args.window < 1:
         raise ConfigError(f"--window {args.window!r} must be >= 1")
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds {args.rounds!r} must be >= 1 (1: one pass over the paths)")
     models = _split(args.model)
     for m in models:
         if m not in MODELS:
@@ -249,7 +254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--paths",
         default="all",
-        help=f"comma list or all: {', '.join(BENCH_PATHS)} (p2p: cudampi,mpi,torch-*; ddp: torch-*,local)",
+        help=f"comma list or all: {', '.join(BENCH_PATHS)} (p2p: cudampi,mpi,torch-*; ddp: local,ddp-nocomm,torch-*)",
     )
     g.add_argument(
         "--device",
@@ -293,6 +298,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--batch", type=int, default=None, help="ddp: samples per rank per step")
     g.add_argument("--image-size", type=int, default=None, help="ddp: ResNet input side (224)")
+    g.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="ddp: train every path R times, interleaved (local, A, B, local, A, B, ...); a row "
+        "is the median of its rounds (1)",
+    )
 
 
 def to_argv(
