@@ -113,13 +113,14 @@ ddpasync)
   export CUPY_CACHE_DIR=$PWD/.cupy-cache
   [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
   ddp() {
-    sec bench ddp 2 ranks, cudampi blocking and async_ops, MPS $MPS
-    T ${DDP_T:-200} $W -m cudampi launch -n 2 -m cudampi bench ddp -w 3 -n 10 \
-      --paths local,torch-gloo,torch-cudampi,torch-cudampi-async --json $B/ddp2-mps$MPS.json \
-      > $B/ddp2-mps$MPS.txt; tail -12 $B/ddp2-mps$MPS.txt
+    local n=${DDP_NP:-2}
+    sec bench ddp $n ranks ${DDP_ARGS:-}, MPS $MPS
+    T ${DDP_T:-200} $W -m cudampi launch -n $n -m cudampi bench ddp -w 3 -n 10 ${DDP_ARGS:-} \
+      --paths ${DDP_PATHS:-local,torch-gloo,torch-cudampi,torch-cudampi-async} --json $B/ddp$n-mps$MPS.json \
+      > $B/ddp$n-mps$MPS.txt; tail -${DDP_TAIL:-12} $B/ddp$n-mps$MPS.txt
   }
   mps_each ddp
-  tar czf $OUT/bench-ddp.tgz -C $OUT bench && rm -rf $B
+  tar czf $OUT/bench-ddp${DDP_NP:-2}.tgz -C $OUT bench && rm -rf $B
   ;;
 torchrun)
   # torchrun (no MPI launcher) + the cudampi backend through cudampi's PMI server, with the
@@ -287,6 +288,23 @@ ipcbench)
   }
   mps_each ipc_bench
   tar czf $OUT/bench-ipc$N.tgz -C $OUT bench && rm -rf $B
+  ;;
+ddpgap)
+  # Where DDP's throughput goes (tools/ddp-gap.py): local, DDP without communication, DDP
+  # meeting at every bucket without data, DDP as shipped, DDP on a side stream; once per
+  # setting of GAP_ENVS ("none" = the defaults, else NAME=VALUE).
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  gap() {
+    for e in ${GAP_ENVS:-none}; do
+      sec ddp gap ${GAP_MODEL:-resnet50} ${GAP_NP:-2} ranks, $e, MPS $MPS
+      ( [ $e = none ] || export $e
+        T ${GAP_T:-200} $W -m cudampi launch -n ${GAP_NP:-2} tools/ddp-gap.py --model ${GAP_MODEL:-resnet50} \
+          --steps ${GAP_STEPS:-20} --rounds ${GAP_ROUNDS:-3} ${GAP_ARGS:-} ) 2>&1 \
+        | tee -a $OUT/ddp-gap-mps$MPS.txt | grep -a -E "^round|median|batch|rror|rc=" | tail -14
+    done
+  }
+  mps_each gap
   ;;
 esac; done
 tar czf $OUT/docs.tgz -C $OUT docs && rm -rf $D

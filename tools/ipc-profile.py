@@ -122,6 +122,15 @@ from cudampi.torch.work import record_done  # noqa: E402
 dist.init_process_group("cudampi")
 torch_call = per_call(lambda: dist.all_reduce(x))
 event = per_call(lambda: record_done(x.device))
+pg = dist.distributed_c10d._get_default_group()._get_backend(x.device)
+from cudampi.torch.work import finished_work  # noqa: E402
+
+torch_pieces = {
+    "pg.allreduce": per_call(lambda: pg.allreduce([x])),
+    "finished_work": per_call(lambda: finished_work([x])),
+    "capturing?": per_call(torch.cuda.is_current_stream_capturing),
+    "Work.wait": per_call(lambda: finished_work([x]).wait()),
+}
 tprof = cProfile.Profile()
 w.Barrier()
 tprof.enable()
@@ -131,6 +140,7 @@ tprof.disable()
 torch.cuda.synchronize()
 if w.rank == 0:
     print(f"torch backend us/call: dist.all_reduce {torch_call:.1f}, record_done alone {event:.1f}")
+    print("torch pieces us/call: " + ", ".join(f"{k} {v:.1f}" for k, v in torch_pieces.items()))
     s = io.StringIO()
     pstats.Stats(tprof, stream=s).sort_stats("tottime").print_stats(25)
     print("\n".join(s.getvalue().splitlines()[:37]))

@@ -135,16 +135,34 @@ def finished_work(result: Any) -> Any:
     """The Work of a collective that ran in the caller's thread (the default mode).
 
     Host tensors: :func:`completed_work`. CUDA tensors: a stream-ordered Work (see the module
-    doc) over an event recorded now on the caller's current stream, after everything the call
-    enqueued; its future is :func:`completed_future`'s, typed as DDP's built-in hooks need.
-    No host synchronisation, no allocation: this runs inside CUDA graph capture too.
+    doc) over the caller's current stream, after everything the call enqueued; its future is
+    :func:`completed_future`'s, typed as DDP's built-in hooks need. No host synchronisation,
+    no allocation: this runs inside CUDA graph capture too. The event that marks the call is
+    recorded only when asked for (``wait()`` from another stream, ``is_completed()``): DDP and
+    ``dist.all_reduce`` wait on the very stream, where nothing is to be done, and an event costs
+    ~8 us of a call that queues one kernel (H200 host, docs/benchmarks.md).
     """
     devices = _devices(result)
     if not devices:
         return completed_work(result)
-    # the future is made when asked for (DDP's hooks ask; a plain all_reduce does not): it is
-    # completed either way, and a typed future costs ~6 us of a call that queues one kernel
-    return _stream_work_class()(devices, None, result, record_done(devices[0]))
+    return _stream_work_class()(devices, None, result, None, _stream_key()(devices[0].index))
+
+
+@cache
+def _stream_key() -> Callable[[int], tuple[int, int, int]]:
+    """torch's current stream of a device as its key (stream id, device index, device type),
+    read without making a Stream object (what ``torch.cuda.current_stream`` unpacks). Not the
+    raw pointer: the legacy default stream's is 0, which names no stream to record on later."""
+    import torch
+
+    read = getattr(torch._C, "_cuda_getCurrentStream", None)
+    if read is None:
+
+        def read(index: int) -> tuple[int, int, int]:
+            s = torch.cuda.current_stream(index)
+            return (s.stream_id, s.device_index, s.device_type)
+
+    return read
 
 
 def record_done(device: Any, stream: Any = None) -> tuple[Any, Any]:
@@ -355,13 +373,21 @@ def _stream_work_class() -> type:
 
     class StreamWork(work_base):
         """A collective whose host part has run; its CUDA part is marked by ``done`` (an event
-        and the stream it was recorded on). As NCCL's Work: ``wait()`` orders the caller's
-        current stream after ``done`` without blocking the host, ``is_completed()`` queries
-        the event. :class:`AsyncRunner`'s Work is the same, with a host part that finishes
-        later (``_host_wait``)."""
+        and the stream it was recorded on) or, for a call that ran in the caller's thread, by
+        ``at`` (its stream's key, :func:`_stream_key`): the event is then recorded when first
+        needed, on that stream, and marks the call and whatever was queued there after it
+        (waiting for more is never wrong; a wait from the same stream needs no event at all).
+        As NCCL's Work: ``wait()`` orders the caller's current stream after the call without
+        blocking the host, ``is_completed()`` queries the event. :class:`AsyncRunner`'s Work
+        is the same, with a host part that finishes later (``_host_wait``)."""
 
         def __init__(
-            self, devices: list[Any], fut: Any = None, result: Any = None, done: Any = None
+            self,
+            devices: list[Any],
+            fut: Any = None,
+            result: Any = None,
+            done: Any = None,
+            at: tuple[int, int, int] | None = None,
         ):
             super().__init__()
             self._device = devices[0] if devices else None
@@ -369,6 +395,7 @@ def _stream_work_class() -> type:
             self._result = result
             self._error: BaseException | None = None
             self._done: tuple[Any, Any] | None = done
+            self._at = at
 
         def _host_wait(self, limit: float | None = None) -> None:
             """Block until the host part has run (here it has)."""
@@ -376,18 +403,35 @@ def _stream_work_class() -> type:
         def _host_done(self) -> bool:
             return True
 
+        def _marked(self) -> tuple[Any, Any] | None:
+            """``done``, recorded now on the call's stream if it was not yet."""
+            if self._done is None and self._at is not None:
+                import torch
+
+                sid, index, kind = self._at
+                stream = torch.cuda.Stream(stream_id=sid, device_index=index, device_type=kind)
+                self._done = record_done(self._device, stream)
+            return self._done
+
         def wait(self, timeout: Any = None) -> bool:
             self._host_wait(_seconds(timeout))
             if self._error is not None:
                 raise self._error
-            if self._done is not None:
-                order_after(self._device, self._done)
+            at = self._at
+            if self._done is None and at is not None and _stream_key()(at[1]) == at:
+                return True  # the call's own stream runs in order
+            done = self._marked()
+            if done is not None:
+                order_after(self._device, done)
             return True
 
         def is_completed(self) -> bool:
             if not self._host_done():
                 return False
-            return self._error is not None or self._done is None or done_query(self._done)
+            if self._error is not None:
+                return True
+            done = self._marked()
+            return done is None or done_query(done)
 
         def get_future(self) -> Any:
             if self._fut is None:  # a finished call's future, made on first use
