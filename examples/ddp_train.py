@@ -27,13 +27,13 @@ class DistInfo:
     local_rank: int
     device: str
     backend: str
-    async_ops: bool = False
+    async_ops: bool | None = None
 
 
 @dataclass(frozen=True)
 class TrainResult:
     backend: str
-    async_ops: bool
+    async_ops: bool | None
     device: str
     world_size: int
     steps: int
@@ -48,11 +48,13 @@ class TrainResult:
 
 
 def init_distributed(
-    backend: str = "cudampi", device: str = "auto", *, async_ops: bool = False
+    backend: str = "cudampi", device: str = "auto", *, async_ops: bool | None = None
 ) -> DistInfo:
     """Join the job: rank/size from the launcher, the rank's GPU, the process group, a check.
 
-    ``async_ops`` (cudampi only): collectives on a per-group thread, overlapping backward.
+    ``async_ops`` (cudampi only, :class:`cudampi.torch.Options`): True runs every collective on
+    a per-group thread, overlapping backward; None (default) only those whose path blocks
+    the host; False none.
     """
     import torch
     import torch.distributed as dist
@@ -154,7 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--async-ops",
         action="store_true",
-        help="cudampi: run collectives on a per-group thread (overlap with backward)",
+        default=None,
+        help="cudampi: run every collective on a per-group thread (default: only those whose "
+        "path blocks the host)",
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = p.parse_args(argv)

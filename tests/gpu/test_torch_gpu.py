@@ -40,11 +40,18 @@ def rank_gpu(comm, path, variants, mode):
 
     torch.cuda.set_device(comm.rank % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
-    gloo = init(async_ops=mode == "async")
+    gloo = init(async_ops={"async": True, "sync": False, "auto": None}[mode])
     pg = dist.distributed_c10d._get_default_group()
     chosen = pg.communicator.path_for("allreduce", torch.ones(1 << 20, device=dev))
     assert chosen == path, f"CUDAMPI_PATH={path} but the Communicator picks {chosen}"
     n, rank = comm.size, comm.rank
+    if mode == "auto":  # the group's thread for a path that synchronizes the host, else inline
+        from cudampi.torch.work import _async_work_class
+
+        work = dist.all_reduce(torch.ones(4, device=dev), async_op=True)
+        threaded = isinstance(work, _async_work_class())
+        assert threaded == (path != "ipc"), f"auto on {path}: on the thread? {threaded}"
+        work.wait()
 
     # Collectives on CUDA tensors (results stay on the GPU), small and pipelined sizes.
     for numel in (7, 3 << 20):
@@ -120,13 +127,18 @@ def _skip_without_cupy() -> None:
         ("ipc", "sync", 2),
         ("ipc", "sync", 4),
         ("ipc", "async", 2),
+        ("gpu-ring", "auto", 2),
+        ("staged", "auto", 2),
+        ("ipc", "auto", 2),
     ],
 )
 def test_ddp_fsdp_on_cuda_tensors(path, mode, ranks):
-    """mode async: Options(async_ops=True), bucket all-reduces overlap backward. 4 async ranks
-    on one GPU: where DDP's C++ read its allgathered parameter counts before the side stream
-    had written them (fixed by AsyncWork.wait ordering the caller's stream). ipc: every call
-    only enqueues kernels on the caller's stream and returns a stream-ordered Work."""
+    """mode sync: Options(async_ops=False), every call in the caller's thread; auto: the
+    default, the group's thread where the path synchronizes the host (gpu-ring, staged), the
+    caller's for ipc; async: Options(async_ops=True), bucket all-reduces overlap backward.
+    4 async ranks on one GPU: where DDP's C++ read its allgathered parameter counts before the
+    side stream had written them (fixed by AsyncWork.wait ordering the caller's stream). ipc:
+    every call only enqueues kernels on the caller's stream and returns a stream-ordered Work."""
     if path == "gpu-ring" and not _cuda_aware():
         pytest.skip(
             "gpu-ring needs CUDA-aware point-to-point: preload the libucx-cu13 wheel, set "
@@ -135,7 +147,8 @@ def test_ddp_fsdp_on_cuda_tensors(path, mode, ranks):
     if path == "ipc":
         _skip_without_cupy()
     variants = GPU_VARIANTS if ranks == 2 else "default,small-buckets-views"
-    if mode == "async":  # built-in C++ hooks need the typed futures of the default mode
+    if mode == "async" or (mode == "auto" and path != "ipc"):
+        # built-in C++ hooks need the typed futures of calls run in the caller's thread
         variants = ",".join(v for v in GPU_VARIANTS.split(",") if v != "builtin-fp16-hook")
     proc = run_mpi(
         ranks, __file__, "rank_gpu", path, variants, mode, timeout=600, env={"CUDAMPI_PATH": path}
@@ -216,7 +229,7 @@ def rank_stream_ordered(comm):
 
     torch.cuda.set_device(comm.rank % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
-    init()
+    init(async_ops=None)  # the default (auto): ipc calls run in the caller's thread
     n = comm.size
     pg = dist.distributed_c10d._get_default_group()
     x = torch.full((1 << 20,), 1.0, device=dev)
@@ -336,7 +349,7 @@ def rank_graphs(comm):
 
     torch.cuda.set_device(comm.rank % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
-    init()
+    init(async_ops=None)  # the default (auto): ipc calls run in the caller's thread
     rank = comm.rank
     batches = _batches(16, rank, dev)
 

@@ -9,6 +9,7 @@ such op or dtype, against a result computed locally from every rank's (re-genera
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -128,9 +129,32 @@ def _init(mode="sync"):
             assert var not in os.environ, var
     if mode == "async":
         dist.init_process_group("cudampi", pg_options=cudampi.torch.Options(async_ops=True))
+    elif mode == "sync":
+        dist.init_process_group("cudampi", pg_options=cudampi.torch.Options(async_ops=False))
     else:
+        if mode == "auto-mixed":
+            # The default (auto) sends CUDA calls of host-synchronizing paths to the group's
+            # thread. Host tensors never go there, so here a call whose first tensor has an odd
+            # element count is taken for one: threaded and inline calls interleave through the
+            # whole suite, and call order must hold (no inline call overtakes the thread).
+            from cudampi.torch import backend
+
+            backend.first_cuda = _odd_first
         dist.init_process_group("cudampi")
     return dist.new_group(backend="gloo")
+
+
+def _odd_first(args):
+    import torch
+
+    stack = [args]
+    while stack:
+        item = stack.pop(0)
+        if isinstance(item, (list, tuple)):
+            stack[:0] = list(item)
+        elif isinstance(item, torch.Tensor):
+            return item if item.numel() % 2 else None
+    return None
 
 
 def check_allreduce(ck, dist, gloo, rank, n):
@@ -508,6 +532,23 @@ def rank_collectives(comm, expected_size, mode="sync"):
     rank = dist.get_rank()
     assert (rank, dist.get_world_size()) == (comm.rank, comm.size) and comm.size == n
     assert dist.get_backend() == "cudampi"
+    if mode == "auto-mixed":
+        import torch
+
+        from cudampi.torch.work import _async_work_class
+
+        odd, even = torch.ones(3), torch.ones(2)
+        threaded = _async_work_class()
+        work = dist.all_reduce(odd, async_op=True)
+        assert isinstance(work, threaded)
+        dist.all_reduce(even)  # behind the threaded call: on the thread or after it, in order
+        work.wait()
+        runner = dist.distributed_c10d._get_default_group()._runner
+        while runner.busy():  # the thread marks an op done just after completing its Work
+            time.sleep(0.001)
+        assert not isinstance(dist.all_reduce(even, async_op=True), threaded)
+        assert torch.equal(odd, torch.full((3,), float(n)))
+        assert torch.equal(even, torch.full((2,), float(n * n)))
     ck = Checks()
     check_allreduce(ck, dist, gloo, rank, n)
     check_rooted(ck, dist, gloo, rank, n)
@@ -523,8 +564,10 @@ def rank_collectives(comm, expected_size, mode="sync"):
         print(f"torch backend checks: {ck.total} passed, {ck.vs_gloo} against gloo", flush=True)
 
 
-@pytest.mark.parametrize(("n", "mode"), [(2, "sync"), (4, "sync"), (2, "async")])
+@pytest.mark.parametrize(("n", "mode"), [(2, "sync"), (4, "sync"), (2, "async"), (2, "auto-mixed")])
 def test_every_collective_matches_gloo(n, mode):
-    """mode async: Options(async_ops=True), collectives on the group's own thread."""
+    """mode sync: Options(async_ops=False); async: Options(async_ops=True), collectives on the
+    group's own thread; auto-mixed: the default, with calls of odd-sized tensors standing in
+    for CUDA calls of a host-synchronizing path (on the thread), the others in the caller's."""
     proc = run_mpi(n, __file__, "rank_collectives", str(n), mode, timeout=300)
     assert "against gloo" in proc.stdout

@@ -130,15 +130,78 @@ def test_async_runner_completes_in_order_and_reraises_the_op_error():
         runner.close()
 
 
-def _group_stand_in(choice, runner=None):
+def test_async_runner_is_busy_until_every_submitted_op_has_run():
+    """What auto mode's call order rests on: busy() while an op waits or runs, not after."""
+    import threading
+    import time
+
+    from cudampi.torch.work import AsyncRunner
+
+    runner = AsyncRunner("test-busy")
+    go = threading.Event()
+    try:
+        assert not runner.busy()
+        first = runner.submit(lambda: go.wait(10) and [], [])
+        second = runner.submit(list, [])
+        assert runner.busy() and not first.is_completed()
+        go.set()
+        assert first.wait() and second.wait()
+        deadline = time.monotonic() + 10
+        while runner.busy() and time.monotonic() < deadline:
+            time.sleep(0.001)  # the thread marks an op done just after completing its Work
+        assert not runner.busy()
+    finally:
+        go.set()
+        runner.close()
+
+
+def _group_stand_in(choice, runner=None, auto=False):
     from types import SimpleNamespace
 
     class Comm:
+        asks = 0
+
         def path_for(self, op, x, nbytes=None):
             self.asked = op
+            self.asks += 1
             return choice
 
-    return SimpleNamespace(_runner=runner, _comm=Comm(), _rank=0, _size=2)
+    return SimpleNamespace(
+        _runner=runner, _auto=auto, _comm=Comm(), _rank=0, _size=2, _host_path={}
+    )
+
+
+class _Runner:
+    def __init__(self, busy=False):
+        self.is_busy = busy
+
+    def busy(self):
+        return self.is_busy
+
+
+def test_auto_runs_host_synchronizing_cuda_calls_on_the_thread(monkeypatch):
+    """Options(async_ops=None): a CUDA call whose path synchronizes the host goes to the
+    group's thread, a stream-ordered one and a host call stay in the caller's thread, unless
+    a call is still on the thread (call order); the path is asked once per call shape."""
+    from cudampi.comm.paths import PathChoice
+    from cudampi.torch import backend
+
+    t = torch.ones(2)
+    cuda: list = [t]
+    monkeypatch.setattr(backend, "first_cuda", lambda args: cuda[0])
+    threaded = backend.CudampiProcessGroup._threaded
+    staged = _group_stand_in(PathChoice("staged", "", "staged"), _Runner(), auto=True)
+    assert threaded(staged, "allreduce", ([t],))
+    assert threaded(staged, "allreduce", ([t],)) and staged._comm.asks == 1
+    assert threaded(staged, "all_gather_single", ([t], [t])) and staged._comm.asked == "allgather"
+    ipc = _group_stand_in(PathChoice("ipc", "", "ipc"), _Runner(), auto=True)
+    assert not threaded(ipc, "allreduce", ([t],))
+    ipc._runner.is_busy = True
+    assert threaded(ipc, "allreduce", ([t],)), "an inline call must not overtake the thread"
+    cuda[0] = None  # host tensors
+    assert not threaded(staged, "allreduce", ([t],))
+    forced = _group_stand_in(PathChoice("ipc", "", "ipc"), _Runner(), auto=False)
+    assert threaded(forced, "allreduce", ([t],)), "async_ops=True: every call on the thread"
 
 
 def test_capture_refuses_paths_that_block_the_host(monkeypatch):
@@ -159,7 +222,12 @@ def test_capture_refuses_paths_that_block_the_host(monkeypatch):
     check(ipc, "reduce_scatter_single", ([t], [t]))  # stream-ordered: fine
     assert ipc._comm.asked == "reduce_scatter"
     with pytest.raises(CommError, match="async_ops"):
-        check(_group_stand_in(PathChoice("ipc", "", "ipc"), runner=object()), "allreduce", ())
+        check(_group_stand_in(PathChoice("ipc", "", "ipc"), runner=_Runner()), "allreduce", ())
+    auto = _group_stand_in(PathChoice("ipc", "", "ipc"), runner=_Runner(), auto=True)
+    check(auto, "allreduce", ([t],))  # auto, stream-ordered path, nothing on the thread: fine
+    auto._runner.is_busy = True
+    with pytest.raises(CommError, match="still run on its thread"):
+        check(auto, "allreduce", ([t],))
     monkeypatch.setattr(backend, "first_cuda", lambda args: None)
     with pytest.raises(CommError, match="no CUDA tensor"):
         check(ipc, "barrier", ())

@@ -8,11 +8,14 @@ torchrun, the job :mod:`cudampi.pmi.join` makes of torch's processes); subgroups
 are ``MPI_Comm_create_group`` over the world, made only by their members, as torch calls the
 creator only on members.
 
-By default every collective runs to completion on the calling thread, in call order, and
-returns a Work whose future is already complete, so ``async_op=True``, ``get_future().then(...)``,
-DDP gradient buckets and comm hooks all work unchanged. With ``Options(async_ops=True)`` they
-run in call order on one thread per group instead, overlapping the caller's work.
-``isend``/``irecv`` are truly non-blocking either way.
+Collectives run in call order. Those on host tensors, and those on CUDA tensors whose path is
+stream-ordered (ipc, nccl: kernels queued on the caller's stream), run in the calling thread and
+return a Work whose future is already complete (for CUDA, NCCL's stream semantics), so
+``async_op=True``, ``get_future().then(...)``, DDP gradient buckets and comm hooks all work
+unchanged. A collective on CUDA tensors whose path synchronizes the host runs on one thread per
+group instead, overlapping the caller's work (DDP's backward), as NCCL never blocks the host
+(``Options.async_ops``: None, the default, chooses so; True puts every collective on the thread,
+False none). ``isend``/``irecv`` are truly non-blocking either way.
 """
 
 from __future__ import annotations
@@ -93,10 +96,11 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
     from cudampi.comm import Communicator
 
     runner = None
-    if options.async_ops:
-        from mpi4py import MPI
+    from mpi4py import MPI
 
-        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+    threads = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    if options.async_ops or (options.async_ops is None and threads):
+        if not threads:
             raise ConfigError(
                 f"Options(async_ops=True) needs MPI_THREAD_MULTIPLE, but MPI was initialized at "
                 f"thread level {MPI.Query_thread()!r}. Fix: leave mpi4py.rc.thread_level at its "
@@ -109,7 +113,9 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
         # torch's timeout= (init_process_group / new_group) is this group's deadline
         config = config.replace(timeout=timeout.total_seconds())
     comm = Communicator(mpi_comm, path=options.path, config=config)
-    pg = CudampiProcessGroup(comm, mpi_comm, rank, size, ranks, group_id, runner=runner)
+    pg = CudampiProcessGroup(
+        comm, mpi_comm, rank, size, ranks, group_id, runner=runner, auto=options.async_ops is None
+    )
     if detail_enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch's wrapper skips Python groups
         pg._detail = DetailChecker(mpi_comm, ranks or list(range(size)))
         weakref.finalize(pg, pg._detail.close)
@@ -127,7 +133,7 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
             self._detail.check(method.__name__, args, kwargs)
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
             self._check_capturable(method.__name__, args)
-        if self._runner is None:
+        if self._runner is None or not self._threaded(method.__name__, args):
             try:
                 return finished_work(method(self, *args, **kwargs))
             except CommTimeoutError as exc:
@@ -182,9 +188,12 @@ class CudampiProcessGroup(_ProcessGroup):
         group_id: str = "",
         *,
         runner: AsyncRunner | None = None,
+        auto: bool = False,
     ) -> None:
         super().__init__(rank, size)
         self._runner = runner
+        self._auto = auto and runner is not None
+        self._host_path: dict[tuple[str, Any, int, Any], bool] = {}
         self._comm = comm
         self._mpi_comm = mpi_comm
         self._rank = rank
@@ -255,6 +264,32 @@ class CudampiProcessGroup(_ProcessGroup):
     def abort(self) -> None:
         self.shutdown()
 
+    def _threaded(self, name: str, args: Sequence[Any]) -> bool:
+        """Whether this call runs on the group's thread: every call with ``async_ops=True``;
+        under auto, a call behind one still on the thread (call order), or one of CUDA
+        tensors whose path synchronizes the host (remembered per call, dtype, size, device:
+        ``path_for`` is the same for them, and DDP repeats its buckets)."""
+        assert self._runner is not None
+        if not self._auto or self._runner.busy():
+            return True
+        tensor = first_cuda(args)
+        if tensor is None:
+            return False
+        key = (name, tensor.dtype, tensor.numel(), tensor.device)
+        known = self._host_path.get(key)
+        if known is None:
+            from cudampi.comm.engines import KINDS
+
+            try:
+                choice = self._comm.path_for(_CALL_OF.get(name, "allreduce"), tensor)
+            except Exception:  # the call itself says what is wrong, in the caller's thread
+                return False
+            if len(self._host_path) >= 4096:  # sizes that keep changing: forget, ask again
+                self._host_path.clear()
+            kind = KINDS.get(choice.engine)
+            known = self._host_path[key] = kind is None or not kind.stream_ordered
+        return known
+
     def _check_capturable(self, name: str, args: Sequence[Any]) -> None:
         """Inside CUDA graph capture only a stream-ordered engine (ipc, nccl) can run a call:
         the others block the host on the caller's stream, which capture forbids (and which
@@ -262,8 +297,14 @@ class CudampiProcessGroup(_ProcessGroup):
         from cudampi.comm.engines import KINDS
 
         tensor = first_cuda(args)
-        if self._runner is not None:
+        if self._runner is not None and not self._auto:
             why = "Options(async_ops=True) runs it on a thread and a side stream of its own"
+        elif self._runner is not None and self._runner.busy():
+            why = (
+                "earlier collectives of this group still run on its thread (the path of their "
+                "tensors synchronizes the host); wait for them (torch.cuda.synchronize and "
+                "their Work.wait()) before capturing"
+            )
         elif tensor is None:
             why = (
                 "it moves no CUDA tensor (a host-side call runs once, at capture, never at replay)"
@@ -726,8 +767,8 @@ class CudampiProcessGroup(_ProcessGroup):
         self._check_open()
 
     def _end_coalescing(self, device: Any) -> Any:
-        if self._runner is not None:  # done once everything queued before it is
-            return self._runner.submit(list, [])
+        if self._runner is not None and self._threaded("barrier", ()):
+            return self._runner.submit(list, [])  # done once everything queued before it is
         return completed_work([])
 
 

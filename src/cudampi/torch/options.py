@@ -37,7 +37,14 @@ class Options:
     path: str | None = None
     config: Config | None = None
     abort_on_exception: bool = True
-    async_ops: bool = False
-    """Run collectives on a per-group thread so they overlap the caller's work (DDP buckets
-    with backward). Needs MPI_THREAD_MULTIPLE. DDP's built-in C++ comm hooks
-    (``_register_builtin_comm_hook``) need the default (False): their futures must be typed."""
+    async_ops: bool | None = None
+    """Where the group's collectives run. ``True``: all of them on a per-group thread, so they
+    overlap the caller's work (DDP buckets with backward). ``False``: all in the caller's
+    thread. ``None`` (default, auto): a collective on CUDA tensors whose path synchronizes the
+    host (staged, gpu-ring, native, hierarchical across nodes) runs on the thread; those of a
+    stream-ordered path (ipc, nccl: kernels on the caller's stream, nothing to wait for) and
+    host tensors run in the caller's thread, in call order behind anything still on the
+    thread. The thread needs MPI_THREAD_MULTIPLE: ``True`` without it is an error, auto then
+    runs everything in the caller's thread. DDP's built-in C++ comm hooks
+    (``_register_builtin_comm_hook``) need typed futures, which only calls in the caller's
+    thread give: use ``False`` with them where the path synchronizes the host."""

@@ -315,6 +315,11 @@ class AsyncRunner:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
+    def busy(self) -> bool:
+        """Whether a submitted op has not finished yet (what runs in the caller's thread must
+        wait its turn behind it: ``Options(async_ops=None)``)."""
+        return self._queue.unfinished_tasks > 0
+
     def submit(self, fn: Callable[[], Any], tensors: Any) -> Any:
         """Queue ``fn`` (returns the Work's result); the Work completes when it has run."""
         import torch
@@ -339,27 +344,33 @@ class AsyncRunner:
         return self._streams[key]
 
     def _loop(self) -> None:
-        import torch
-
         while True:
             item = self._queue.get()
             if item is None:
                 return
             fn, cuda, work = item
             try:
-                if cuda is None:
-                    work._complete(fn())
-                else:
-                    device, ready = cuda
-                    side = self._side_stream(device)
-                    side.wait_event(ready)
-                    with torch.cuda.device(device), torch.cuda.stream(side):
-                        result = fn()
-                        work._complete(result, record_done(device, side))
-            except BaseException as exc:
-                from cudampi.errors import CommTimeoutError
+                self._run(fn, cuda, work)
+            finally:
+                self._queue.task_done()  # after the Work completed: busy() is False only then
 
-                work._fail(as_dist_error(exc) if isinstance(exc, CommTimeoutError) else exc)
+    def _run(self, fn: Callable[[], Any], cuda: Any, work: Any) -> None:
+        import torch
+
+        try:
+            if cuda is None:
+                work._complete(fn())
+            else:
+                device, ready = cuda
+                side = self._side_stream(device)
+                side.wait_event(ready)
+                with torch.cuda.device(device), torch.cuda.stream(side):
+                    result = fn()
+                    work._complete(result, record_done(device, side))
+        except BaseException as exc:
+            from cudampi.errors import CommTimeoutError
+
+            work._fail(as_dist_error(exc) if isinstance(exc, CommTimeoutError) else exc)
 
     def close(self) -> None:
         """Run what is queued, then stop the thread."""
