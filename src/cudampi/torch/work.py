@@ -1,13 +1,14 @@
 """c10d ``Work`` objects for the cudampi process group.
 
-By default collectives run in call order on the calling thread and their Work is finished when
-the call returns. On the host that is the whole story: the Work wraps an already-completed
-``torch.futures.Future``. For CUDA tensors it is NCCL's: what the call enqueued (a
-stream-ordered engine such as ``ipc`` only *enqueues* its kernels on the caller's stream) is
-marked by an event recorded on that stream, ``wait()`` makes the caller's current stream wait
-for it (nothing when that is the same stream) and never blocks the host, ``is_completed()``
-queries the event. ``get_future()`` gives DDP and comm hooks a future they can chain with
-``.then``. Point-to-point ``isend``/``irecv`` are truly non-blocking: their Work holds a
+A collective run in the calling thread (host tensors, a stream-ordered path; every call with
+``Options(async_ops=False)``) has a Work that is finished when the call returns. On the host
+that is the whole story: the Work wraps an already-completed ``torch.futures.Future``. For CUDA
+tensors it is NCCL's: what the call enqueued (a stream-ordered engine such as ``ipc`` only
+*enqueues* its kernels on the caller's stream) is marked on that stream, ``wait()`` makes the
+caller's current stream wait for it (nothing when that is the same stream) and never blocks
+the host, ``is_completed()`` queries it. A collective run on the group's thread
+(:class:`AsyncRunner`) has a Work that completes when the thread has run it. ``get_future()``
+gives DDP and comm hooks a future they can chain with ``.then``. Point-to-point ``isend``/``irecv`` are truly non-blocking: their Work holds a
 :class:`cudampi.comm.Handle` and completes in ``wait()``, so exchange patterns such as
 ``batch_isend_irecv`` rings cannot deadlock.
 """
@@ -132,7 +133,7 @@ def _done_work_class() -> type:
 
 
 def finished_work(result: Any) -> Any:
-    """The Work of a collective that ran in the caller's thread (the default mode).
+    """The Work of a collective that ran in the caller's thread.
 
     Host tensors: :func:`completed_work`. CUDA tensors: a stream-ordered Work (see the module
     doc) over the caller's current stream, after everything the call enqueued; its future is
@@ -297,7 +298,8 @@ def _handle_work_class() -> type:
 
 
 class AsyncRunner:
-    """One thread that runs a group's collectives in call order (``Options(async_ops=True)``).
+    """One thread that runs a group's collectives in call order (all of them with
+    ``Options(async_ops=True)``; by default those whose path synchronizes the host).
 
     ``submit`` returns at once with a Work; the collective runs on this thread while the caller
     goes on (DDP computes the next gradient buckets meanwhile). CUDA work runs on a side stream
