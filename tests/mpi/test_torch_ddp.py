@@ -200,7 +200,12 @@ def rank_ddp_fsdp(comm, variants, mode="sync"):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    gloo = init(async_ops=mode == "async")
+    if mode == "auto-mixed":  # see tests/mpi/test_torch_backend.py: odd sizes take the thread
+        from cudampi.torch import backend
+        from tests.mpi.test_torch_backend import odd_first
+
+        backend.first_cuda = odd_first
+    gloo = init(async_ops={"async": True, "sync": False}.get(mode))
     cpu = torch.device("cpu")
     for variant in variants.split(","):
         ours = train_ddp(None, cpu, variant)
@@ -232,6 +237,14 @@ def test_ddp_and_fsdp_match_gloo_with_async_ops():
     variants = ",".join(v for v in VARIANTS if v != "builtin-fp16-hook")  # needs typed futures
     proc = run_mpi(2, __file__, "rank_ddp_fsdp", variants, "async", timeout=300)
     assert "match gloo (async)" in proc.stdout
+
+
+def test_ddp_and_fsdp_match_gloo_with_threaded_and_inline_calls_mixed():
+    """The default (auto) where some calls take the group's thread (standing in for CUDA calls
+    of a host-synchronizing path: odd-sized buckets) and the others the caller's thread."""
+    variants = ",".join(v for v in VARIANTS if v != "builtin-fp16-hook")  # needs typed futures
+    proc = run_mpi(2, __file__, "rank_ddp_fsdp", variants, "auto-mixed", timeout=300)
+    assert "match gloo (auto-mixed)" in proc.stdout
 
 
 def test_ddp_and_fsdp_match_gloo_4_ranks():
