@@ -52,6 +52,14 @@ def main() -> int:
         seen = " ".join(f"{name}={os.environ.get(name)}" for name in args)
         print(f"rank {rank} on {socket.gethostname()}: {seen}", flush=True)
         return 0
+    if mode == "hier":  # args: node_ranks [per]; the hierarchical collectives (test_comm_hier)
+        from mpi4py import MPI
+
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        from tests.mpi.test_comm_hier import rank_hier
+
+        rank_hier(MPI.COMM_WORLD, *args)
+        return 0
     if mode == "quit":  # ends at once, without Python's exit (as a rank that dies in C does)
         os._exit(0)
     if mode == "forge":  # prints what looks like a fault report (a log of an earlier job), then ok

@@ -1,6 +1,7 @@
 """The hierarchical collectives of the ipc path on the CPU: MPI's own collectives stand in for
 the ipc kernels inside each "node" (4 ranks cut into 2 nodes of 2 by CUDAMPI_NODE_RANKS, or 3
-nodes of 1), the cross-node step is the real one. The GPU test runs the same with the kernels."""
+nodes of 1), the cross-node step is the real one. The GPU test runs the same with the kernels;
+tests/netns/test_launch_two_hosts.py runs ``rank_hier`` on two real hosts (node_ranks 0)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from tests.mpirun import run_mpi
 pytestmark = pytest.mark.mpi
 
 
-def rank_hier(comm, node_ranks):
+def rank_hier(comm, node_ranks, per=None):
+    """The hierarchical collectives against NumPy; ``per``: the ranks a node must have (default
+    ``node_ranks``, which 0 leaves to MPI's shared-memory split: the real hosts)."""
+    import socket
+
     import numpy as np
 
     from cudampi.comm import Communicator
@@ -28,7 +33,10 @@ def rank_hier(comm, node_ranks):
         except DeviceError as exc:
             print(f"rank {r}: REFUSED {exc}")
             return
-        assert h.nodes * h.per_node == n and h.per_node == int(node_ranks)
+        assert h.nodes * h.per_node == n and h.per_node == int(per or node_ranks)
+        hosts = comm.allgather(socket.gethostname())
+        first = r - h.local
+        assert len(set(hosts[first : first + h.per_node])) == 1, hosts  # a node is on one host
         for count in (0, 1, 7, 1001):
             x = np.arange(count, dtype=np.float64) * (r + 1) - r
             want = sum(np.arange(count, dtype=np.float64) * (q + 1) - q for q in range(n))
@@ -53,7 +61,7 @@ def rank_hier(comm, node_ranks):
             h.allgatherv(xg, og, counts)
             np.testing.assert_array_equal(og, np.repeat(np.arange(n), counts))
     if r == 0:
-        print(f"hierarchical ok: {n} ranks, {node_ranks} per node")
+        print(f"hierarchical ok: {n} ranks, {h.nodes} nodes of {h.per_node} on {hosts}")
 
 
 @pytest.mark.parametrize("n, per", [(4, "2"), (3, "1"), (4, "4")])

@@ -186,6 +186,19 @@ def test_nccl_settings_reach_the_ranks_on_the_other_host(hosts: TwoHosts):
         assert f"rank {r} on {name}: NCCL_IB_HCA==mlx5_7:1 NCCL_DEBUG=WARN" in p.stdout, p.stdout
 
 
+def test_hierarchical_collectives_with_a_node_per_host(hosts: TwoHosts):
+    """The ipc path's hierarchical collectives, nodes found by MPI's shared-memory split: two
+    real hosts of 2 ranks each (MPI inside a node standing in for the kernels, the cross-node
+    step over TCP between the hosts), then uneven hosts, refused by every rank."""
+    p = run(hosts.launch_argv("--hosts", f"{ADDR[0]}:2,{ADDR[1]}:2", TARGET, "hier", "0", "2"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    want = f"4 ranks, 2 nodes of 2 on {[NAMES[0]] * 2 + [NAMES[1]] * 2}"
+    assert f"hierarchical ok: {want}" in p.stdout, p.stdout + p.stderr
+    p = run(hosts.launch_argv("--hosts", f"{ADDR[0]}:1,{ADDR[1]}:2", TARGET, "hier", "0", "2"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("REFUSED") == 3 and "node sizes here: [1, 2]" in p.stdout, p.stdout
+
+
 def test_a_host_killed_mid_run_fails_the_job_naming_it(hosts: TwoHosts, tmp_path: Path):
     env = {
         **os.environ,
