@@ -74,19 +74,34 @@ class TwoHosts:
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.tmp / "hostkey"))
         shutil.copy(f"{self.key}.pub", self.tmp / "authorized_keys")
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
+        self.link("cv")
+        for i in (0, 1):
+            self.start_sshd(i)
+
+    def link(self, prefix: str) -> None:
+        """The two namespaces, joined by a veth pair (``{prefix}a…``/``{prefix}b…`` until
+        moved), named cm0 with ADDR on both hosts."""
         a, b = self.ns
         tag = a[3:]
         for n in self.ns:
             sh("ip", "netns", "add", n)
-        sh("ip", "link", "add", f"cva{tag}", "type", "veth", "peer", "name", f"cvb{tag}")
-        for n, dev, addr in ((a, f"cva{tag}", ADDR[0]), (b, f"cvb{tag}", ADDR[1])):
+        sh(
+            "ip",
+            "link",
+            "add",
+            f"{prefix}a{tag}",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"{prefix}b{tag}",
+        )
+        for n, dev, addr in ((a, f"{prefix}a{tag}", ADDR[0]), (b, f"{prefix}b{tag}", ADDR[1])):
             sh("ip", "link", "set", dev, "netns", n)
             sh("ip", "-n", n, "link", "set", dev, "name", "cm0")  # same name on both hosts
             sh("ip", "-n", n, "addr", "add", f"{addr}/24", "dev", "cm0")
             sh("ip", "-n", n, "link", "set", "cm0", "up")
             sh("ip", "-n", n, "link", "set", "lo", "up")
-        for i in (0, 1):
-            self.start_sshd(i)
 
     def start_sshd(self, i: int) -> None:
         conf = self.tmp / f"sshd{i}.conf"

@@ -70,17 +70,7 @@ class Hosts(TwoHosts):
         self.ns = (f"ctA{tag}", f"ctB{tag}")  # apart from test_launch_two_hosts's
 
     def up(self) -> None:
-        a, b = self.ns
-        tag = a[3:]
-        for n in self.ns:
-            sh("ip", "netns", "add", n)
-        sh("ip", "link", "add", f"cta{tag}", "type", "veth", "peer", "name", f"ctb{tag}")
-        for n, dev, addr in ((a, f"cta{tag}", ADDR[0]), (b, f"ctb{tag}", ADDR[1])):
-            sh("ip", "link", "set", dev, "netns", n)
-            sh("ip", "-n", n, "link", "set", dev, "name", "cm0")
-            sh("ip", "-n", n, "addr", "add", f"{addr}/24", "dev", "cm0")
-            sh("ip", "-n", n, "link", "set", "cm0", "up")
-            sh("ip", "-n", n, "link", "set", "lo", "up")
+        self.link("ct")
 
     def in_host(self, i: int, *argv: str) -> list[str]:
         """argv run on host i: its network namespace, its hostname, its own /dev/shm (a tmpfs
