@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.mpirun import run_mpi
+from tests.mpirun import run_mpi, run_mpi_mpich
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -572,4 +572,11 @@ def test_every_collective_matches_gloo(n, mode):
     group's own thread; auto-mixed: the default, with calls of odd-sized tensors standing in
     for CUDA calls of a host-synchronizing path (on the thread), the others in the caller's."""
     proc = run_mpi(n, __file__, "rank_collectives", str(n), mode, timeout=300)
+    assert "against gloo" in proc.stdout
+
+
+def test_every_collective_matches_gloo_under_mpich():
+    """The same suite under MPICH (its Hydra mpiexec and libmpi), threaded and inline calls
+    mixed: the group's thread needs MPI_THREAD_MULTIPLE from MPICH too."""
+    proc = run_mpi_mpich(2, __file__, "rank_collectives", "2", "auto-mixed", timeout=300)
     assert "against gloo" in proc.stdout
