@@ -22,6 +22,7 @@ from cudampi.torch.backend import CudampiProcessGroup, register
 from cudampi.torch.hints import install_excepthook
 from cudampi.torch.options import BACKEND_NAME, Options
 from cudampi.torch.rendezvous import INIT_METHOD, mpi_launcher
+from cudampi.torch.world import install_exit_hook
 
 __all__ = [
     "BACKEND_NAME",
@@ -34,3 +35,4 @@ __all__ = [
 
 register()
 install_excepthook()
+install_exit_hook()

@@ -20,11 +20,9 @@ False none). ``isend``/``irecv`` are truly non-blocking either way.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import math
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -56,35 +54,22 @@ from cudampi.torch.work import (
     finished_work,
     handle_work,
 )
-from cudampi.torch.world import WORLD, open_subgroup_world, open_world, timeout_of, where
+from cudampi.torch.world import (
+    GROUPS_MADE,
+    WORLD,
+    open_subgroup_world,
+    open_world,
+    timeout_of,
+    where,
+)
 
 if TYPE_CHECKING:
     from cudampi.comm.communicator import Communicator
 
 
-def _yield_to_torch_threads() -> None:
-    """At interpreter exit, while Python is still whole: let torch's C++ threads take the GIL.
-
-    A c10d worker thread (gloo's ``pt_gloo_runloop``) drops its reference to a finished
-    collective's tensors after the caller has moved on, and each drop takes the GIL to release
-    the tensor's Python object. When the script ends right after a collective (say the last
-    all_reduce on a gloo subgroup beside the cudampi world), that thread can still be waiting
-    for the GIL when the interpreter finalizes; it then exits inside a C++ destructor and the
-    process aborts (``terminate called without an active exception``, SIGABRT) after the
-    script's last line, so the job fails (pytorch/pytorch#190489; also with torch's own gloo
-    world group). A thread waiting for the GIL gets it as soon as this one sleeps."""
-    for _ in range(10):
-        time.sleep(0.001)
-
-
-_EXIT_HOOK: list[bool] = []
-
-
 def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProcessGroup:
     """The creator torch calls (``extended_api=True``) for the world group and each subgroup."""
-    if not _EXIT_HOOK:
-        _EXIT_HOOK.append(True)
-        atexit.register(_yield_to_torch_threads)
+    GROUPS_MADE[:] = [True]
     if pg_options is None:
         options = WORLD[0].options if WORLD and dist_opts.global_ranks_in_group else Options()
     elif isinstance(pg_options, Options):

@@ -1,14 +1,16 @@
 """The MPI communicator under a cudampi group: the world's (``MPI.COMM_WORLD``, the one in
 :class:`~cudampi.torch.options.Options`, or the job :mod:`cudampi.pmi.join` makes of torchrun's
-processes), checked against torch's ranks; and the abort-on-exception hook that ends the MPI job
-when one rank raises."""
+processes), checked against torch's ranks; the abort-on-exception hook that ends the MPI job
+when one rank raises; and the exit hook that lets torch's C++ threads finish first."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,6 +33,30 @@ class _World:
 
 
 WORLD: list[_World] = []  # the live default group's world; torch has one default group
+GROUPS_MADE: list[bool] = []  # [True] once this process has made a cudampi group
+
+
+def yield_to_torch_threads() -> None:
+    """At interpreter exit, while Python is still whole: let torch's C++ threads take the GIL.
+
+    A c10d worker thread (gloo's ``pt_gloo_runloop``) drops its reference to a finished
+    collective's tensors after the caller has moved on, and each drop takes the GIL to release
+    the tensor's Python object. When a script ends right after a collective (the last all_reduce
+    on a gloo group, beside a cudampi world or as torch's default group), that thread can still
+    be waiting for the GIL when the interpreter finalizes; it then exits inside a C++ destructor
+    and the process aborts (``terminate called without an active exception``, SIGABRT) after
+    the script's last line, failing the job (pytorch/pytorch#190489). A thread waiting for the
+    GIL gets it as soon as this one sleeps. Only where a group is alive at exit, or this process
+    made a cudampi group (whose gloo neighbours may outlive ``destroy_process_group``)."""
+    if not GROUPS_MADE and not (dist.is_available() and dist.is_initialized()):
+        return
+    for _ in range(10):
+        time.sleep(0.001)
+
+
+def install_exit_hook() -> None:
+    """Register :func:`yield_to_torch_threads` (at ``import cudampi.torch``)."""
+    atexit.register(yield_to_torch_threads)
 
 
 def timeout_of(dist_opts: Any) -> timedelta | None:
