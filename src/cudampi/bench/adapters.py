@@ -13,7 +13,8 @@ take device buffers; ``torch-nccl`` only with a GPU per rank.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from cudampi.bench.arrays import ArrayLib, is_float
 from cudampi.bench.session import Session
@@ -62,6 +63,25 @@ def describe_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(exc).__name__}: {first[:300]}"
+
+
+T = TypeVar("T")
+
+
+def attempt(s: Session, build: Callable[[], T]) -> tuple[T | None, str | None]:
+    """Run ``build`` on every rank: its result here, and what went wrong as every rank agrees
+    (None: nothing, on any rank; else :meth:`Session.first_error` of a :class:`Skip`'s reason
+    or the exception described). The result is this rank's also when another rank failed: the
+    caller closes it then. Collective."""
+    made: T | None = None
+    error: str | None = None
+    try:
+        made = build()
+    except Skip as exc:
+        error = str(exc)
+    except Exception as exc:  # a path that cannot be built is a skip, not a crash
+        error = describe_error(exc)
+    return made, s.first_error(error)
 
 
 class PathAdapter:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cudampi.bench.adapters import DDP_PATHS, Skip, describe_error
+from cudampi.bench.adapters import DDP_PATHS, Skip, attempt
 from cudampi.bench.session import Session
 
 
@@ -260,9 +260,7 @@ def _one_pass(
     checked), or the reason every rank agrees it cannot run."""
     import torch
 
-    error: str | None = None
-    net = opt = w = None
-    try:
+    def start() -> tuple[Workload, Any, Any]:
         w = build(kind, device, batch, o.image_size, s.rank)
         info["describe"] = w.describe
         info["unit"] = w.unit
@@ -270,14 +268,13 @@ def _one_pass(
         opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
         _steps(net, opt, w, 1)  # the probe step
         _sync(device)
-    except Skip as exc:
-        error = str(exc)
-    except Exception as exc:
-        error = describe_error(exc)
-    agreed = s.first_error(error)
+        return w, net, opt
+
+    made, agreed = attempt(s, start)
     if agreed is not None:
         return agreed
-    assert net is not None and w is not None
+    assert made is not None
+    w, net, opt = made
     _steps(net, opt, w, max(o.warmup - 1, 0))
     _sync(device)
     s.barrier()

@@ -14,12 +14,13 @@ p2p CUDA-aware, else staged), ``mpi`` (mpi4py directly; device buffers only wher
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from cudampi.bench.adapters import TORCH_PATHS, Skip, describe_error
+from cudampi.bench.adapters import TORCH_PATHS, Skip, attempt, describe_error
 from cudampi.bench.arrays import ArrayLib, Unsupported, make_lib
 from cudampi.bench.session import Session
 from cudampi.errors import ConfigError
@@ -227,6 +228,12 @@ def _lib_for(path: str, buffers: str, session: Session, array: str) -> ArrayLib:
         raise Skip(str(exc)) from None
 
 
+def _start(path: str, buffers: str, session: Session, array: str) -> tuple[ArrayLib, _P2P]:
+    """The array library and the open path of one (path, buffers) row."""
+    lib = _lib_for(path, buffers, session, array)
+    return lib, _open(path, session, lib)
+
+
 # -- the measurements ----------------------------------------------------------------------------
 def _pingpong(p: _P2P, rank: int, x: Any, y: Any, n: int) -> None:
     for _ in range(n):
@@ -275,23 +282,14 @@ def run_p2p(session: Session, o: Any, meta: dict[str, Any]) -> P2PResult:
     active = s.rank in (0, 1)
     for path in o.paths:
         for buffers in o.buffers:
-            error: str | None = None
-            lib: ArrayLib | None = None
-            adapter: _P2P | None = None
-            try:
-                lib = _lib_for(path, buffers, s, o.array)
-                adapter = _open(path, s, lib)
-            except Skip as exc:
-                error = str(exc)
-            except Exception as exc:
-                error = describe_error(exc)
-            agreed = s.first_error(error)
+            made, agreed = attempt(s, functools.partial(_start, path, buffers, s, o.array))
             if agreed is not None:
-                if adapter is not None:
-                    adapter.close()
+                if made is not None:
+                    made[1].close()
                 skips.append((path, buffers, agreed))
                 continue
-            assert lib is not None and adapter is not None
+            assert made is not None
+            lib, adapter = made
             if s.rank == 0 and not o.quiet:
                 import sys
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudampi.bench import limits
-from cudampi.bench.adapters import PathAdapter, Skip, describe_error, open_path
+from cudampi.bench.adapters import PathAdapter, Skip, attempt, describe_error, open_path
 from cudampi.bench.arrays import ITEMSIZE, ArrayLib, Unsupported, make_lib
 from cudampi.bench.metrics import algbw, busbw, collective_layout
 from cudampi.bench.registry import UNITS, Case
@@ -99,15 +99,7 @@ class Runner:
     def adapter(self, path: str, lib: ArrayLib) -> PathAdapter:
         key = (path, lib.name)
         if key not in self.adapters:
-            error: str | None = None
-            made: PathAdapter | None = None
-            try:
-                made = open_path(path, lib, self.s)
-            except Skip as exc:
-                error = str(exc)
-            except Exception as exc:  # an adapter that cannot be built is a skip, not a crash
-                error = describe_error(exc)
-            agreed = self.s.first_error(error)
+            made, agreed = attempt(self.s, lambda: open_path(path, lib, self.s))
             if agreed is not None and made is not None:
                 made.close()
             self.adapters[key] = agreed if agreed is not None else made  # type: ignore[assignment]
