@@ -55,8 +55,7 @@ def main() -> int:
     if mode == "hier":  # args: node_ranks [per]; the hierarchical collectives (test_comm_hier)
         from mpi4py import MPI
 
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-        from tests.mpi.test_comm_hier import rank_hier
+        from tests.mpi.test_comm_hier import rank_hier  # the tests' PYTHONPATH has the repo root
 
         rank_hier(MPI.COMM_WORLD, *args)
         return 0

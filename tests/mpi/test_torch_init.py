@@ -7,7 +7,8 @@
 - a process started without an MPI launcher (as torchrun starts them) asking for 2 ranks: the
   singleton error that names the fix;
 - a rank that raises makes every rank exit at once with a message naming the rank.
-- a script whose last line is a gloo collective beside the cudampi world exits cleanly.
+- a script whose last line is a gloo collective (beside a cudampi world, or with a gloo world)
+  exits cleanly.
 """
 
 from __future__ import annotations

@@ -85,18 +85,9 @@ class TwoHosts:
         tag = a[3:]
         for n in self.ns:
             sh("ip", "netns", "add", n)
-        sh(
-            "ip",
-            "link",
-            "add",
-            f"{prefix}a{tag}",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            f"{prefix}b{tag}",
-        )
-        for n, dev, addr in ((a, f"{prefix}a{tag}", ADDR[0]), (b, f"{prefix}b{tag}", ADDR[1])):
+        va, vb = f"{prefix}a{tag}", f"{prefix}b{tag}"
+        sh("ip", "link", "add", va, "type", "veth", "peer", "name", vb)
+        for n, dev, addr in ((a, va, ADDR[0]), (b, vb, ADDR[1])):
             sh("ip", "link", "set", dev, "netns", n)
             sh("ip", "-n", n, "link", "set", dev, "name", "cm0")  # same name on both hosts
             sh("ip", "-n", n, "addr", "add", f"{addr}/24", "dev", "cm0")
