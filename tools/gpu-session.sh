@@ -47,7 +47,7 @@ tests-wheels)
   sec gpu tests, wheels + libucx-cu13
   ( export PATH=/tmp/v/bin:$PATH "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W
     T ${GPU_T:-400} $W -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-tests/gpu} -o addopts= -rfEs \
-      --durations=15 ) 2>&1 | tee $OUT/tests-wheels.log | tail -80
+      --durations=15 ${GPU_K:+-k "$GPU_K"} ) 2>&1 | tee $OUT/tests-wheels${GPU_TAG:-}.log | tail -80
   ;;
 bench)
   # cudampi launch applies the wheels' CUDA-aware recipe (libucx preload, pml ucx) itself.
@@ -120,7 +120,7 @@ ddpasync)
       > $B/ddp$n-mps$MPS.txt; tail -${DDP_TAIL:-12} $B/ddp$n-mps$MPS.txt
   }
   mps_each ddp
-  tar czf $OUT/bench-ddp${DDP_NP:-2}.tgz -C $OUT bench && rm -rf $B
+  tar czf $OUT/bench-ddp${DDP_NP:-2}${DDP_TAG:-}.tgz -C $OUT bench && rm -rf $B
   ;;
 torchrun)
   # torchrun (no MPI launcher) + the cudampi backend through cudampi's PMI server, with the
@@ -287,7 +287,7 @@ ipcbench)
     done
   }
   mps_each ipc_bench
-  tar czf $OUT/bench-ipc$N.tgz -C $OUT bench && rm -rf $B
+  tar czf $OUT/bench-ipc$N${BENCH_TAG:-}.tgz -C $OUT bench && rm -rf $B
   ;;
 ddpgap)
   # Where DDP's throughput goes (tools/ddp-gap.py): local, DDP without communication, DDP

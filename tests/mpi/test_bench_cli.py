@@ -292,8 +292,53 @@ def test_ddp_rounds_give_one_median_row_per_path_and_nocomm_is_unchecked(tmp_pat
     assert by["torch-gloo"]["wrong"] == 0
     assert all(r["step_min_ms"] <= r["step_ms"] <= r["step_max_ms"] for r in by.values())
     assert "1 step x 2 rounds, the median round" in proc.stdout.splitlines()[0]
+    # DDP's own defaults, as the DDP objects of the run reported them
+    ddp = data["meta"]["models"]["transformer"]["ddp"]
+    assert ddp["gradient_as_bucket_view"] is False and ddp["bucket_cap_mb"] == 25.0
     nocomm = next(line for line in proc.stdout.splitlines() if "ddp-nocomm" in line)
     assert nocomm.split()[-2].endswith("x") and nocomm.split()[-1] == "N/A"
+
+
+def test_ddp_options_reach_every_ddp_path(tmp_path):
+    js = tmp_path / "ddp.json"
+    proc = ok(
+        bench(
+            2,
+            "ddp",
+            "--model",
+            "transformer",
+            "-w",
+            "1",
+            "-n",
+            "2",
+            "--batch",
+            "2",
+            "--paths",
+            "local,torch-cudampi,torch-gloo",
+            "--ddp-option",
+            "gradient_as_bucket_view=true",
+            "--ddp-option",
+            "bucket_cap_mb=0.5",
+            "--ddp-option",
+            "static_graph=true",
+            "--json",
+            str(js),
+        ),
+    )
+    data = json.loads(js.read_text())
+    assert data["verdict"]["ok"] is True and {r["wrong"] for r in data["results"][1:]} == {0}
+    assert data["meta"]["ddp_options"] == {
+        "gradient_as_bucket_view": True,
+        "bucket_cap_mb": 0.5,
+        "static_graph": True,
+    }
+    ddp = data["meta"]["models"]["transformer"]["ddp"]  # what DDP itself runs with
+    assert ddp["gradient_as_bucket_view"] is True and ddp["static_graph"] is True
+    assert ddp["bucket_cap_mb"] == 0.5 and ddp["broadcast_buffers"] is True
+    assert (
+        "# DistributedDataParallel(gradient_as_bucket_view=True, bucket_cap_mb=0.5, "
+        "static_graph=True) on every DDP path" in proc.stdout
+    )
 
 
 def test_started_plainly_it_says_one_rank_and_how_to_run_more(tmp_path):

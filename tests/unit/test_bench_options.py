@@ -74,6 +74,40 @@ def test_ddp_rounds_and_the_nocomm_path():
     assert options.from_args(parse(*options.to_argv(a, p))[1]).rounds == 3
 
 
+def test_ddp_options_are_typed_checked_and_survive_a_relaunch():
+    p, a = parse(
+        "ddp",
+        "--ddp-option",
+        "gradient_as_bucket_view=True",
+        "--ddp-option",
+        " bucket_cap_mb = 12.5",
+        "--ddp-option",
+        "static_graph=0",
+        "--ddp-option",
+        "static_graph=yes",  # the last one of a name wins
+    )
+    o = options.from_args(a)
+    assert dict(o.ddp_options) == {
+        "gradient_as_bucket_view": True,
+        "bucket_cap_mb": 12.5,
+        "static_graph": True,
+    }
+    again = options.from_args(parse(*options.to_argv(a, p))[1])
+    assert again.ddp_options == o.ddp_options
+    assert options.from_args(parse("ddp")[1]).ddp_options == ()  # DDP's own defaults
+    for bad, words in (
+        ("bucket_cap_mb", "expected NAME=VALUE"),
+        ("bucket_view=true", "NAME one of bucket_cap_mb, gradient_as_bucket_view"),
+        ("static_graph=maybe", "static_graph takes true or false"),
+        ("bucket_cap_mb=lots", "bucket_cap_mb takes a number"),
+        ("bucket_cap_mb=0", "must be > 0"),
+    ):
+        with pytest.raises(ConfigError, match=words):
+            options.from_args(parse("ddp", "--ddp-option", bad)[1])
+    with pytest.raises(ConfigError, match="`cudampi bench ddp` only, not collectives"):
+        options.from_args(parse("allreduce", "--ddp-option", "static_graph=true")[1])
+
+
 def test_ddp_models_from_the_flag():
     from cudampi.bench.ddp import pick_models
 

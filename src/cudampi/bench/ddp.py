@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.bench.adapters import DDP_PATHS, Skip, attempt
+from cudampi.bench.options import DDP_OPTIONS
 from cudampi.bench.session import Session
 
 
@@ -165,7 +166,7 @@ def run_ddp(
         s.torch_default = "cudampi"
     rows: list[DDPRow] = []
     skips: list[tuple[str, str, str]] = []
-    info: dict[str, Any] = {"models": {}, "rounds": o.rounds}
+    info: dict[str, Any] = {"models": {}, "rounds": o.rounds, "ddp_options": dict(o.ddp_options)}
     for kind in pick_models(o.model, s.device, _has_torchvision()):
         r, sk, about = _run_model(s, o, kind)
         rows += r
@@ -264,7 +265,9 @@ def _one_pass(
         w = build(kind, device, batch, o.image_size, s.rank)
         info["describe"] = w.describe
         info["unit"] = w.unit
-        net = w.model if path == "local" else _wrap(s, path, w.model, device)
+        net = w.model if path == "local" else _wrap(s, path, w.model, device, dict(o.ddp_options))
+        if path != "local":
+            info["ddp"] = _settings_of(net)
         opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
         _steps(net, opt, w, 1)  # the probe step
         _sync(device)
@@ -290,10 +293,10 @@ def _one_pass(
     return stats, wrong
 
 
-def _wrap(s: Session, path: str, model: Any, device: Any) -> Any:
+def _wrap(s: Session, path: str, model: Any, device: Any, settings: dict[str, Any]) -> Any:
     """``model`` in DistributedDataParallel on ``path``'s backend (:class:`Skip` where that
-    backend cannot train here); ``ddp-nocomm`` on the run's default group, with a comm hook
-    that communicates nothing."""
+    backend cannot train here) with ``settings`` (--ddp-option); ``ddp-nocomm`` on the run's
+    default group, with a comm hook that communicates nothing."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     backend = DDP_PATHS[path]
@@ -303,10 +306,19 @@ def _wrap(s: Session, path: str, model: Any, device: Any) -> Any:
         raise Skip(f"NCCL needs one GPU per rank: {s.local_size} ranks share {s.gpus}")
     group = _default_group(s) if backend is None else s.torch_group(backend)
     ids = [device.index] if device.type == "cuda" else None
-    net = DDP(model, device_ids=ids, process_group=group)
+    net = DDP(model, device_ids=ids, process_group=group, **settings)
     if backend is None:
         net.register_comm_hook(None, _nocomm_hook(device))
     return net
+
+
+def _settings_of(net: Any) -> dict[str, Any]:
+    """The settings DistributedDataParallel runs with (DDP's defaults or --ddp-option's), as it
+    reports them, for the JSON."""
+    out = {name: getattr(net, name, None) for name in DDP_OPTIONS if name != "bucket_cap_mb"}
+    cap = getattr(net, "bucket_bytes_cap", None)
+    out["bucket_cap_mb"] = None if cap is None else cap / 2**20
+    return out
 
 
 def _default_group(s: Session) -> Any:
@@ -377,6 +389,9 @@ def render_text(
         + _rounds_words(meta, info),
         f"# MPI: {meta.get('mpi_library', '?')}   torch {meta.get('torch')}",
     ]
+    if info.get("ddp_options"):
+        settings = ", ".join(f"{k}={v}" for k, v in info["ddp_options"].items())
+        lines.append(f"# DistributedDataParallel({settings}) on every DDP path")
     models = info.get("models") or {info.get("model"): info}
     for kind, about in models.items():
         unit = about.get("unit", "samples/s")

@@ -10,6 +10,7 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cudampi.bench.adapters import BENCH_PATHS, DDP_PATHS, TORCH_PATHS
 from cudampi.bench.arrays import parse_dtype
@@ -65,6 +66,46 @@ class Options:
     image_size: int | None
     rounds: int
     """ddp: passes over every path, interleaved; a row is the median of its rounds."""
+    ddp_options: tuple[tuple[str, Any], ...] = ()
+    """ddp: DistributedDataParallel keyword arguments given to every DDP path (--ddp-option)."""
+
+
+DDP_OPTIONS: dict[str, type] = {
+    "bucket_cap_mb": float,
+    "gradient_as_bucket_view": bool,
+    "static_graph": bool,
+    "broadcast_buffers": bool,
+    "find_unused_parameters": bool,
+}
+"""The DistributedDataParallel settings ``bench ddp --ddp-option`` varies, with their types."""
+
+
+def parse_ddp_options(items: list[str] | None) -> tuple[tuple[str, Any], ...]:
+    """``NAME=VALUE`` items of --ddp-option into (name, typed value) pairs, the last one of a
+    name winning."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        name, eq, text = item.partition("=")
+        name, text = name.strip(), text.strip()
+        kind = DDP_OPTIONS.get(name)
+        if not eq or kind is None:
+            raise ConfigError(
+                f"--ddp-option {item!r}: expected NAME=VALUE with NAME one of {', '.join(DDP_OPTIONS)}"
+            )
+        if kind is bool:
+            word = text.lower()
+            if word not in ("true", "false", "1", "0", "yes", "no"):
+                raise ConfigError(f"--ddp-option {item!r}: {name} takes true or false")
+            out[name] = word in ("true", "1", "yes")
+            continue
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ConfigError(f"--ddp-option {item!r}: {name} takes a number") from None
+        if value <= 0:
+            raise ConfigError(f"--ddp-option {item!r}: {name} must be > 0")
+        out[name] = value
+    return tuple(out.items())
 
 
 def _split(text: str) -> list[str]:
@@ -129,6 +170,10 @@ def from_args(args: argparse.Namespace) -> Options:
     if args.json == "-" and args.csv == "-":
         raise ConfigError("--json and --csv cannot both go to stdout; give one of them a file")
     buffers, models = _p2p_and_ddp(args)
+    if args.ddp_option and mode != "ddp":
+        raise ConfigError(
+            f"--ddp-option sets DistributedDataParallel: `cudampi bench ddp` only, not {mode}"
+        )
     if args.min_busbw is not None and args.min_busbw < 0:
         raise ConfigError(f"--min-busbw {args.min_busbw!r} cannot be negative")
     for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
@@ -161,6 +206,7 @@ def from_args(args: argparse.Namespace) -> Options:
         batch=args.batch,
         image_size=args.image_size,
         rounds=int(args.rounds),
+        ddp_options=parse_ddp_options(args.ddp_option),
     )
 
 
@@ -305,6 +351,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ddp: train every path R times, interleaved (local, A, B, local, A, B, ...); a row "
         "is the median of its rounds (1)",
     )
+    g.add_argument(
+        "--ddp-option",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="ddp: a DistributedDataParallel setting for every DDP path, repeatable: "
+        + ", ".join(DDP_OPTIONS)
+        + " (e.g. gradient_as_bucket_view=true; default: DDP's own)",
+    )
 
 
 def to_argv(
@@ -329,6 +384,9 @@ def to_argv(
         elif action.nargs == 0:
             if value:
                 out.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            for item in value:
+                out += [flag, str(item)]
         else:
             out += [flag, str(value)]
     return [*positional, *out]
