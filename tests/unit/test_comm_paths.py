@@ -146,6 +146,13 @@ def test_auto_takes_ipc_only_where_the_probe_proved_it_and_it_wins():
     assert not ipc_support(ok, False, False, "CuPy is not installed")[0]
     assert not ipc_support(None, False, True, None)[0]
     assert not ipc_support(ProbeOutcome("crash", "segfault"), False, True, None)[0]
+    # the probe's latency is of the MPS setting it ran in: say so where that differs from now
+    _, why = ipc_support(ok, True, True, None, latency_us=2262, probed_mps=False)
+    assert why.endswith(
+        "(ranks sharing a GPU under MPS, 2262 us at 4 KiB when probed with MPS off)"
+    )
+    _, why = ipc_support(ok, True, True, None, latency_us=20, probed_mps=True)
+    assert why.endswith("(ranks sharing a GPU under MPS, 20 us at 4 KiB)")
     base = DeviceSupport(True, "p2p proven", False, "no")
     assert choose("allreduce", "auto", True, "float32", 4096, base, mpi_reduces=True) == "gpu-ring"
     on = replace(base, ipc=True, ipc_why="the probe proved the ipc engine correct")
@@ -174,3 +181,37 @@ def test_auto_stages_small_device_calls_where_ranks_time_slice_one_gpu():
     # asked for by name, gpu-ring stays gpu-ring
     forced = choose("allreduce", "gpu-ring", True, "float32", 4096, sliced, mpi_reduces=True)
     assert forced == "gpu-ring"
+
+
+def test_auto_without_a_probe_result_says_so_once_for_device_arrays(monkeypatch):
+    """On a fresh machine (no `cudampi doctor` yet) auto can take neither ipc nor gpu-ring:
+    DDP ResNet-50 on one H200 fell from 0.93x to 0.82x of local, silently, before this note."""
+    from dataclasses import replace
+
+    import cudampi.comm.engines.ipc as ipc_engine
+    from cudampi.comm.paths import unprobed_note
+
+    monkeypatch.setattr(ipc_engine, "available", lambda: None)  # CuPy importable
+    fresh = device_support(cfg(), None)
+    assert fresh.unprobed and not fresh.ipc and not fresh.p2p
+    staged = choose("allreduce", "auto", True, "float32", 1 << 20, fresh, mpi_reduces=True)
+    note = unprobed_note(staged, "auto", True, fresh)
+    assert "path 'staged'" in note and "no valid probe result" in note
+    assert "cudampi doctor" in note and "CUDAMPI_PATH" in note
+    # nothing to say: host arrays, a path asked for by name, or the ipc engine taken anyway
+    assert unprobed_note(staged, "staged", True, fresh) == ""
+    assert unprobed_note(staged, "auto", False, fresh) == ""
+    taken = choose("allreduce", "ipc", True, "float32", 64, fresh, mpi_reduces=True)
+    assert unprobed_note(taken, "auto", True, fresh) == ""
+    # a probe entry from before the ipc engine's probe (CuPy installed since): still unprobed
+    old = device_support(cfg(), H200_UCX)
+    assert old.p2p and "no result for the ipc engine" in old.unprobed
+    ring = choose("allreduce", "auto", True, "float32", 1 << 20, old, mpi_reduces=True)
+    assert "path 'gpu-ring'" in unprobed_note(ring, "auto", True, old)
+    # ... but not where CuPy is missing (a probe would not change that), nor once probed
+    monkeypatch.setattr(ipc_engine, "available", lambda: "CuPy is not installed")
+    assert device_support(cfg(), H200_UCX).unprobed == ""
+    monkeypatch.setattr(ipc_engine, "available", lambda: None)
+    probed = replace(H200_UCX, device_ipc=ProbeOutcome("ok", "correct", 300.0))
+    assert device_support(cfg(), probed).unprobed == ""
+    assert unprobed_note(ring, "auto", True, device_support(cfg(), probed)) == ""

@@ -312,10 +312,13 @@ def test_capabilities_keep_the_ipc_probe():
 
     caps = Capabilities(
         key="k", mpi_library="Open MPI v5.0.11", device_ipc=ProbeOutcome("ok", "", 300.0),
-        ipc_latency_us=20.0, ipc_shared_gpu=True,
+        ipc_latency_us=20.0, ipc_shared_gpu=True, ipc_mps=False,
     )  # fmt: skip
     back = Capabilities.from_json(caps.to_json())
     assert back.device_ipc.ok and back.ipc_latency_us == 20.0 and back.ipc_shared_gpu is True
+    assert back.ipc_mps is False
+    older = {k: v for k, v in caps.to_json().items() if k != "ipc_mps"}  # saved before the field
+    assert Capabilities.from_json(older).ipc_mps is None
     bad = {**caps.to_json(), "ipc_shared_gpu": "yes"}
     try:
         Capabilities.from_json(bad)

@@ -385,7 +385,7 @@ def to_argv(
             if value:
                 out.append(flag)
         elif isinstance(action, argparse._AppendAction):
-            for item in value:
+            for item in value or ():
                 out += [flag, str(item)]
         else:
             out += [flag, str(value)]

@@ -25,7 +25,14 @@ from cudampi.comm.engines.base import node_comm
 from cudampi.comm.engines.mpi import can_reduce
 from cudampi.comm.handle import Handle, Worker, completed
 from cudampi.comm.ops import ArrayOps, check_op
-from cudampi.comm.paths import DeviceSupport, PathChoice, check_path, choose, device_support
+from cudampi.comm.paths import (
+    DeviceSupport,
+    PathChoice,
+    check_path,
+    choose,
+    device_support,
+    unprobed_note,
+)
 from cudampi.comm.repeat import Repeats
 from cudampi.comm.validate import Signature, agree, check
 from cudampi.config import Config
@@ -211,6 +218,10 @@ class Communicator:
             if len(self._choices) >= 4096:
                 self._choices.clear()
             self._choices[key] = choice
+            note = unprobed_note(choice, requested, b.on_device, self._support)
+            if note and self.rank == 0 and not _TOLD[0]:
+                _TOLD[0] = True
+                warnings.warn(f"cudampi: {note}", RuntimeWarning, stacklevel=3)
         self._chosen = (choice, n, b.dtype)
         return choice
 
@@ -751,6 +762,10 @@ class Communicator:
         s = self.isend(x, dest, tag, path=path)
         s.wait()
         return r.wait()
+
+
+_TOLD = [False]
+"""Whether this process already said that auto chose a device path without a probe result."""
 
 
 def _result(out: Any, ob: Buf) -> Any:

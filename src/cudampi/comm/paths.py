@@ -58,6 +58,9 @@ class DeviceSupport:
     staged_below: int = 0
     """``auto`` stages device collectives under this many bytes instead of gpu-ring (see
     :func:`staged_below`); 0: never."""
+    unprobed: str = ""
+    """Why auto decides without the probe's word on this stack ("" once it was probed): no
+    entry in the capabilities cache, or one that predates the ipc engine's probe."""
 
 
 SHARED_GPU_STAGED_BELOW = 4 << 20
@@ -80,6 +83,7 @@ def ipc_support(
     missing: str | None,
     *,
     latency_us: float | None = None,
+    probed_mps: bool | None = None,
 ) -> tuple[bool, str]:
     """Whether ``auto`` takes the ipc engine, and why: the probe ran it correctly
     (``probed``), CuPy is there (``missing`` is None), and the ranks do not share a GPU without
@@ -99,6 +103,8 @@ def ipc_support(
             "there); start nvidia-cuda-mps-control -d, or use one GPU per rank"
         )
     speed = f", {latency_us:.0f} us at 4 KiB" if latency_us else ""
+    if speed and probed_mps is not None and probed_mps != mps:
+        speed += f" when probed with MPS {'on' if probed_mps else 'off'}"
     where = "ranks sharing a GPU under MPS" if shared_gpu else "one GPU per rank"
     return True, f"the probe proved the ipc engine correct ({where}{speed})"
 
@@ -112,18 +118,43 @@ def device_support(config: Config, caps: Capabilities | None, note: str = "") ->
     from cudampi.probe.gpu import mps_active
 
     shared, mps = (caps.ipc_shared_gpu if caps is not None else None), mps_active()
+    missing = available()
     ipc, ipc_why = ipc_support(
         caps.device_ipc if caps is not None else None,
         shared,
         mps,
-        available(),
+        missing,
         latency_us=caps.ipc_latency_us if caps is not None else None,
+        probed_mps=caps.ipc_mps if caps is not None else None,
     )
+    unprobed = ""
+    if caps is None:
+        unprobed = "there is no valid probe result for this MPI stack on this host"
+    elif missing is None and caps.device_ipc.status == "skipped":
+        unprobed = "the cached probe result has no result for the ipc engine"
     return dataclasses.replace(
         mpi_support(config, caps, note),
         ipc=ipc,
         ipc_why=ipc_why,
         staged_below=staged_below(shared, mps),
+        unprobed=unprobed,
+    )
+
+
+def unprobed_note(
+    choice: PathChoice, requested: str, on_device: bool, support: DeviceSupport
+) -> str:
+    """What to tell the user, once, when auto runs a device collective on a path it chose
+    without the probe's word ("" when there is nothing to tell): on a fresh machine auto can
+    take neither the ipc engine nor gpu-ring, and DDP on CUDA tensors loses much of its speed
+    (ResNet-50, 2 ranks on one H200: 0.82x of local instead of 0.93x, docs/benchmarks.md)."""
+    if not on_device or requested != "auto" or not support.unprobed or choice.engine == "ipc":
+        return ""
+    return (
+        f"device collectives take path {str(choice)!r} here because {support.unprobed}: auto "
+        "chooses the ipc engine (GPU kernels, ranks of one node) or gpu-ring only where "
+        "`cudampi doctor` proved them on this stack. Run `cudampi doctor` once on each host, "
+        "with the job's settings (it caches what it proves), or set CUDAMPI_PATH"
     )
 
 

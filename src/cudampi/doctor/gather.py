@@ -383,6 +383,7 @@ def _save_capabilities(
     ipc_report = ipc.report if ipc is not None and ipc.report else {}
     latency = ipc_report.get("latency_us")
     shared = ipc_report.get("shared_gpu")
+    probed_mps = ipc_report.get("mps")
     caps = Capabilities(
         key=str(facts["key"]),
         mpi_library=str(facts["library_version"]),
@@ -392,6 +393,7 @@ def _save_capabilities(
         device_ipc=runtime.outcome("device_ipc"),
         ipc_latency_us=float(latency) if isinstance(latency, (int, float)) else None,
         ipc_shared_gpu=shared if isinstance(shared, bool) else None,
+        ipc_mps=probed_mps if isinstance(probed_mps, bool) else None,
         host_copy_gbps=copy_gbps,
         silent_staging=staging_verdict(p2p.gbps if p2p.ok else None, copy_gbps),
         gpu=str(gpu) if gpu else None,

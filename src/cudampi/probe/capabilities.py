@@ -80,6 +80,9 @@ class Capabilities:
     """The ipc engine's 4 KiB allreduce, stream-ordered calls back to back."""
     ipc_shared_gpu: bool | None = None
     """Did the probe's ranks share one GPU? (Then ipc pays off only under MPS.)"""
+    ipc_mps: bool | None = None
+    """Was the CUDA MPS daemon serving the probe's ranks? (``ipc_latency_us`` is of that
+    setting: ranks sharing a GPU without MPS wait a time slice a call.)"""
     host_copy_gbps: float | None = None
     """Measured pinned host<->device copy rate; device p2p at or below it means silent staging."""
     silent_staging: bool | None = None
@@ -141,6 +144,7 @@ _SCHEMA: dict[str, tuple[type, ...]] = {
     "device_ipc": (),
     "ipc_latency_us": _NUMBER,
     "ipc_shared_gpu": (bool, type(None)),
+    "ipc_mps": (bool, type(None)),
     "host_copy_gbps": _NUMBER,
     "silent_staging": (bool, type(None)),
     "gpu": (str, type(None)),
