@@ -24,6 +24,14 @@ def bench(n, *args, timeout=240, launcher=True):
     return run_launched(argv, mpi_env(), timeout, f"cudampi bench {args}")
 
 
+def bench_ddp(steps, *args):
+    """`bench ddp` of the small CPU transformer on 2 ranks: one warmup step, ``steps`` timed
+    steps, batch 2."""
+    return bench(
+        2, "ddp", "--model", "transformer", "-w", "1", "-n", str(steps), "--batch", "2", *args
+    )
+
+
 def ok(proc):
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
@@ -216,17 +224,8 @@ def test_p2p_host_buffers_osu_style():
 
 def test_ddp_trains_and_ranks_agree(tmp_path):
     proc = ok(
-        bench(
+        bench_ddp(
             2,
-            "ddp",
-            "--model",
-            "transformer",
-            "-w",
-            "1",
-            "-n",
-            "2",
-            "--batch",
-            "2",
             "--paths",
             "local,torch-gloo,torch-cudampi,torch-cudampi-async",
             "--json",
@@ -242,17 +241,8 @@ def test_ddp_trains_and_ranks_agree(tmp_path):
     )
     assert rows["torch-gloo"]["vs_local"] > 0 and rows["local"]["samples_per_s"] > 0
     assert (tmp_path / "ddp.png").read_bytes()[:4] == b"\x89PNG"
-    bad = bench(
-        2,
-        "ddp",
-        "--model",
-        "transformer",
-        "-w",
-        "1",
-        "-n",
-        "1",
-        "--batch",
-        "2",
+    bad = bench_ddp(
+        1,
         "--paths",
         "torch-gloo",
         "--corrupt-rank",
@@ -264,17 +254,8 @@ def test_ddp_trains_and_ranks_agree(tmp_path):
 def test_ddp_rounds_give_one_median_row_per_path_and_nocomm_is_unchecked(tmp_path):
     js = tmp_path / "ddp.json"
     proc = ok(
-        bench(
-            2,
-            "ddp",
-            "--model",
-            "transformer",
-            "-w",
-            "1",
-            "-n",
-            "1",
-            "--batch",
-            "2",
+        bench_ddp(
+            1,
             "--rounds",
             "2",
             "--paths",
@@ -302,17 +283,8 @@ def test_ddp_rounds_give_one_median_row_per_path_and_nocomm_is_unchecked(tmp_pat
 def test_ddp_options_reach_every_ddp_path(tmp_path):
     js = tmp_path / "ddp.json"
     proc = ok(
-        bench(
+        bench_ddp(
             2,
-            "ddp",
-            "--model",
-            "transformer",
-            "-w",
-            "1",
-            "-n",
-            "2",
-            "--batch",
-            "2",
             "--paths",
             "local,torch-cudampi,torch-gloo",
             "--ddp-option",
