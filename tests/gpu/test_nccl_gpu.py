@@ -215,3 +215,19 @@ def test_nccl_engine_on_two_gpus(lib):
         pytest.skip("NCCL needs one GPU per rank: this machine has fewer than 2 GPUs")
     proc = run_mpi(2, __file__, "rank_nccl", lib, timeout=600)
     assert "results ok" in proc.stdout
+
+
+def rank_probe_job(comm):
+    """The doctor's device_nccl job (cudampi.probe.worker.run_test) as the probe ranks run it,
+    here on one rank: correct data, a 4 KiB latency and a bandwidth for the cache."""
+    from cudampi.probe.worker import run_test
+
+    got = run_test(comm, "device_nccl", 16 << 20, "cupy", 3)
+    assert got["ok"] is True and got["gbps"] > 0 and got["latency_us"] > 0, got
+    print(f"probe job ok: {got['latency_us']:.1f} us at 4 KiB, {got['gbps']:.1f} GB/s", flush=True)
+
+
+def test_the_doctor_probe_job_of_the_nccl_engine_at_world_size_1():
+    _skip_without_nccl()
+    proc = run_mpi(1, __file__, "rank_probe_job", timeout=300)
+    assert "probe job ok" in proc.stdout

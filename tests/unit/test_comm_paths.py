@@ -215,3 +215,72 @@ def test_auto_without_a_probe_result_says_so_once_for_device_arrays(monkeypatch)
     probed = replace(H200_UCX, device_ipc=ProbeOutcome("ok", "correct", 300.0))
     assert device_support(cfg(), probed).unprobed == ""
     assert unprobed_note(ring, "auto", True, device_support(cfg(), probed)) == ""
+
+
+def test_nccl_span_is_where_nccl_takes_less_time_than_ipc():
+    from cudampi.comm.paths import NO_LIMIT, nccl_span
+
+    # t(n) = latency + n / bandwidth: 20 us + n / 300 GB/s against 30 us + n / 600 GB/s cross at
+    # 6 MB (both 40 us there); above it nccl's bandwidth wins
+    assert nccl_span(20, 300, 30, 600) == (6_000_000, NO_LIMIT)
+    assert nccl_span(20, 600, 10, 300) == (0, 6_000_000)  # nccl's latency wins below
+    assert nccl_span(20, 300, 10, 600) == (0, NO_LIMIT)  # nccl better at both: every size
+    assert nccl_span(20, 600, 30, 300) == (0, 0)  # ipc better at both: never
+    assert nccl_span(20, 300, 10, 300) == (0, NO_LIMIT)  # same bandwidth: the latency decides
+    assert nccl_span(None, None, 30, 600) == (0, NO_LIMIT)  # ipc not measured: nccl everywhere
+    assert nccl_span(20, 300, None, 600) == (0, 0)  # nccl not measured: never
+
+
+def test_auto_takes_nccl_for_the_sizes_the_probe_measured_it_faster():
+    from dataclasses import replace
+
+    from cudampi.comm.paths import NO_LIMIT, nccl_support
+
+    ipc_ok = ProbeOutcome("ok", "correct", gbps=300.0)
+    caps = replace(
+        H200_UCX,
+        device_ipc=ipc_ok,
+        ipc_latency_us=20.0,
+        device_nccl=ProbeOutcome("ok", "correct", gbps=600.0),
+        nccl_latency_us=30.0,
+    )
+    taken, why, span = nccl_support(caps, True, None)
+    assert taken and span == (6_000_000, NO_LIMIT) and "from 6000000 bytes up" in why
+    assert nccl_support(caps, False, None)[:2] == (
+        True,
+        "the probe proved the nccl engine correct (auto does not take ipc here)",
+    )
+    assert nccl_support(caps, False, None)[2] == (0, NO_LIMIT)
+    gone = nccl_support(caps, True, "CuPy finds no NCCL library")
+    assert not gone[0] and "unavailable: CuPy finds no NCCL" in gone[1]
+    assert (
+        "not probed here (needs a GPU per rank)"
+        in nccl_support(
+            replace(caps, device_nccl=ProbeOutcome("skipped", "needs a GPU per rank")), True, None
+        )[1]
+    )
+    crashed = nccl_support(replace(caps, device_nccl=ProbeOutcome("crash", "SIGSEGV")), True, None)
+    assert not crashed[0] and "crash: SIGSEGV" in crashed[1]
+    assert "measured no latency" in nccl_support(replace(caps, nccl_latency_us=None), True, None)[1]
+    slower = replace(caps, nccl_latency_us=40.0, device_nccl=ProbeOutcome("ok", "", gbps=200.0))
+    assert nccl_support(slower, True, None) == (
+        False,
+        "the probe found ipc faster than nccl at every size",
+        (0, 0),
+    )
+    # the choice: nccl inside the span for even reductions and broadcasts of NCCL's float types
+    s = replace(
+        device_support(cfg(), caps), ipc=True, nccl=True, nccl_why=why, nccl_span=span, p2p=True
+    )
+    big, small = 64 << 20, 1 << 20
+    for call in ("allreduce", "reduce", "broadcast", "reduce_scatter"):
+        got = choose(call, "auto", True, "bfloat16", big, s, mpi_reduces=True)
+        assert got == "nccl" and got.engine == "nccl" and "faster than ipc" in got.reason, call
+    assert choose("allreduce", "auto", True, "float32", small, s, mpi_reduces=True) == "ipc"
+    assert choose("allgather", "auto", True, "float32", big, s, mpi_reduces=True) == "ipc"
+    assert choose("allreduce", "auto", True, "int32", big, s, mpi_reduces=True) == "ipc"
+    assert choose("allreduce", "auto", False, "float32", big, s, mpi_reduces=True) == "host"
+    assert choose("allreduce", "ipc", True, "float32", big, s, mpi_reduces=True) == "ipc"
+    assert choose("allreduce", "gpu-ring", True, "float32", big, s, mpi_reduces=True) == "gpu-ring"
+    # a host whose probe did not prove nccl: auto never takes it
+    assert not device_support(cfg(), replace(caps, device_nccl=ProbeOutcome("skipped"))).nccl

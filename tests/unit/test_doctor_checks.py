@@ -307,16 +307,55 @@ def test_ipc_engine_row():
     assert c.status == "warn" and "crash" in c.detail and "mpiexec -n 2" in c.detail
 
 
+def test_nccl_engine_row_and_when_the_doctor_cannot_probe_it(monkeypatch):
+    from cudampi.comm.engines import nccl
+    from cudampi.doctor.checks_cuda import check_nccl_engine
+    from cudampi.doctor.gather import _cannot_run
+    from cudampi.probe.runtime import ProbeRun
+
+    none = (False, "not probed", (0, 0))
+    skipped = ProbeOutcome("skipped", "CuPy finds no NCCL library; pip install nvidia-nccl-cu13")
+    c = check_nccl_engine(none, skipped, None)
+    assert c.status == "n/a" and "nvidia-nccl-cu13" in c.fix
+    crash = ProbeOutcome("crash", "SIGSEGV in ncclCommInitRank")
+    run = ProbeRun("device_nccl", ("mpiexec", "-n", "2"), crash, -11, 3.0)
+    c = check_nccl_engine(none, crash, run)
+    assert c.status == "warn" and "SIGSEGV" in c.detail and "mpiexec -n 2" in c.detail
+    ok = ProbeOutcome("ok", "correct", 612.5)
+    run = ProbeRun("device_nccl", ("mpiexec",), ok, 0, 3.0, report={"latency_us": 31.2})
+    taken = (
+        True,
+        "the probe proved the nccl engine correct and faster than ipc from 6 bytes up",
+        (6, 9),
+    )
+    c = check_nccl_engine(taken, ok, run)
+    assert c.status == "ok" and c.detail.startswith(
+        "correct data, 31 us per 4 KiB allreduce; 612.5"
+    )
+    assert c.detail.endswith("faster than ipc from 6 bytes up")
+    c = check_nccl_engine((False, "the probe found ipc faster", (0, 0)), ok, run)
+    assert c.status == "ok" and "auto does not take it (the probe found ipc faster)" in c.detail
+    # one GPU (the H200 machine): no NCCL probe, and no import of CuPy's NCCL module to say so
+    monkeypatch.setattr(nccl, "available", lambda: pytest.fail("asked NCCL with one GPU"))
+    assert "needs a GPU per rank and this host shows 1" in _cannot_run(1)["device_nccl"]
+    monkeypatch.setattr(nccl, "available", lambda: "CuPy finds no NCCL library")
+    assert _cannot_run(2)["device_nccl"] == "CuPy finds no NCCL library"
+    monkeypatch.setattr(nccl, "available", lambda: None)
+    assert "device_nccl" not in _cannot_run(2)
+
+
 def test_capabilities_keep_the_ipc_probe():
     from cudampi.probe.capabilities import Capabilities, ProbeOutcome
 
     caps = Capabilities(
         key="k", mpi_library="Open MPI v5.0.11", device_ipc=ProbeOutcome("ok", "", 300.0),
         ipc_latency_us=20.0, ipc_shared_gpu=True, ipc_mps=False,
+        device_nccl=ProbeOutcome("ok", "", 600.0), nccl_latency_us=31.0,
     )  # fmt: skip
     back = Capabilities.from_json(caps.to_json())
     assert back.device_ipc.ok and back.ipc_latency_us == 20.0 and back.ipc_shared_gpu is True
     assert back.ipc_mps is False
+    assert back.device_nccl.gbps == 600.0 and back.nccl_latency_us == 31.0
     older = {k: v for k, v in caps.to_json().items() if k != "ipc_mps"}  # saved before the field
     assert Capabilities.from_json(older).ipc_mps is None
     bad = {**caps.to_json(), "ipc_shared_gpu": "yes"}

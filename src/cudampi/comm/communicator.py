@@ -11,6 +11,7 @@ separate duplicate of the communicator so it can never match a collective's inte
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable
@@ -112,6 +113,7 @@ class Communicator:
         shared = node_comm(self._coll, self.config)
         one_node = shared.Get_size() == self.size
         shared.Free()
+        self._support = _nccl_for_these_ranks(self._coll, self._support, one_node)
         self._engines = engines_for(
             Setting(self._coll, self.mpi_comm, self.rank, self.size, self.config, one_node)
         )
@@ -762,6 +764,24 @@ class Communicator:
         s = self.isend(x, dest, tag, path=path)
         s.wait()
         return r.wait()
+
+
+def _nccl_for_these_ranks(coll: Any, support: DeviceSupport, one_node: bool) -> DeviceSupport:
+    """``support`` with auto's nccl choice kept only where every rank of this communicator can
+    use it: one node (the doctor measured it against ipc there), a GPU of its own on every rank.
+    Collective over ``coll`` on one node (``one_node`` is the same on every rank)."""
+    why: str | None
+    if not one_node:
+        if not support.nccl:
+            return support
+        why = "across nodes auto keeps ipc inside each node (nccl was measured on one node only)"
+    else:
+        from cudampi.comm.engines.nccl import ranks_can_use
+
+        why = ranks_can_use(coll, support.nccl)
+        if why is None or not support.nccl:
+            return support
+    return dataclasses.replace(support, nccl=False, nccl_why=why, nccl_span=(0, 0))
 
 
 _TOLD = [False]

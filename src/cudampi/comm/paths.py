@@ -9,6 +9,7 @@ MPI's own device Allreduce segfaults even where device point-to-point is fine.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from cudampi.config import Config
@@ -61,6 +62,86 @@ class DeviceSupport:
     unprobed: str = ""
     """Why auto decides without the probe's word on this stack ("" once it was probed): no
     entry in the capabilities cache, or one that predates the ipc engine's probe."""
+    nccl: bool = False
+    """May ``auto`` run device collectives on the nccl engine (see :func:`nccl_span`)?"""
+    nccl_why: str = "the nccl engine was not probed (run `cudampi doctor` on a GPU per rank)"
+    nccl_span: tuple[int, int] = (0, 0)
+    """The message sizes [lo, hi) in bytes where auto takes nccl (``NO_LIMIT``: no end)."""
+
+
+NO_LIMIT = 1 << 62
+"""The open end of a size span."""
+
+NCCL_AUTO_CALLS = ("allreduce", "reduce", "broadcast", "reduce_scatter")
+"""The collectives auto may give the nccl engine: every rank passes the same number of bytes,
+so a per-size choice is the same on every rank (uneven gathers and all-to-alls are not)."""
+
+NCCL_AUTO_DTYPES = ("float16", "bfloat16", "float32", "float64")
+"""NCCL reduces these with every op cudampi takes for them (integers' bitwise ops, int16 and
+complex products it lacks): auto gives it nothing it would refuse."""
+
+
+def nccl_span(
+    ipc_latency_us: float | None,
+    ipc_gbps: float | None,
+    nccl_latency_us: float | None,
+    nccl_gbps: float | None,
+) -> tuple[int, int]:
+    """The sizes [lo, hi) in bytes where ``auto`` takes the nccl engine over ipc, from what the
+    doctor measured of each on this host (a 4 KiB allreduce's latency and an allreduce's
+    bandwidth at the probe's size): each engine taken as ``t(n) = latency + n / bandwidth``,
+    nccl where its ``t`` is lower. No nccl figures: never (0, 0); no ipc figures (ipc not
+    proven): every size."""
+    if not nccl_latency_us or not nccl_gbps:
+        return (0, 0)
+    if not ipc_latency_us or not ipc_gbps:
+        return (0, NO_LIMIT)
+    dl = nccl_latency_us - ipc_latency_us  # us
+    slope = 1e-3 / nccl_gbps - 1e-3 / ipc_gbps  # us per byte: nccl's minus ipc's
+    if slope == 0:
+        return (0, NO_LIMIT) if dl < 0 else (0, 0)
+    cross = -dl / slope  # bytes where both take as long
+    if slope < 0:  # nccl moves bytes faster: it wins above the crossing
+        return (max(0, math.ceil(cross)), NO_LIMIT) if cross < NO_LIMIT else (0, 0)
+    return (0, min(NO_LIMIT, math.ceil(cross))) if cross > 0 else (0, 0)
+
+
+def nccl_support(
+    caps: Capabilities | None, ipc: bool, missing: str | None
+) -> tuple[bool, str, tuple[int, int]]:
+    """Whether auto may take the nccl engine on this host, why, and for which sizes: the probe
+    proved it (2 ranks, a GPU each) and NCCL imports (``missing`` is None)."""
+    if missing is not None:
+        return False, f"the nccl engine is unavailable: {missing}", (0, 0)
+    probed = caps.device_nccl if caps is not None else None
+    if probed is None or probed.status == "skipped":
+        detail = f" ({probed.detail})" if probed is not None and probed.detail else ""
+        return False, f"the nccl engine was not probed here{detail}", (0, 0)
+    if not probed.ok:
+        return False, f"the probe found the nccl engine {probed.status}: {probed.detail}", (0, 0)
+    assert caps is not None
+    if not caps.nccl_latency_us or not probed.gbps:
+        return False, "the nccl probe passed but measured no latency or bandwidth", (0, 0)
+    span = nccl_span(
+        caps.ipc_latency_us if ipc else None,
+        caps.device_ipc.gbps if ipc else None,
+        caps.nccl_latency_us,
+        probed.gbps,
+    )
+    if span == (0, 0):
+        return False, "the probe found ipc faster than nccl at every size", span
+    lo, hi = span
+    if not ipc:
+        return True, "the probe proved the nccl engine correct (auto does not take ipc here)", span
+    if span == (0, NO_LIMIT):
+        sizes = "at every size"
+    elif hi == NO_LIMIT:
+        sizes = f"from {lo} bytes up"
+    elif lo == 0:
+        sizes = f"below {hi} bytes"
+    else:
+        sizes = f"from {lo} to {hi} bytes"
+    return True, f"the probe proved the nccl engine correct and faster than ipc {sizes}", span
 
 
 SHARED_GPU_STAGED_BELOW = 4 << 20
@@ -127,6 +208,7 @@ def device_support(config: Config, caps: Capabilities | None, note: str = "") ->
         latency_us=caps.ipc_latency_us if caps is not None else None,
         probed_mps=caps.ipc_mps if caps is not None else None,
     )
+    nccl, nccl_why, span = nccl_support(caps, ipc, _nccl_missing(caps))
     unprobed = ""
     if caps is None:
         unprobed = "there is no valid probe result for this MPI stack on this host"
@@ -138,7 +220,20 @@ def device_support(config: Config, caps: Capabilities | None, note: str = "") ->
         ipc_why=ipc_why,
         staged_below=staged_below(shared, mps),
         unprobed=unprobed,
+        nccl=nccl,
+        nccl_why=nccl_why,
+        nccl_span=span,
     )
+
+
+def _nccl_missing(caps: Capabilities | None) -> str | None:
+    """Why NCCL cannot be imported here, asked only where the probe proved the nccl engine
+    (CuPy warns aloud on importing its NCCL module where there is no libnccl)."""
+    if caps is None or not caps.device_nccl.ok:
+        return None
+    from cudampi.comm.engines.nccl import available
+
+    return available()
 
 
 def unprobed_note(
@@ -307,6 +402,14 @@ def _choose_device(
             "segfaults. Use path='gpu-ring' or 'staged', or set CUDAMPI_NATIVE_COLLECTIVES=yes."
         )
     if requested == "auto":
+        lo, hi = support.nccl_span
+        if (
+            support.nccl
+            and call in NCCL_AUTO_CALLS
+            and dtype in NCCL_AUTO_DTYPES
+            and lo <= nbytes < hi
+        ):
+            return PathChoice("nccl", f"device memory, {support.nccl_why}", "nccl")
         if support.ipc:
             return PathChoice(
                 "ipc",

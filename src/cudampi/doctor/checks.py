@@ -17,6 +17,7 @@ from cudampi.doctor.checks_cuda import (
     check_cuda_build,
     check_device_probe,
     check_ipc,
+    check_nccl_engine,
     check_silent_staging,
     check_ucx,
     ucx_with_recipe,
@@ -173,6 +174,11 @@ def all_checks(f: Facts) -> list[Check]:
             runtime.runs.get("device_ipc") if runtime else None,
             mps_active(f.env),
         ),
+        check_nccl_engine(
+            _nccl_choice(f),
+            runtime.outcome("device_nccl") if runtime else skipped,
+            runtime.runs.get("device_nccl") if runtime else None,
+        ),
     ]
     if no_gpu(f):
         # Nothing about CUDA applies: none of it is a warning (the renderer shows one line).
@@ -195,3 +201,15 @@ def all_checks(f: Facts) -> list[Check]:
         check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note, f.cache_error),
     ]
     return checks
+
+
+def _nccl_choice(f: Facts) -> tuple[bool, str, tuple[int, int]]:
+    """What auto makes of this host's nccl probe (:func:`cudampi.comm.paths.nccl_support`)."""
+    from cudampi.comm.paths import ipc_support, nccl_support
+
+    caps = f.capabilities
+    ipc = (
+        caps is not None
+        and ipc_support(caps.device_ipc, caps.ipc_shared_gpu, mps_active(f.env), None)[0]
+    )
+    return nccl_support(caps, ipc, None)

@@ -243,6 +243,35 @@ def check_ipc(outcome: ProbeOutcome, run: ProbeRun | None, mps: bool) -> Check:
     )
 
 
+def check_nccl_engine(
+    caps_support: tuple[bool, str, tuple[int, int]], outcome: ProbeOutcome, run: ProbeRun | None
+) -> Check:
+    """cudampi's nccl engine (NCCL bootstrapped over MPI, a GPU per rank): correct data, its
+    4 KiB latency and bandwidth, and the sizes where auto takes it over ipc
+    (``caps_support``: :func:`cudampi.comm.paths.nccl_support` of this host's probe)."""
+    name = "nccl engine"
+    if outcome.status == "skipped":
+        fix = "pip install nvidia-nccl-cu13 (or -cu12)" if "NCCL" in outcome.detail else ""
+        return Check(name, "n/a", outcome.detail, fix, CUDA)
+    if not outcome.ok:
+        argv = f" [argv: {' '.join(run.argv)}]" if run else ""
+        return Check(
+            name,
+            "warn",
+            f"{outcome.status}: {outcome.detail}{argv}",
+            "auto keeps ipc (or gpu-ring); rerun the argv to see the whole output, and check "
+            "the NCCL_* settings above",
+            CUDA,
+        )
+    latency = ((run.report if run is not None else None) or {}).get("latency_us")
+    facts = [f"correct data, {latency:.0f} us per 4 KiB allreduce" if latency else "correct data"]
+    if outcome.gbps:
+        facts.append(f"{outcome.gbps:.1f} GB/s")
+    taken, why, _ = caps_support
+    verdict = why if taken else f"auto does not take it ({why})"
+    return Check(name, "ok", f"{'; '.join(facts)}: {verdict}", "", CUDA)
+
+
 def check_silent_staging(p2p: ProbeOutcome, copy: ProbeRun | None) -> Check:
     """Device p2p no faster than one pinned host<->device copy means it goes through host memory."""
     if p2p.status == "skipped":

@@ -318,12 +318,26 @@ def _no_device_reason(python_gpu: PythonGpu, gpu_system: GpuSystem) -> str:
     )
 
 
-def _cannot_run() -> dict[str, str]:
-    """The probe tests this machine cannot run, with why (the ipc engine needs CuPy)."""
-    from cudampi.comm.engines.ipc import available
+def _cannot_run(gpus: int) -> dict[str, str]:
+    """The probe tests this machine cannot run, with why: the ipc engine needs CuPy; the nccl
+    engine CuPy's NCCL and a GPU for each of the probe's 2 ranks (NCCL refuses two ranks on one
+    GPU), so a host of ``gpus`` < 2 GPUs cannot probe it."""
+    from cudampi.comm.engines import ipc, nccl
 
-    why = available()
-    return {} if why is None else {"device_ipc": why}
+    out = {}
+    why = ipc.available()
+    if why is not None:
+        out["device_ipc"] = why
+    if gpus < 2:  # (asked first: CuPy warns aloud on importing its NCCL module without one)
+        why = (
+            f"the nccl engine needs a GPU per rank and this host shows {gpus} (NCCL refuses "
+            "two ranks on one GPU; ranks sharing a GPU keep ipc)"
+        )
+    else:
+        why = nccl.available()
+    if why is not None:
+        out["device_nccl"] = why
+    return out
 
 
 def _device_probes(
@@ -334,7 +348,7 @@ def _device_probes(
     report can say whether the stack works the way it will be run."""
     backend = python_gpu.device_backend
     reason = None if backend is not None else _no_device_reason(python_gpu, gpu_system)
-    cannot = _cannot_run()
+    cannot = _cannot_run(python_gpu.gpu_count)
     device = run_probes(d.spec, backend, reason, d.env, (*DEVICE_TESTS, "copy"), d.job(""), cannot)
     runtime = RuntimeResult(
         {**host_runs.runs, **device.runs}, {**host_runs.skipped, **device.skipped}
@@ -384,6 +398,8 @@ def _save_capabilities(
     latency = ipc_report.get("latency_us")
     shared = ipc_report.get("shared_gpu")
     probed_mps = ipc_report.get("mps")
+    nccl = runtime.runs.get("device_nccl")
+    nccl_latency = (nccl.report or {}).get("latency_us") if nccl is not None else None
     caps = Capabilities(
         key=str(facts["key"]),
         mpi_library=str(facts["library_version"]),
@@ -394,6 +410,8 @@ def _save_capabilities(
         ipc_latency_us=float(latency) if isinstance(latency, (int, float)) else None,
         ipc_shared_gpu=shared if isinstance(shared, bool) else None,
         ipc_mps=probed_mps if isinstance(probed_mps, bool) else None,
+        device_nccl=runtime.outcome("device_nccl"),
+        nccl_latency_us=float(nccl_latency) if isinstance(nccl_latency, (int, float)) else None,
         host_copy_gbps=copy_gbps,
         silent_staging=staging_verdict(p2p.gbps if p2p.ok else None, copy_gbps),
         gpu=str(gpu) if gpu else None,

@@ -80,6 +80,11 @@ class Capabilities:
     """The ipc engine's 4 KiB allreduce, stream-ordered calls back to back."""
     ipc_shared_gpu: bool | None = None
     """Did the probe's ranks share one GPU? (Then ipc pays off only under MPS.)"""
+    device_nccl: ProbeOutcome = SKIPPED
+    """cudampi's nccl engine (NCCL bootstrapped over MPI; a GPU per rank), its ``gbps`` at the
+    probe's size."""
+    nccl_latency_us: float | None = None
+    """The nccl engine's 4 KiB allreduce, measured as ``ipc_latency_us`` is."""
     ipc_mps: bool | None = None
     """Was the CUDA MPS daemon serving the probe's ranks? (``ipc_latency_us`` is of that
     setting: ranks sharing a GPU without MPS wait a time slice a call.)"""
@@ -134,7 +139,7 @@ class Capabilities:
 
 
 _NUMBER = (int, float, type(None))
-_OUTCOME_FIELDS = ("device_p2p", "device_allreduce", "host_staged", "device_ipc")
+_OUTCOME_FIELDS = ("device_p2p", "device_allreduce", "host_staged", "device_ipc", "device_nccl")
 _SCHEMA: dict[str, tuple[type, ...]] = {
     "key": (str,),
     "mpi_library": (str,),
@@ -145,6 +150,8 @@ _SCHEMA: dict[str, tuple[type, ...]] = {
     "ipc_latency_us": _NUMBER,
     "ipc_shared_gpu": (bool, type(None)),
     "ipc_mps": (bool, type(None)),
+    "device_nccl": (),
+    "nccl_latency_us": _NUMBER,
     "host_copy_gbps": _NUMBER,
     "silent_staging": (bool, type(None)),
     "gpu": (str, type(None)),

@@ -27,7 +27,7 @@ from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.worker import MARKER, STAGE
 
 HOST_TESTS = ("host_p2p", "host_allreduce")
-DEVICE_TESTS = ("device_p2p", "device_allreduce", "host_staged", "device_ipc")
+DEVICE_TESTS = ("device_p2p", "device_allreduce", "host_staged", "device_ipc", "device_nccl")
 
 LAUNCHER_ENV_PREFIXES = (
     "PMIX_",

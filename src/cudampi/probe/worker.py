@@ -28,6 +28,7 @@ TESTS = (
     "device_allreduce",
     "host_staged",
     "device_ipc",
+    "device_nccl",
     "copy",
 )
 MARKER = "CUDAMPI_PROBE "
@@ -158,18 +159,20 @@ def _p2p(comm: Any, test: str, x: Any, y: Any, iters: int, sync: Any) -> float:
     return _timed(comm, iters, body, sync) / 2
 
 
-def _ipc(
-    comm: Any, dev: _Device, x: Any, n: int, iters: int, extra: dict[str, Any]
+def _kernels(
+    comm: Any, dev: _Device, x: Any, n: int, iters: int, extra: dict[str, Any], path: str
 ) -> tuple[float, bool]:
-    """cudampi's ipc engine: allreduce and allgather checked, the latency of a 4 KiB allreduce
+    """A stream-ordered engine of cudampi (``ipc``: GPU kernels over CUDA IPC; ``nccl``: NCCL
+    bootstrapped over MPI): allreduce and allgather checked, the latency of a 4 KiB allreduce
     (stream-ordered calls back to back, as a training loop makes them) and the seconds of an
     allreduce of ``x``. No MPI call touches device memory."""
     from cudampi.comm import Communicator
     from cudampi.probe.gpu import mps_active
 
     size = comm.size
-    with Communicator(comm, path="ipc") as c:
-        _stage("device_ipc", "ipc allreduce")
+    test = f"device_{path}"
+    with Communicator(comm, path=path) as c:
+        _stage(test, f"{path} allreduce")
         y = c.allreduce(x)
         ok = dev.equal(y, dev.arange(n, 0.0) * size + float(sum(range(size))))
         m = min(n, 4099)
@@ -245,8 +248,8 @@ def run_test(comm: Any, test: str, nbytes: int, backend: str | None, iters: int)
             _stage(test, "MPI_Allreduce (host buffers)")
             secs = _timed(comm, iters, body, dev.sync)
             local_ok = dev.equal(y, dev.arange(n, 0.0) * size + float(sum(range(size))))
-        elif test == "device_ipc":
-            secs, local_ok = _ipc(comm, dev, x, n, iters, extra)
+        elif test in ("device_ipc", "device_nccl"):
+            secs, local_ok = _kernels(comm, dev, x, n, iters, extra, test.removeprefix("device_"))
         else:
             raise ValueError(f"unknown probe test {test!r}; known: {', '.join(TESTS)}")
     all_ok = bool(comm.allreduce(int(local_ok)) == size)

@@ -165,6 +165,27 @@ def nccl_usable(
     return None
 
 
+def ranks_can_use(coll: Any, proven: bool) -> str | None:
+    """Collective over ``coll`` (ranks of one node): None where auto may give this
+    communicator's device collectives to the nccl engine, else why not. ``proven``: this rank's
+    probe result proves NCCL (every rank must say so); then each rank's current CUDA device is
+    what NCCL would run on (set it before making the communicator, as torch asks)."""
+    me: tuple[bool, str | None, RankGpu | None] = (proven, None, None)
+    if proven:
+        why = available()
+        gpu = None
+        if why is None:
+            try:
+                gpu = local_gpu(current_device())
+            except Exception as exc:  # no usable device on this rank: say so, on every rank
+                why = f"no CUDA device to query ({type(exc).__name__}: {exc})"
+        me = (True, why, gpu)
+    seen = coll.allgather(me) if coll.size > 1 else [me]
+    if not all(p for p, _, _ in seen):
+        return "not every rank's probe result proves the nccl engine"
+    return nccl_usable([g or RankGpu("", None) for _, _, g in seen], [w for _, w, _ in seen])
+
+
 def measured_why(outcome: Any) -> str | None:
     """Why a probe outcome (a :class:`~cudampi.probe.capabilities.ProbeOutcome` or None) does not
     prove NCCL here; None where it does."""
@@ -192,6 +213,14 @@ def available() -> str | None:
             "wheel torch's CUDA builds use)"
         )
     return None
+
+
+def current_device() -> int:
+    """The CUDA runtime's current device of this thread (what torch.cuda.set_device and CuPy's
+    Device.use set)."""
+    import cupy
+
+    return int(cupy.cuda.runtime.getDevice())
 
 
 def local_gpu(device: int | None) -> RankGpu:
