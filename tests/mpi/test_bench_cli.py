@@ -92,6 +92,34 @@ def test_every_collective_on_every_host_path_is_correct(n, factor, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_kernel_engines_say_why_they_skip_a_host_run(tmp_path):
+    """ipc and nccl (cudampi's stream-ordered engines) and torch's NCCL move device arrays:
+    on the CPU each row says why it did not run, and the host row runs beside them."""
+    js = tmp_path / "r.json"
+    ok(
+        bench(
+            2,
+            "allreduce",
+            "-b",
+            "64",
+            "-e",
+            "64",
+            "-n",
+            "2",
+            "--paths",
+            "nccl,ipc,torch-nccl,host",
+            "--json",
+            str(js),
+        )
+    )
+    data = json.loads(js.read_text())
+    why = {s["path"]: s["reason"] for s in data["skipped"]}
+    assert why["nccl"] == "NCCL moves device arrays; this run is on the host", why
+    assert why["ipc"] == "ipc moves device arrays; here it would run host", why
+    assert "torch-nccl" in why
+    assert [r["path"] for r in data["results"]] == ["host"]
+
+
 def test_a_planted_wrong_result_exits_1():
     proc = bench(
         2,

@@ -127,7 +127,7 @@ def test_ddp_models_from_the_flag():
     [
         (("allreduc",), "unknown benchmark 'allreduc'"),
         (("p2p", "allreduce"), "runs on its own"),
-        (("--paths", "nccl"), "'nccl' is not a collectives path"),
+        (("--paths", "gpu_ring"), "'gpu_ring' is not a collectives path"),
         (("-o", "mean"), "--op 'mean'"),
         (("-e", "8", "-b", "64"), "below -b"),
         (("-n", "0"), "-n 0"),

@@ -1,14 +1,14 @@
 """Path adapters: one class per way of moving the data, all with the same methods.
 
-``ipc``, ``gpu-ring``, ``staged``, ``native``, ``host``: a :class:`cudampi.comm.Communicator`
-forced onto that path. ``torch-nccl``, ``torch-gloo``, ``torch-cudampi``: torch.distributed groups of that
+``ipc``, ``nccl``, ``gpu-ring``, ``staged``, ``native``, ``host``: a
+:class:`cudampi.comm.Communicator` forced onto that path. ``torch-nccl``, ``torch-gloo``, ``torch-cudampi``: torch.distributed groups of that
 backend. Peers, measured in the same run for the ratios: ``mpi`` (mpi4py directly; device
 buffers staged through pinned host copies, i.e. plain "MPI host-staged") and ``copy`` (one raw
 device-to-device copy of the same size; a host memcpy on the CPU).
 
 A path that cannot run a case says why (:class:`Skip`, or a reason from ``check``) instead of
 being run blindly: ``native`` on device memory only where the probe proved MPI's collectives
-take device buffers; ``torch-nccl`` only with a GPU per rank.
+take device buffers; ``nccl`` and ``torch-nccl`` only with a GPU per rank.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from cudampi.bench.arrays import ArrayLib, is_float
 from cudampi.bench.session import Session
 from cudampi.names import BITWISE_OPS, FORCED_PATHS
 
-COMMUNICATOR_PATHS = tuple(p for p in FORCED_PATHS if p != "nccl")
-"""The Communicator forced onto each of its paths; not ``nccl`` (NCCL itself is measured as
-``torch-nccl``)."""
+COMMUNICATOR_PATHS = FORCED_PATHS
+"""The Communicator forced onto each of its paths (``nccl``: cudampi's NCCL engine, beside
+torch's own NCCL as ``torch-nccl``)."""
 TORCH_PATHS = {"torch-nccl": "nccl", "torch-gloo": "gloo", "torch-cudampi": "cudampi"}
 DDP_PATHS: dict[str, str | None] = {
     "ddp-nocomm": None,
@@ -40,6 +40,7 @@ BENCH_PATHS = (*COMMUNICATOR_PATHS, *TORCH_PATHS, *PEERS)
 
 DESCRIPTION = {
     "ipc": "cudampi's GPU kernels over CUDA IPC, on the caller's stream (ranks of one node)",
+    "nccl": "cudampi's NCCL engine, bootstrapped over MPI, on the caller's stream (a GPU per rank)",
     "gpu-ring": "cudampi's ring/recursive-doubling algorithms over MPI point-to-point",
     "staged": "cudampi, buffers staged through pinned host memory in pipelined chunks",
     "native": "cudampi handing the buffers (host or device) to MPI's own collective",
@@ -147,6 +148,9 @@ class CudampiPath(PathAdapter):
             from cudampi.comm import Communicator
         except ImportError as exc:
             raise Skip(f"cudampi.comm is not importable ({exc})") from None
+        self.nccl_version = 0
+        if name == "nccl":
+            self.nccl_version = _nccl_version(session)
         self.comm = Communicator(session.world, path=name)
 
     def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
@@ -163,14 +167,25 @@ class CudampiPath(PathAdapter):
             self.choice = self.comm.path_for(op, probe)
         except CudampiError as exc:
             return str(exc)
-        if self.name == "ipc" and op == "sendrecv":
-            return "ipc moves collectives; point-to-point goes through MPI (the gpu-ring row)"
-        if self.name == "ipc" and self.choice != "ipc":
-            return f"ipc moves device arrays; here it would run {self.choice}"
+        if self.name in ("ipc", "nccl") and op == "sendrecv":
+            return (
+                f"{self.name} moves collectives; point-to-point goes through MPI (the gpu-ring row)"
+            )
+        if self.name in ("ipc", "nccl") and self.choice != self.name:
+            return f"{self.name} moves device arrays; here it would run {self.choice}"
         if self.name == "ipc":
             from cudampi.comm.engines.ipc import available
 
             return available()
+        if (
+            self.name == "nccl"
+            and redop is not None
+            and op in ("allreduce", "reduce", "reduce_scatter")
+        ):
+            from cudampi.comm.engines.nccl import nccl_reduction
+
+            how = nccl_reduction(dtype, redop, self.nccl_version)
+            return how if isinstance(how, str) else None
         return None
 
     def allreduce(self, send: Any, recv: Any, op: str) -> None:
@@ -393,6 +408,23 @@ class MpiPath(PathAdapter):
     def close(self) -> None:
         self._host.clear()
         self.comm.Free()
+
+
+def _nccl_version(session: Session) -> int:
+    """NCCL's version code where cudampi's nccl engine can run this benchmark, else
+    :class:`Skip` with why (the same answer on every rank: it depends on the session's facts)."""
+    if session.device != "cuda":
+        raise Skip("NCCL moves device arrays; this run is on the host")
+    if session.shares_gpu:
+        raise Skip(f"NCCL needs one GPU per rank: {session.local_size} ranks share {session.gpus}")
+    from cudampi.comm.engines.nccl import available
+
+    why = available()
+    if why is not None:
+        raise Skip(why)
+    from cupy.cuda import nccl
+
+    return int(nccl.get_version())
 
 
 class CopyPath(PathAdapter):
