@@ -317,6 +317,9 @@ def test_nccl_engine_row_and_when_the_doctor_cannot_probe_it(monkeypatch):
     skipped = ProbeOutcome("skipped", "CuPy finds no NCCL library; pip install nvidia-nccl-cu13")
     c = check_nccl_engine(none, skipped, None)
     assert c.status == "n/a" and "nvidia-nccl-cu13" in c.fix
+    one_gpu = ProbeOutcome("skipped", _cannot_run(1)["device_nccl"])
+    c = check_nccl_engine(none, one_gpu, None)
+    assert c.status == "n/a" and "GPU per rank" in c.detail and c.fix == ""  # nothing to install
     crash = ProbeOutcome("crash", "SIGSEGV in ncclCommInitRank")
     run = ProbeRun("device_nccl", ("mpiexec", "-n", "2"), crash, -11, 3.0)
     c = check_nccl_engine(none, crash, run)

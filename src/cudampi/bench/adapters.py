@@ -1,8 +1,8 @@
 """Path adapters: one class per way of moving the data, all with the same methods.
 
 ``ipc``, ``nccl``, ``gpu-ring``, ``staged``, ``native``, ``host``: a
-:class:`cudampi.comm.Communicator` forced onto that path. ``torch-nccl``, ``torch-gloo``, ``torch-cudampi``: torch.distributed groups of that
-backend. Peers, measured in the same run for the ratios: ``mpi`` (mpi4py directly; device
+:class:`cudampi.comm.Communicator` forced onto that path. ``torch-nccl``, ``torch-gloo``,
+``torch-cudampi``: torch.distributed groups of that backend. Peers, measured in the same run for the ratios: ``mpi`` (mpi4py directly; device
 buffers staged through pinned host copies, i.e. plain "MPI host-staged") and ``copy`` (one raw
 device-to-device copy of the same size; a host memcpy on the CPU).
 

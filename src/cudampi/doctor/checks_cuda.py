@@ -251,7 +251,8 @@ def check_nccl_engine(
     (``caps_support``: :func:`cudampi.comm.paths.nccl_support` of this host's probe)."""
     name = "nccl engine"
     if outcome.status == "skipped":
-        fix = "pip install nvidia-nccl-cu13 (or -cu12)" if "NCCL" in outcome.detail else ""
+        no_lib = "finds no NCCL library" in outcome.detail
+        fix = "pip install nvidia-nccl-cu13 (or -cu12)" if no_lib else ""
         return Check(name, "n/a", outcome.detail, fix, CUDA)
     if not outcome.ok:
         argv = f" [argv: {' '.join(run.argv)}]" if run else ""
