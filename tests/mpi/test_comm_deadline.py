@@ -148,3 +148,36 @@ def test_the_ranks_that_wait_name_the_one_that_did_not_come():
         assert line, proc.stdout + proc.stderr[-3000:]
         assert "barrier (call #1 on this communicator): rank 2 did not arrive" in line, line
         assert f"rank {other} waits here too" in line, line
+
+
+def rank_leave_with_a_communicator_open(comm):
+    """Every rank leaves with a Communicator open (no close(), as most scripts end): each tells
+    its peers goodbye at exit and takes in theirs, so none is left unreceived at MPI_Finalize
+    (under Open MPI's pml ucx each one made UCX warn "unexpected tag-receive descriptor ... was
+    not matched" on every rank)."""
+    import atexit
+
+    from mpi4py import MPI
+
+    from cudampi.comm import Communicator
+    from cudampi.comm.deadline import GOODBYE_TAG
+
+    watched = []
+
+    def after_cudampi():  # registered first, so it runs after cudampi's exit hook
+        time.sleep(0.5)  # every peer's goodbye has arrived by now, taken in or not
+        left = watched[0]._watch.comm.Iprobe(MPI.ANY_SOURCE, GOODBYE_TAG)
+        print(f"rank {comm.rank}: a peer's goodbye left unreceived: {left}", flush=True)
+
+    atexit.register(after_cudampi)
+    c = Communicator(comm)
+    watched.append(c)  # alive at exit, as a script's module-level communicator is
+    c.barrier()
+
+
+def test_ranks_leaving_with_a_communicator_open_take_in_each_others_goodbyes():
+    proc = run_mpi(3, __file__, "rank_leave_with_a_communicator_open", timeout=120)
+    said = sorted(ln for ln in proc.stdout.splitlines() if "goodbye left unreceived" in ln)
+    assert said == [f"rank {r}: a peer's goodbye left unreceived: False" for r in range(3)], (
+        proc.stdout + proc.stderr[-2000:]
+    )

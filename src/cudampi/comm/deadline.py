@@ -39,6 +39,8 @@ GRACE = 2.0
 """Seconds a call still waits after hearing that a rank left (its last call may be finishing)."""
 ROLL_GRACE = 1.0
 """Seconds the roll call waits for answers."""
+DRAIN = 0.25
+"""Seconds a process leaving with communicators open waits for its peers' goodbyes."""
 SPIN = 0.02
 """Seconds of tight polling before a wait starts to sleep between polls."""
 NAP = 2e-4
@@ -224,6 +226,25 @@ class Watch:
         _LIVE.discard(self)
 
 
+def hear_goodbyes(watches: list[Watch], seconds: float) -> None:
+    """Take in the peers' goodbyes on ``watches`` (a process leaving with communicators open)
+    until every peer's has come or ``seconds`` have passed: the ranks of a job leave at about
+    the same time, and a notice left unreceived at MPI_Finalize makes UCX warn on every rank
+    ("unexpected tag-receive descriptor ... was not matched")."""
+    until = time.monotonic() + seconds
+    pending = [w for w in watches if w.size > 1 and not w.closed]
+    while pending:
+        for w in pending:
+            try:
+                w._listen()
+            except Exception:  # MPI refuses now: nothing more to hear on this one
+                w.departed.update(r for r in range(w.size) if r != w.rank)
+        pending = [w for w in pending if len(w.departed) < w.size - 1]
+        if not pending or time.monotonic() >= until:
+            return
+        time.sleep(0.001)
+
+
 def _ranks(ranks: list[int]) -> str:
     if not ranks:
         return "no rank"
@@ -255,6 +276,8 @@ def _at_exit() -> None:
     for w in live:
         w.goodbye()
     failed = [w.failed for w in live if w.failed is not None]
+    if not failed:
+        hear_goodbyes(live, DRAIN)
     if failed:
         from cudampi.abort import abort_job
 
