@@ -198,7 +198,7 @@ def test_np_relaunches_itself_on_n_ranks():
 
 
 def test_unknown_path_is_a_usage_error():
-    proc = bench(2, "allreduce", "--paths", "nccl")
+    proc = bench(2, "allreduce", "--paths", "nvlink")
     assert proc.returncode == 2 and "not a collectives path" in proc.stderr
 
 
