@@ -96,22 +96,8 @@ def test_the_kernel_engines_say_why_they_skip_a_host_run(tmp_path):
     """ipc and nccl (cudampi's stream-ordered engines) and torch's NCCL move device arrays:
     on the CPU each row says why it did not run, and the host row runs beside them."""
     js = tmp_path / "r.json"
-    ok(
-        bench(
-            2,
-            "allreduce",
-            "-b",
-            "64",
-            "-e",
-            "64",
-            "-n",
-            "2",
-            "--paths",
-            "nccl,ipc,torch-nccl,host",
-            "--json",
-            str(js),
-        )
-    )
+    quick = ("allreduce", "-b", "64", "-e", "64", "-n", "2")
+    ok(bench(2, *quick, "--paths", "nccl,ipc,torch-nccl,host", "--json", str(js)))
     data = json.loads(js.read_text())
     why = {s["path"]: s["reason"] for s in data["skipped"]}
     assert why["nccl"] == "NCCL moves device arrays; this run is on the host", why

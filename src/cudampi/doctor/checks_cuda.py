@@ -212,20 +212,15 @@ def check_ipc(outcome: ProbeOutcome, run: ProbeRun | None, mps: bool) -> Check:
         return Check(name, "n/a", outcome.detail, fix, CUDA)
     rep = (run.report if run is not None else None) or {}
     shared = rep.get("shared_gpu")
-    latency = rep.get("latency_us")
     if not outcome.ok:
-        argv = f" [argv: {' '.join(run.argv)}]" if run else ""
-        return Check(
+        return _engine_failed(
             name,
-            "warn",
-            f"{outcome.status}: {outcome.detail}{argv}",
+            outcome,
+            run,
             "cudampi runs device collectives on gpu-ring or staged instead; rerun the argv to "
             "see the whole output (CuPy and NVRTC must be importable: 'cudampi[cu13]')",
-            CUDA,
         )
-    facts = [f"correct data, {latency:.0f} us per 4 KiB allreduce" if latency else "correct data"]
-    if outcome.gbps:
-        facts.append(f"{outcome.gbps:.1f} GB/s")
+    facts = _engine_facts(outcome, run)
     facts.append(
         ("ranks shared one GPU" if shared else "one GPU per rank")
         + (", MPS on" if rep.get("mps") else ", MPS off")
@@ -255,22 +250,31 @@ def check_nccl_engine(
         fix = "pip install nvidia-nccl-cu13 (or -cu12)" if no_lib else ""
         return Check(name, "n/a", outcome.detail, fix, CUDA)
     if not outcome.ok:
-        argv = f" [argv: {' '.join(run.argv)}]" if run else ""
-        return Check(
+        return _engine_failed(
             name,
-            "warn",
-            f"{outcome.status}: {outcome.detail}{argv}",
+            outcome,
+            run,
             "auto keeps ipc (or gpu-ring); rerun the argv to see the whole output, and check "
             "the NCCL_* settings above",
-            CUDA,
         )
+    taken, why, _ = caps_support
+    verdict = why if taken else f"auto does not take it ({why})"
+    return Check(name, "ok", f"{'; '.join(_engine_facts(outcome, run))}: {verdict}", "", CUDA)
+
+
+def _engine_failed(name: str, outcome: ProbeOutcome, run: ProbeRun | None, fix: str) -> Check:
+    """The row of a cudampi engine whose probe job failed: what happened and its argv."""
+    argv = f" [argv: {' '.join(run.argv)}]" if run else ""
+    return Check(name, "warn", f"{outcome.status}: {outcome.detail}{argv}", fix, CUDA)
+
+
+def _engine_facts(outcome: ProbeOutcome, run: ProbeRun | None) -> list[str]:
+    """What an engine's passing probe job measured: its 4 KiB latency and its bandwidth."""
     latency = ((run.report if run is not None else None) or {}).get("latency_us")
     facts = [f"correct data, {latency:.0f} us per 4 KiB allreduce" if latency else "correct data"]
     if outcome.gbps:
         facts.append(f"{outcome.gbps:.1f} GB/s")
-    taken, why, _ = caps_support
-    verdict = why if taken else f"auto does not take it ({why})"
-    return Check(name, "ok", f"{'; '.join(facts)}: {verdict}", "", CUDA)
+    return facts
 
 
 def check_silent_staging(p2p: ProbeOutcome, copy: ProbeRun | None) -> Check:
