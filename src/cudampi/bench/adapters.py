@@ -2,9 +2,10 @@
 
 ``ipc``, ``nccl``, ``gpu-ring``, ``staged``, ``native``, ``host``: a
 :class:`cudampi.comm.Communicator` forced onto that path. ``torch-nccl``, ``torch-gloo``,
-``torch-cudampi``: torch.distributed groups of that backend. Peers, measured in the same run for the ratios: ``mpi`` (mpi4py directly; device
-buffers staged through pinned host copies, i.e. plain "MPI host-staged") and ``copy`` (one raw
-device-to-device copy of the same size; a host memcpy on the CPU).
+``torch-cudampi``: torch.distributed groups of that backend. Peers, measured in the same run
+for the ratios: ``mpi`` (mpi4py directly; device buffers staged through pinned host copies,
+i.e. plain "MPI host-staged") and ``copy`` (one raw device-to-device copy of the same size; a
+host memcpy on the CPU).
 
 A path that cannot run a case says why (:class:`Skip`, or a reason from ``check``) instead of
 being run blindly: ``native`` on device memory only where the probe proved MPI's collectives
@@ -150,7 +151,7 @@ class CudampiPath(PathAdapter):
             raise Skip(f"cudampi.comm is not importable ({exc})") from None
         self.nccl_version = 0
         if name == "nccl":
-            self.nccl_version = _nccl_version(session)
+            self.nccl_version = _nccl_version(session, lib)
         self.comm = Communicator(session.world, path=name)
 
     def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
@@ -229,15 +230,11 @@ class TorchPath(PathAdapter):
         if not dist.is_available():
             raise Skip("this torch is built without torch.distributed")
         if self.backend == "nccl":
-            if lib.device != "cuda":
-                raise Skip("NCCL moves CUDA tensors only; this run is on the host (--device cpu)")
+            why = session.nccl_refusal(lib.device)
+            if why is not None:
+                raise Skip(why)
             if not dist.is_nccl_available():
                 raise Skip("this torch is built without NCCL")
-            if session.shares_gpu:
-                raise Skip(
-                    f"NCCL needs one GPU per rank: {session.local_size} ranks share "
-                    f"{session.gpus} GPU(s) on this node"
-                )
         self.dist = dist
         self.group = session.torch_group(self.backend)
         R = dist.ReduceOp
@@ -410,16 +407,12 @@ class MpiPath(PathAdapter):
         self.comm.Free()
 
 
-def _nccl_version(session: Session) -> int:
+def _nccl_version(session: Session, lib: ArrayLib) -> int:
     """NCCL's version code where cudampi's nccl engine can run this benchmark, else
-    :class:`Skip` with why (the same answer on every rank: it depends on the session's facts)."""
-    if session.device != "cuda":
-        raise Skip("NCCL moves device arrays; this run is on the host")
-    if session.shares_gpu:
-        raise Skip(f"NCCL needs one GPU per rank: {session.local_size} ranks share {session.gpus}")
+    :class:`Skip` with why."""
     from cudampi.comm.engines.nccl import available
 
-    why = available()
+    why = session.nccl_refusal(lib.device) or available()
     if why is not None:
         raise Skip(why)
     from cupy.cuda import nccl

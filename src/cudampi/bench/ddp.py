@@ -300,10 +300,9 @@ def _wrap(s: Session, path: str, model: Any, device: Any, settings: dict[str, An
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     backend = DDP_PATHS[path]
-    if backend == "nccl" and s.device != "cuda":
-        raise Skip("NCCL trains CUDA models only; this run is on the host")
-    if backend == "nccl" and s.shares_gpu:
-        raise Skip(f"NCCL needs one GPU per rank: {s.local_size} ranks share {s.gpus}")
+    why = s.nccl_refusal(s.device) if backend == "nccl" else None
+    if why is not None:
+        raise Skip(why)
     group = _default_group(s) if backend is None else s.torch_group(backend)
     ids = [device.index] if device.type == "cuda" else None
     net = DDP(model, device_ids=ids, process_group=group, **settings)

@@ -171,13 +171,9 @@ class _Torch(_P2P):
     def __init__(self, name: str, session: Session, lib: ArrayLib) -> None:
         self.name = name
         backend = TORCH_PATHS[name]
-        if backend == "nccl":
-            if lib.device != "cuda":
-                raise Skip("NCCL moves CUDA tensors only, not host buffers")
-            if session.shares_gpu:
-                raise Skip(
-                    f"NCCL needs one GPU per rank: {session.local_size} ranks share {session.gpus}"
-                )
+        why = session.nccl_refusal(lib.device) if backend == "nccl" else None
+        if why is not None:
+            raise Skip(why)
         if backend == "gloo" and lib.device == "cuda":
             # Seen on the H200 (torch 2.11): gloo writev()s the device pointer -> EFAULT, abort.
             raise Skip("gloo's send/recv take CPU tensors only (CUDA tensors abort with EFAULT)")

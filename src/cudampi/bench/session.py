@@ -43,6 +43,20 @@ class Session:
         """More ranks on this node than GPUs: ranks share one GPU (and its HBM)."""
         return self.device == "cuda" and self.local_size > max(self.gpus, 1)
 
+    def nccl_refusal(self, device: str) -> str | None:
+        """Why NCCL cannot move ``device`` ("cuda" or "cpu") arrays of this session's ranks, or
+        None: it moves device memory only, and refuses two ranks on one GPU."""
+        if device != "cuda":
+            if self.device == "cuda":
+                return "NCCL moves device arrays, not host buffers"
+            return "NCCL moves device arrays; this run is on the host"
+        if self.shares_gpu:
+            return (
+                f"NCCL needs one GPU per rank: {self.local_size} ranks share {self.gpus} GPU(s) "
+                "on this node"
+            )
+        return None
+
     # -- agreement over the job -------------------------------------------------------------
     def barrier(self) -> None:
         self.comm.Barrier()
