@@ -289,6 +289,21 @@ ipcbench)
   mps_each ipc_bench
   tar czf $OUT/bench-ipc$N${BENCH_TAG:-}.tgz -C $OUT bench && rm -rf $B
   ;;
+ipcp2p)
+  # Point-to-point between ranks 0 and 1 (OSU latency, bandwidth, bidirectional bandwidth) on
+  # device buffers: ipc beside cudampi's MPI path, mpi4py and torch over the cudampi backend, MPS
+  # off and on (run `probe` first).
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  B=$OUT/bench; mkdir -p $B
+  p2p_bench() {
+    sec bench p2p 2 ranks, MPS $MPS
+    T ${P2P_T:-200} $W -m cudampi launch -n 2 -m cudampi bench p2p --buffers device -b 1 -e ${P2P_E:-64M} \
+      -f 4 -n 50 --time-limit 0.5 --paths ${P2P_PATHS:-ipc,cudampi,mpi,torch-cudampi} \
+      --json $B/p2p-mps$MPS.json > $B/p2p-mps$MPS.txt; grep -E "^ *[0-9]|wrong|skip|path" $B/p2p-mps$MPS.txt | head -80
+  }
+  mps_each p2p_bench
+  tar czf $OUT/bench-p2p.tgz -C $OUT bench && rm -rf $B
+  ;;
 ddpgap)
   # Where DDP's throughput goes (tools/ddp-gap.py): local, DDP without communication, DDP
   # meeting at every bucket without data, DDP as shipped, DDP on a side stream; once per

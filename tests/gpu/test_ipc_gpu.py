@@ -323,3 +323,217 @@ def test_hierarchical_across_two_pretend_nodes(lib):
 
 
 __all__ = ["gen", "to_lib"]
+
+
+# ---------------------------------------------------------------------- point-to-point
+
+
+def _fill(lib, n, dtype, seed):
+    """n elements of dtype, distinct per seed (bytes that show a misplaced chunk)."""
+    import numpy as np
+
+    host = ((np.arange(n, dtype=np.int64) * 7919 + seed * 104729) % 251).astype(dtype)
+    return to_lib(host, lib, dtype), host
+
+
+def rank_ipc_p2p(comm, lib, small):
+    """sendrecv around the ring (to self too), blocking send/recv in pairs, a batch of
+    isend/irecv with every peer, several messages of one pair in order (tags, any tag), a buffer
+    at an odd offset; sizes from empty to past the eager size (many chunks with small=1)."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+
+    _setup(comm, lib)
+    n, me = comm.size, comm.rank
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    f = Failures(me)
+    sizes = (0, 1, 7, 1000, 100003) if small == "1" else (0, 1, 5, 4099, 1 << 20, 3 << 20)
+    dtypes = ("float32", "float16", "int64", "uint8")
+    with Communicator(comm, path="ipc", config=_config(small)) as c:
+        for dt in dtypes:
+            for size in sizes:
+                x, _ = _fill(lib, size, dt, me)
+                out = to_lib(np.zeros(size, dt), lib, dt)
+                c.sendrecv(x, nxt, out, prv)
+                f.check(same(out, _fill("numpy", size, dt, prv)[1], dt), f"ring {dt} {size}")
+                c.sendrecv(x, me, out, me, tag=3)
+                f.check(same(out, _fill("numpy", size, dt, me)[1], dt), f"self {dt} {size}")
+        # blocking, in an order that cannot wait for ever: even ranks send first
+        big = 5 << 20 if small == "0" else 300_000
+        for size in (3, big):
+            x, _ = _fill(lib, size, "uint8", me)
+            out = to_lib(np.zeros(size, "uint8"), lib, "uint8")
+            partner = me ^ 1
+            if partner < n:
+                if me % 2 == 0:
+                    c.send(x, partner, tag=5)
+                    c.recv(out, partner, tag=5)
+                else:
+                    c.recv(out, partner, tag=5)
+                    c.send(x, partner, tag=5)
+                want = _fill("numpy", size, "uint8", partner)[1]
+                f.check(same(out, want, "uint8"), f"pairs {size}")
+        # a batch: every rank sends every rank (itself too) two messages, both directions at once
+        size = big
+        outs, handles = {}, []
+        for peer in range(n):
+            for k in range(2):
+                outs[peer, k] = to_lib(np.zeros(size, "float32"), lib, "float32")
+                handles.append(c.irecv(outs[peer, k], peer, tag=10 + k))
+        sends = [_fill(lib, size, "float32", 100 * me + k)[0] for k in range(2)]
+        for peer in range(n):
+            for k in range(2):
+                handles.append(c.isend(sends[k], peer, 10 + k))
+        for h in handles:
+            h.wait()
+        for (peer, k), got in outs.items():
+            want = _fill("numpy", size, "float32", 100 * peer + k)[1]
+            f.check(same(got, want, "float32"), f"batch from {peer} #{k}")
+        # any tag, in order
+        x, _ = _fill(lib, 64, "int32", me)
+        out = to_lib(np.zeros(64, "int32"), lib, "int32")
+        from mpi4py import MPI
+
+        c.sendrecv(x, nxt, out, prv, tag=9)
+        f.check(same(out, _fill("numpy", 64, "int32", prv)[1], "int32"), "tag 9")
+        h = c.irecv(out, prv, MPI.ANY_TAG)
+        c.send(x, nxt, tag=77)
+        h.wait()
+        f.check(same(out, _fill("numpy", 64, "int32", prv)[1], "int32"), "any tag")
+        # after point-to-point, a collective on the same communicator is in order
+        y = c.allreduce(to_lib(np.ones(1000, "float32"), lib, "float32"))
+        f.check(same(y, np.full(1000, n, "float32"), "float32"), "allreduce after p2p")
+        c.synchronize()
+    f.finish()
+    if me == 0:
+        print(f"p2p checked {f.checked} results")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("lib", _libs())
+def test_point_to_point_matches_what_was_sent(n, lib):
+    for small in ("1", "0"):
+        run_mpi(n, __file__, "rank_ipc_p2p", lib, small, timeout=600)
+
+
+def rank_ipc_p2p_stream_graph(comm):
+    """A send waits for the caller's stream (a slow fill before it is seen); a buffer at an
+    odd offset; a sendrecv captured in a CUDA graph and replayed; torch's batch_isend_irecv
+    through the cudampi backend (CUDAMPI_PATH=ipc)."""
+    import torch
+    import torch.distributed as dist
+
+    from cudampi.comm import Communicator
+
+    _setup(comm, "torch-cuda")
+    n, me = comm.size, comm.rank
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    with Communicator(comm, path="ipc") as c:
+        base = torch.zeros((1 << 20) + 3, device="cuda")
+        x = base[1:-2]
+        out = torch.zeros(1 << 20, device="cuda")
+        torch.cuda._sleep(200_000_000)
+        x.fill_(me + 1)
+        c.sendrecv(x, nxt, out, prv)
+        assert (out == prv + 1).all().item(), out[:4]
+        assert base[0].item() == 0 and base[-2:].abs().sum().item() == 0
+        static_in = torch.zeros(1 << 16, device="cuda")
+        static_out = torch.zeros(1 << 16, device="cuda")
+        c.sendrecv(static_in, nxt, static_out, prv)  # warm up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            c.sendrecv(static_in, nxt, static_out, prv)
+        for k in range(1, 4):
+            static_in.fill_(k * 10 + me)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert (static_out == k * 10 + prv).all().item(), (k, static_out[:4])
+        c.synchronize()
+    from tests.mpi.test_torch_ddp import init
+
+    init()
+    send = torch.full((3 << 20,), float(me), device="cuda")
+    recv = torch.zeros(3 << 20, device="cuda")
+    ops = [dist.P2POp(dist.irecv, recv, prv), dist.P2POp(dist.isend, send, nxt)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert (recv == prv).all().item(), recv[:4]
+    pg = dist.distributed_c10d._get_default_group()
+    assert pg.communicator.path_for("send", send) == "ipc"
+    pg.communicator.synchronize()
+    dist.destroy_process_group()
+    if me == 0:
+        print("p2p stream order, graph and batch ok", flush=True)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_point_to_point_stream_order_graph_and_torch_batch(n):
+    if not importlib.util.find_spec("torch"):
+        pytest.skip("needs torch")
+    proc = run_mpi(
+        n, __file__, "rank_ipc_p2p_stream_graph", timeout=300, env={"CUDAMPI_PATH": "ipc"}
+    )
+    assert "p2p stream order, graph and batch ok" in proc.stdout
+
+
+def rank_ipc_p2p_faults(comm, case):
+    """size: rank 1 receives 200 bytes where rank 0 sends 100. tag: tag 1 sent, tag 2 received.
+    missing: rank 1 receives, rank 0 never sends. bothsend: both ranks send 8 MiB first (past
+    the eager size). Every rank that calls raises within the timeout (5 s) with the cause."""
+    import cupy
+
+    from cudampi.comm import Communicator
+    from cudampi.errors import CommError, MismatchError
+
+    _setup(comm, "cupy")
+    me = comm.rank
+    with Communicator(comm, path="ipc", config=_config("0", timeout="5")) as c:
+        c.allreduce(cupy.ones(8, cupy.float32))
+        c.synchronize()
+        t0 = time.monotonic()
+        try:
+            if case == "size":
+                if me == 0:
+                    c.send(cupy.ones(100, cupy.uint8), 1)
+                else:
+                    c.recv(cupy.ones(200, cupy.uint8), 0)
+            elif case == "tag":
+                if me == 0:
+                    c.send(cupy.ones(100, cupy.uint8), 1, tag=1)
+                else:
+                    c.recv(cupy.ones(100, cupy.uint8), 0, tag=2)
+            elif case == "missing":
+                if me == 1:
+                    c.recv(cupy.ones(100, cupy.uint8), 0)
+                else:
+                    print(f"rank {me}: skipped the call", flush=True)
+                    time.sleep(8)
+                    raise SystemExit(0)
+            else:
+                big = cupy.ones(8 << 20, cupy.uint8)
+                c.send(big, 1 - me)
+                c.recv(big, 1 - me)
+            c.allreduce(cupy.ones(8, cupy.float32))  # the sender learns of it here
+            c.synchronize()
+            raise AssertionError(f"rank {me}: no error")
+        except (CommError, MismatchError) as exc:
+            took = time.monotonic() - t0
+            print(f"rank {me}: RAISED {type(exc).__name__} after {took:.1f} s: {exc}", flush=True)
+            assert took < 20
+
+
+@pytest.mark.parametrize("case", ["size", "tag", "missing", "bothsend"])
+def test_point_to_point_faults_raise_on_every_rank(case):
+    proc = run_mpi(2, __file__, "rank_ipc_p2p_faults", case, timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    callers = 1 if case == "missing" else 2
+    assert out.count("RAISED") == callers, out[-6000:]
+    if case in ("size", "tag"):
+        assert "RAISED MismatchError" in out and "match in the order" in out, out[-4000:]
+        assert ("200 bytes" in out and "100 bytes" in out) or case == "tag", out[-4000:]
+    else:
+        assert "did not make the matching" in out, out[-4000:]
+    if case == "bothsend":
+        assert "use sendrecv" in out, out[-4000:]

@@ -87,6 +87,36 @@ def test_a_check_that_fails_on_one_rank_raises_on_every_rank(n):
     assert f"every check raised on all {n} ranks" in proc.stdout
 
 
+def rank_anysource_on_ipc(comm):
+    """A recv from any source where the Communicator puts the message on the ipc path raises at
+    once, naming the fix: ipc sends are kernels that MPI's probe never sees, so waiting would
+    only end at the deadline. (The choice is forced here: CPU tensors never take ipc.)"""
+    import torch
+
+    from cudampi.comm.paths import PathChoice
+
+    dist = _init(timeout=60)
+    pg = dist.distributed_c10d._get_default_group()
+    pg.communicator.path_for = lambda op, x, nbytes=None: PathChoice("ipc", "forced", "ipc")
+    if comm.rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.recv(torch.empty(1))
+        except Exception as exc:
+            assert "name the source" in str(exc), exc
+            assert time.monotonic() - t0 < 5, "waited for a message no probe can see"
+            print("any source refused at once", flush=True)
+        else:
+            raise AssertionError("recv from any source on the ipc path returned")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_recv_from_any_source_on_the_ipc_path_raises_at_once():
+    proc = run_mpi(2, __file__, "rank_anysource_on_ipc", timeout=120)
+    assert "any source refused at once" in proc.stdout
+
+
 def rank_settings_differ_under_torch(comm):
     """Issue 16, item 1 through torch: init_process_group raises on every rank."""
     import os

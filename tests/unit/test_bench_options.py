@@ -59,7 +59,7 @@ def test_step_bytes_alone_add():
 def test_p2p_and_ddp_modes_have_their_own_defaults():
     o = options.from_args(parse("p2p")[1])
     assert o.mode == "p2p" and o.sizes[0] == 1 and o.sizes[-1] == 4 << 20 and o.iters == 100
-    assert o.paths == ("cudampi", "mpi", "torch-nccl", "torch-gloo", "torch-cudampi")
+    assert o.paths == ("cudampi", "ipc", "mpi", "torch-nccl", "torch-gloo", "torch-cudampi")
     o = options.from_args(parse("ddp", "--paths", "local,torch-gloo")[1])
     assert o.mode == "ddp" and o.paths == ("local", "torch-gloo") and o.sizes == ()
     assert o.rounds == 1

@@ -162,6 +162,29 @@ def test_auto_takes_ipc_only_where_the_probe_proved_it_and_it_wins():
     assert choose("send", "auto", True, "float32", 4096, on, mpi_reduces=True).engine == "mpi"
 
 
+def test_point_to_point_takes_the_ipc_kernels_only_when_asked_for():
+    """auto keeps MPI for messages (any source, a host buffer on the other side, tags out of
+    order all need MPI's matching, which one rank cannot know its peer relies on); path='ipc'
+    runs them as ipc kernels on device arrays; nccl moves collectives only."""
+    from dataclasses import replace
+
+    from cudampi.comm.paths import DeviceSupport, choose
+
+    on = replace(DeviceSupport(True, "p2p proven", False, "no"), ipc=True, ipc_why="proven")
+    for call in ("send", "recv", "isend", "irecv", "sendrecv"):
+        auto = choose(call, "auto", True, "float32", 4096, on, mpi_reduces=True)
+        assert (str(auto), auto.engine) == ("gpu-ring", "mpi"), call
+        asked = choose(call, "ipc", True, "float32", 4096, on, mpi_reduces=True)
+        assert (str(asked), asked.engine, asked.inner) == ("ipc", "ipc", "alg"), call
+        assert "the peer must use path='ipc' too" in asked.reason
+        host = choose(call, "ipc", False, "float32", 4096, on, mpi_reduces=True)
+        assert (str(host), host.engine) == ("host", "mpi"), call
+        assert choose(call, "nccl", True, "float32", 4096, on, mpi_reduces=True).engine == "mpi"
+    unproven = DeviceSupport(False, "not proven", False, "no")
+    asked = choose("send", "ipc", True, "float32", 4096, unproven, mpi_reduces=True)
+    assert asked.engine == "ipc" and asked.inner == "staged"  # across nodes: staged between
+
+
 def test_auto_stages_small_device_calls_where_ranks_time_slice_one_gpu():
     from dataclasses import replace
 

@@ -28,6 +28,7 @@ def names() -> list[str]:
     out += [L.reduce_name("complex64", "prod", 3), L.reduce_name("uint64", "min", 5)]
     out += [L.reduce_name("float32", "sum", n) for n in (3, 4, L.MAX_RANKS)]
     out += [L.exchange_name(n) for n in (2, 3, L.MAX_RANKS)]
+    out += [L.P2P_NAME]
     return list(dict.fromkeys(out))
 
 

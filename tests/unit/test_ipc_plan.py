@@ -245,3 +245,47 @@ def test_a_launch_hands_the_driver_a_pointer_to_its_own_parameter_block() -> Non
         assert lc.argv is lc.argv and lc.argv_ptr == lc.argv.ctypes.data  # made once, kept
         assert int(lc.argv[0]) == lc.params.ctypes.data  # kernelParams[0] -> struct Params
         assert lc.params.nbytes == plan.PARAM_DTYPE.itemsize == 8 * L.NPARAM
+
+
+def test_a_p2p_group_packs_each_message_in_three_words() -> None:
+    g = geo(1, 3)
+    group = [
+        plan.Message(True, 2, X_BASE, 5000, 7),
+        plan.Message(False, 0, OUT_BASE, 5000, -1),  # any tag
+        plan.Message(False, 1, OUT_BASE + 64, 0, (1 << 31) - 1),  # from itself, empty
+    ]
+    (lc,) = plan.p2p(g, group)
+    p = lc.params
+    assert lc.kernel == "p2p" and p.nbytes == 8 * L.P2P_NPARAM < 4096  # any driver takes it
+    assert (p[L.P_WS], p[L.P_ERR], p[L.P_RANK], p[L.P_TIMEOUT]) == (g.workspace, g.error, 1, 10**9)
+    assert p[L.P2P_NOPS_AT] == 3 and p[L.P2P_CHUNK_AT] == L.p2p_chunk(g.capacity)
+    assert p[L.P2P_INBOX_AT] == L.DATA_OFFSET + 2 * g.capacity
+    words = p[L.P2P_OPS_AT :].view(numpy.uint64)
+    for i, m in enumerate(group):
+        w = int(words[3 * i])
+        assert w & 0xFFFF == m.peer
+        assert (w >> 16) & 0xFFFF == (L.P2P_SEND if m.send else L.P2P_RECV)
+        assert numpy.int64(numpy.uint32(w >> 32).astype(numpy.int32)) == m.tag  # as the kernel
+        assert (p[L.P2P_OPS_AT + 3 * i + 1], p[L.P2P_OPS_AT + 3 * i + 2]) == (m.ptr, m.nbytes)
+
+
+def test_a_large_p2p_group_runs_in_parts_in_order_and_bad_messages_are_refused() -> None:
+    g = geo(0, 2)
+    group = [plan.Message(k % 2 == 0, 1, X_BASE + k, k, k) for k in range(L.P2P_MAX_OPS + 5)]
+    a, b = plan.p2p(g, group)
+    assert (a.params[L.P2P_NOPS_AT], b.params[L.P2P_NOPS_AT]) == (L.P2P_MAX_OPS, 5)
+    assert b.params[L.P2P_OPS_AT + 2] == L.P2P_MAX_OPS  # the 129th message opens the second
+    with pytest.raises(ValueError, match="peer 2"):
+        plan.p2p(g, [plan.Message(True, 2, X_BASE, 8, 0)])
+    with pytest.raises(ValueError, match="32 bits"):
+        plan.p2p(g, [plan.Message(True, 1, X_BASE, 8, 1 << 31)])
+
+
+def test_p2p_sizes_and_how_errors_name_a_message() -> None:
+    assert L.p2p_chunk(32 << 20) == 1 << 20 and L.p2p_chunk(64 << 10) == 4096
+    assert L.P2P_SLOTS * L.p2p_chunk(32 << 20) == 4 << 20  # sent before the receive arrives
+    assert L.p2p_bytes(32 << 20, 4) == 4 * L.P2P_SLOTS * (1 << 20)
+    send = [(L.CALL_SEND << 56) | 3, 4096, 7, 0]
+    recv = [(L.CALL_RECV << 56) | 1, 100, (1 << 64) - 1, 0]
+    assert plan.describe(send) == "send to rank 2, 4096 bytes, tag 7"
+    assert plan.describe(recv) == "recv from rank 0, 100 bytes, tag any"

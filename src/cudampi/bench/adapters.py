@@ -168,10 +168,8 @@ class CudampiPath(PathAdapter):
             self.choice = self.comm.path_for(op, probe)
         except CudampiError as exc:
             return str(exc)
-        if self.name in ("ipc", "nccl") and op == "sendrecv":
-            return (
-                f"{self.name} moves collectives; point-to-point goes through MPI (the gpu-ring row)"
-            )
+        if self.name == "nccl" and op == "sendrecv":
+            return "nccl moves collectives; point-to-point goes through MPI (the gpu-ring row)"
         if self.name in ("ipc", "nccl") and self.choice != self.name:
             return f"{self.name} moves device arrays; here it would run {self.choice}"
         if self.name == "ipc":

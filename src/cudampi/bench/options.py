@@ -114,11 +114,11 @@ def _split(text: str) -> list[str]:
 
 def parse_paths(text: str, mode: str) -> tuple[str, ...]:
     """``all`` or a comma list of :data:`BENCH_PATHS` (for ddp: the torch paths; for p2p: cudampi,
-    mpi and the torch paths)."""
+    ipc, mpi and the torch paths)."""
     if mode == "ddp":
         known: tuple[str, ...] = (*DDP_PATHS, "local")
     elif mode == "p2p":
-        known = ("cudampi", "mpi", *TORCH_PATHS)
+        known = ("cudampi", "ipc", "mpi", *TORCH_PATHS)
     else:
         known = BENCH_PATHS
     if text.strip() == "all":
@@ -300,7 +300,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--paths",
         default="all",
-        help=f"comma list or all: {', '.join(BENCH_PATHS)} (p2p: cudampi,mpi,torch-*; ddp: local,ddp-nocomm,torch-*)",
+        help=f"comma list or all: {', '.join(BENCH_PATHS)} (p2p: cudampi,ipc,mpi,torch-*; ddp: local,ddp-nocomm,torch-*)",
     )
     g.add_argument(
         "--device",

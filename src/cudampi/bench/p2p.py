@@ -7,7 +7,8 @@ ranks sending a window at once. MB/s is 1e6 bytes per second; times and rates ar
 Other ranks wait. Data are checked: each side's receive buffer must hold the peer's pattern.
 
 Paths: ``cudampi`` (Communicator send/recv, device buffers direct where the probe proved MPI
-p2p CUDA-aware, else staged), ``mpi`` (mpi4py directly; device buffers only where proven),
+p2p CUDA-aware, else staged), ``ipc`` (the same calls with path='ipc': cudampi's GPU kernels
+over CUDA IPC, device buffers on one node), ``mpi`` (mpi4py directly; device buffers only where proven),
 ``torch-gloo``/``torch-nccl``/``torch-cudampi`` (torch.distributed isend/irecv).
 """
 
@@ -102,12 +103,17 @@ class _P2P:
 
 
 class _Cudampi(_P2P):
-    name = "cudampi"
-
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, path: str, lib: ArrayLib) -> None:
         from cudampi.comm import Communicator
 
-        self.comm = Communicator(session.world)
+        self.name = path
+        if path == "ipc":
+            from cudampi.comm.engines.ipc import available
+
+            why = "ipc moves device arrays" if lib.device != "cuda" else available()
+            if why is not None:
+                raise Skip(why)
+        self.comm = Communicator(session.world, path=None if path == "cudampi" else path)
 
     def isend(self, x: Any, dest: int) -> Any:
         return self.comm.isend(x, dest)
@@ -190,8 +196,8 @@ class _Torch(_P2P):
 
 
 def _open(path: str, session: Session, lib: ArrayLib) -> _P2P:
-    if path == "cudampi":
-        return _Cudampi(session)
+    if path in ("cudampi", "ipc"):
+        return _Cudampi(session, path, lib)
     if path == "mpi":
         return _Mpi(session, lib)
     if path in TORCH_PATHS:

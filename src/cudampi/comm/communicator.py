@@ -756,14 +756,25 @@ class Communicator:
         h._result = x
         return h
 
+    def flush(self) -> None:
+        """Launch the sends and receives the ipc path holds back to run as one group (a blocking
+        call, a handle's wait, a collective or :meth:`synchronize` launches them too); for
+        callers that post isend/irecv and wait elsewhere, as torch's batch_isend_irecv does."""
+        self._engines.flush()
+
     def sendrecv(
         self, x: Any, dest: int, out: Any, source: int, tag: int = 0, *, path: str | None = None
     ) -> Any:
         """Send ``x`` to ``dest`` while receiving ``out`` from ``source``; returns ``out``."""
-        r = self.irecv(out, source, tag, path=path)
-        s = self.isend(x, dest, tag, path=path)
-        s.wait()
-        return r.wait()
+        ob, receiver = self._p2p_prepare(out, "out", path, writes=True)
+        xb, sender = self._p2p_prepare(x, "x", path)
+        if receiver is sender:
+            sender.sendrecv(flat(xb), dest, flat(ob), source, tag)
+            return out
+        r = receiver.irecv(flat(ob), source, tag)
+        sender.isend(flat(xb), dest, tag).wait()
+        r.wait()
+        return out
 
 
 def _nccl_for_these_ranks(coll: Any, support: DeviceSupport, one_node: bool) -> DeviceSupport:

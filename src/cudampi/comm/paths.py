@@ -469,7 +469,17 @@ def _choose_device(
 
 
 def _choose_p2p(requested: str, on_device: bool, support: DeviceSupport) -> PathChoice:
-    if requested in ("ipc", "nccl"):  # collective-only engines: messages go through MPI
+    """A send or receive. auto keeps MPI: its messages match any other MPI message (host or
+    device buffer, any source, any tag order), which one rank cannot know its peer needs."""
+    if requested == "ipc" and on_device:
+        return PathChoice(
+            "ipc",
+            "requested: a GPU kernel over CUDA IPC on the caller's stream (messages between "
+            "two ranks match in order; the peer must use path='ipc' too)",
+            "ipc",
+            "alg" if support.p2p else "staged",
+        )
+    if requested in ("ipc", "nccl"):  # nccl moves collectives only: messages go through MPI
         requested = "auto"
     if not on_device:
         if requested == "staged":

@@ -753,8 +753,20 @@ class CudampiProcessGroup(_ProcessGroup):
         from mpi4py import MPI
 
         from cudampi.comm.deadline import spin
+        from cudampi.errors import CudampiError
 
         self._check_open()
+        try:
+            on_ipc = self._comm.path_for("recv", tensors[0]).engine == "ipc"
+        except CudampiError:
+            on_ipc = False  # the receive itself says why
+        if on_ipc:  # its sends are kernels no MPI probe sees: say so now, not at the deadline
+            raise as_dist_error(
+                CommError(
+                    f"recv from any rank (tag {tag}) on the ipc path (CUDAMPI_PATH=ipc, CUDA "
+                    "tensors): ipc messages match per pair of ranks, so name the source (src=)"
+                )
+            )
         status = MPI.Status()
         limit = self._comm.config.timeout
         late = CommTimeoutError(
@@ -775,6 +787,7 @@ class CudampiProcessGroup(_ProcessGroup):
         self._check_open()
 
     def _end_coalescing(self, device: Any) -> Any:
+        self._comm.flush()  # the ipc path's grouped sends and receives: one launch, now
         if self._runner is not None and self._threaded("barrier", ()):
             return self._runner.submit(list, [])  # done once everything queued before it is
         return completed_work([])

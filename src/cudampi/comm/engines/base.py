@@ -24,6 +24,7 @@ communicator's p2p duplicate)::
 
     send(f, dest, tag)   recv(f, source, tag)   isend(f, dest, tag) -> Handle
     irecv(f, source, tag) -> Handle   (the Communicator sets the handle's result)
+    sendrecv(xf, dest, of, source, tag)
 
 Engines are made once per communicator, engine name and (lib, device) by :class:`Engines`, and
 keep what they need between calls (streams, host buffers, workspaces) in themselves or, where
@@ -139,6 +140,9 @@ class Engine:
         """Wait for what this engine enqueued on the caller's stream and raise what it reported
         (stream-ordered engines; the others finish their calls before returning)."""
 
+    def flush(self) -> None:
+        """Launch what the engine holds back (the ipc engine's grouped sends and receives)."""
+
     def reject(self, what: str) -> None:
         """Stream-ordered engines: tell the other ranks, where they check calls, that this rank
         rejected its arguments for ``what`` (they raise instead of waiting)."""
@@ -187,6 +191,12 @@ class Engine:
     def irecv(self, f: Any, source: int, tag: int) -> Handle:
         raise NotImplementedError
 
+    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+        """Send ``xf`` to ``dest`` while receiving ``of`` from ``source``."""
+        r = self.irecv(of, source, tag)
+        self.isend(xf, dest, tag).wait()
+        r.wait()
+
     # ------------------------------------------------------------------ helpers
 
     def finish_avg(self, of: Any, op: str, dtype: str) -> None:
@@ -196,8 +206,8 @@ class Engine:
 
 
 class CollectivesOnly(Engine):
-    """An engine of collectives only (ipc, nccl): user point-to-point goes through MPI's
-    engines (paths choose them for p2p), and a direct call says so."""
+    """An engine of collectives only (nccl): user point-to-point goes through MPI's engines
+    (paths choose them for p2p), and a direct call says so."""
 
     def _no_p2p(self) -> CommError:
         return CommError(
@@ -266,6 +276,10 @@ class Engines:
     def synchronize(self) -> None:
         for engine in list(self._made.values()):
             engine.synchronize()
+
+    def flush(self) -> None:
+        for engine in list(self._made.values()):
+            engine.flush()
 
     def stream_ordered(self) -> list[Engine]:
         """The stream-ordered engines made so far (one per device and array library)."""

@@ -10,8 +10,13 @@ call or at ``Communicator.synchronize()``, and the workspace's watchdog logs it 
 allreduce runs one-shot (every rank reads every rank's data: the fewest steps) up to
 ``ipc_oneshot_bytes`` and two-shot (reduce-scatter, then all-gather: each byte read once) above,
 on registered buffers where every peer can address them (:mod:`cudampi.comm.ipc.registry`).
-Across nodes :class:`HierEngine` runs it inside each node. Point-to-point is MPI's: the engine
-moves collectives only. docs/ipc.md has the design and the semantics.
+Across nodes :class:`HierEngine` runs it inside each node.
+
+Point-to-point (path='ipc' on both ranks): a send or receive joins a group that runs as one
+kernel when a blocking call, a handle's wait, a collective or ``synchronize()`` comes, so
+``sendrecv`` and a batch of isend/irecv move together; messages between two ranks match in the
+order sent (no tag reordering, no any-source). Across nodes they go through MPI.
+docs/ipc.md has the design and the semantics.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from typing import Any
 
 from cudampi.comm.buffers import DTYPE_CODE, adapt
 from cudampi.comm.engines.base import (
-    CollectivesOnly,
     Engine,
     Engines,
     Setting,
@@ -32,7 +36,7 @@ from cudampi.comm.ipc import layout as L
 from cudampi.comm.ipc import plan
 from cudampi.comm.ipc.workspace import Workspace
 from cudampi.comm.ops import REDUCE_OPS, ArrayOps
-from cudampi.errors import DeviceError
+from cudampi.errors import CommError, DeviceError
 
 
 def _workspace(comm: Any, s: Setting, device: int) -> Workspace:
@@ -49,7 +53,7 @@ def available() -> str | None:
     return None
 
 
-class IpcEngine(CollectivesOnly):
+class IpcEngine(Engine):
     name = "ipc"
     stream_ordered = True
 
@@ -126,6 +130,7 @@ class IpcEngine(CollectivesOnly):
         """Wait for this rank's launches and raise what they reported."""
         import cupy
 
+        self.ws.flush()
         with cupy.cuda.Device(self.ops.device):
             cupy.cuda.ExternalStream(self._stream(), self.ops.device).synchronize()
         self.ws.check()
@@ -243,6 +248,53 @@ class IpcEngine(CollectivesOnly):
             ),
         )  # fmt: skip
         self._move(launches)
+
+    # ------------------------------------------------------------------ point-to-point
+
+    def flush(self) -> None:
+        self.ws.flush()
+
+    def _post(self, f: Any, send: bool, peer: int, tag: int) -> None:
+        if peer < 0:
+            raise CommError(
+                "a receive from any rank needs MPI's matching; on the ipc path name the source "
+                "rank (or use path='gpu-ring' or 'staged' for this message on both ranks)"
+            )
+        if send and tag < 0:
+            raise CommError(f"a send's tag must be >= 0, got {tag}")
+        nbytes = f.shape[0] * self.ops.itemsize(f)
+        self.ws.post(plan.Message(send, peer, self._ptr(f), nbytes, tag), self._stream())
+
+    def send(self, f: Any, dest: int, tag: int) -> None:
+        self._post(f, True, dest, tag)
+        self.ws.flush()
+
+    def recv(self, f: Any, source: int, tag: int) -> None:
+        self._post(f, False, source, tag)
+        self.ws.flush()
+
+    def _pending(self, what: str) -> Handle:
+        """A handle whose wait (or test) launches the group this message is in: in stream
+        order, as the collectives' handles, it is then done."""
+
+        def launch(block: bool) -> bool:
+            self.ws.flush()
+            return True
+
+        return Handle(what, poll=launch)
+
+    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+        self._post(of, False, source, tag)
+        self._post(xf, True, dest, tag)
+        self.ws.flush()
+
+    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+        self._post(f, True, dest, tag)
+        return self._pending(f"isend to rank {dest}")
+
+    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+        self._post(f, False, source, tag)
+        return self._pending(f"irecv from rank {source}")
 
 
 class HierEngine(Engine):

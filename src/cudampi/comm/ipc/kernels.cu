@@ -51,10 +51,23 @@ struct HeaderHead {     // the part of the header before the registration table
   u64 barriers[MAX_BLOCKS];  // per-block barrier count (local)
 };
 
+struct Post {          // 32 bytes; a point-to-point chunk's header, written by its sender
+  i64 tag;
+  i64 nbytes;          // of the whole message
+  u64 pad;
+  u64 seq;             // 1 + the chunk's number in the pair's stream of this block (release)
+};
+
 struct Header {
   HeaderHead h;
   u64 regs[MAX_RANKS][MAX_REGS];  // rank r's registered buffer k, mapped here (registry.py)
   Slot slots[2][MAX_BLOCKS][MAX_RANKS];
+  // Point-to-point (p2p_kernel), per peer r and block: chunks this rank sent r and took from r
+  // (local counters), chunks r took from this rank (written by r), and r's posted chunks.
+  u64 p2p_sent[MAX_RANKS][MAX_BLOCKS];
+  u64 p2p_taken[MAX_RANKS][MAX_BLOCKS];
+  u64 p2p_acked[MAX_RANKS][MAX_BLOCKS];
+  Post p2p_posts[MAX_RANKS][MAX_BLOCKS][P2P_SLOTS];
 };
 
 struct ErrorRecord {   // host-mapped; the first failing thread of this rank fills it
@@ -74,6 +87,7 @@ struct ErrorRecord {   // host-mapped; the first failing thread of this rank fil
 struct Params { i64 v[NPARAM]; };
 
 static_assert(sizeof(Slot) == 64, "Slot size differs from layout.py");
+static_assert(sizeof(Post) == 32, "Post size differs from layout.py");
 static_assert(sizeof(Header) == HEADER_BYTES, "Header size differs from layout.py");
 static_assert(sizeof(HeaderHead) == HEADER_REGS, "Header.regs offset differs from layout.py");
 static_assert(sizeof(ErrorRecord) == ERROR_BYTES, "ErrorRecord size differs from layout.py");
@@ -337,7 +351,8 @@ __device__ bool barrier(const Ctx& c, const u64* sig, i64 send_off, i64 send_len
   return sh_fail == 0;
 }
 
-__device__ __forceinline__ Ctx make_ctx(const Params& p) {
+template <typename PARAMS>
+__device__ __forceinline__ Ctx make_ctx(const PARAMS& p) {
   Ctx c;
   c.hdr = (Header*)p.v[P_WS];
   c.err = (ErrorRecord*)p.v[P_ERR];
@@ -575,5 +590,203 @@ __global__ void __launch_bounds__(NTHREADS) exchange_kernel(const Params p) {
   for (int s = 0; s < N; s++) {
     const i64 len = p.v[P_D + s];
     if (len > 0) fetch_at(out + p.v[P_C + s], data_of(c, p, s, par), sh_off[s], len);
+  }
+}
+
+// ---------------------------------------------------------------- point-to-point
+
+// Messages between two ranks run through the receiver's inbox for the sender: P2P_SLOTS slots
+// of P2P_CHUNK_AT bytes in the receiver's workspace at P2P_INBOX_AT. A message is cut in chunks
+// (one chunk when empty); each block moves its own packs of each chunk (the same block index on
+// both ranks, as the collectives do) and keeps its own stream of chunks per peer and direction:
+// the sender posts its g-th chunk in slot g % P2P_SLOTS with a release store of seq = g + 1
+// (after the tag and size), once the receiver acknowledged chunk g - P2P_SLOTS; the receiver
+// waits for that seq, checks the tag and size on the message's first chunk, copies the chunk
+// out and acknowledges g + 1 into the sender's header. So up to P2P_SLOTS chunks are sent before
+// the receiver arrives, and the messages between two ranks match in the order sent.
+//
+// One launch runs a group of up to P2P_MAX_OPS sends and receives (op i: P2P_OPS_AT + 3 i:
+// peer | direction << 16 | tag << 32, pointer, bytes) and moves whichever is ready, so a group
+// that sends to and receives from the same peers (sendrecv, a batch of isend/irecv) cannot
+// deadlock on the slots. The ops of one peer and direction (a lane) run in the order given.
+
+struct P2PParams { i64 v[P2P_NPARAM]; };
+
+// Chunks of a message of `nbytes` in which block `blk` takes part: block 0 in every chunk (it
+// carries the empty message's header), the others in those whose bytes reach their first pack.
+__device__ __forceinline__ i64 block_chunks(i64 nbytes, i64 chunk, int blk) {
+  const i64 n = nbytes > 0 ? (nbytes + chunk - 1) / chunk : 1;
+  if (blk == 0) return n;
+  const i64 first = (i64)blk * blockDim.x * PACK;
+  if (first >= chunk) return 0;
+  const i64 last = nbytes - (n - 1) * chunk;
+  return last > first ? n : n - 1;
+}
+
+struct Op {
+  int peer, dir, lane;
+  i64 tag, ptr, nbytes;
+};
+
+__device__ __forceinline__ Op op_at(const P2PParams& p, int i) {
+  const u64 w = (u64)p.v[P2P_OPS_AT + 3 * i];
+  Op o;
+  o.peer = (int)(w & 0xffff);
+  o.dir = (int)((w >> 16) & 0xffff);
+  o.lane = o.peer * 2 + (o.dir == P2P_SEND);
+  o.tag = (i64)(int)(u32)(w >> 32);
+  o.ptr = p.v[P2P_OPS_AT + 3 * i + 1];
+  o.nbytes = p.v[P2P_OPS_AT + 3 * i + 2];
+  return o;
+}
+
+// The signature words of an op, for the error record (plan.describe reads them).
+__device__ void op_sig(const Op& o, u64* sig) {
+  sig[0] = ((u64)(o.dir == P2P_SEND ? CALL_SEND : CALL_RECV) << 56) | (u64)((o.peer + 1) & 0xffff);
+  sig[1] = (u64)o.nbytes;
+  sig[2] = (u64)o.tag;
+  sig[3] = 0;
+}
+
+__global__ void __launch_bounds__(NTHREADS) p2p_kernel(const P2PParams p) {
+  __shared__ i64 sh_base[P2P_MAX_OPS];  // this block's chunk number of the op's first chunk
+  __shared__ int sh_done[P2P_MAX_OPS], sh_total[P2P_MAX_OPS];
+  __shared__ short sh_go[P2P_MAX_OPS];  // the ops whose next chunks move now
+  __shared__ short sh_cnt[P2P_MAX_OPS];  // how many chunks each moves (all its slots allow)
+  __shared__ int sh_ngo, sh_first;
+  __shared__ int sh_state;  // 0: chunks to move, 1: every op finished, 2: failed
+  const Ctx c = make_ctx(p);
+  const int nops = (int)p.v[P2P_NOPS_AT], blk = blockIdx.x;
+  const i64 chunk = p.v[P2P_CHUNK_AT], inbox = p.v[P2P_INBOX_AT];
+  if (threadIdx.x == 0) {
+    i64 next[2 * MAX_RANKS];  // per lane: the chunk number of its next op
+    for (int l = 0; l < 2 * MAX_RANKS; l++)
+      next[l] = (i64)((l & 1) ? c.hdr->p2p_sent[l >> 1][blk] : c.hdr->p2p_taken[l >> 1][blk]);
+    for (int i = 0; i < nops; i++) {
+      const Op o = op_at(p, i);
+      sh_base[i] = next[o.lane];
+      sh_done[i] = 0;
+      sh_total[i] = (int)block_chunks(o.nbytes, chunk, blk);
+      next[o.lane] += sh_total[i];
+    }
+    sh_first = 0;
+  }
+  __syncthreads();
+  u32 spins = 0;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      int state = 0, ngo = 0;
+      for (;;) {
+        u32 seen = 0;  // lanes whose first unfinished op was met
+        int waiting = -1;
+        while (sh_first < nops && sh_done[sh_first] >= sh_total[sh_first]) sh_first++;
+        for (int i = sh_first; i < nops; i++) {
+          if (sh_done[i] >= sh_total[i]) continue;
+          const Op o = op_at(p, i);
+          if (seen & (1u << o.lane)) continue;
+          seen |= 1u << o.lane;
+          if (waiting < 0) waiting = i;
+          const u64 g = (u64)(sh_base[i] + sh_done[i]);
+          const i64 most = min((i64)P2P_SLOTS, (i64)(sh_total[i] - sh_done[i]));
+          if (o.dir == P2P_SEND) {
+            const i64 room = (i64)(ld_acquire(&c.hdr->p2p_acked[o.peer][blk]) + P2P_SLOTS - g);
+            if (room > 0) {
+              sh_cnt[ngo] = (short)min(room, most);
+              sh_go[ngo++] = (short)i;
+            }
+            continue;
+          }
+          const Post* post = &c.hdr->p2p_posts[o.peer][blk][g % P2P_SLOTS];
+          if (ld_acquire(&post->seq) != g + 1) continue;
+          i64 n = 1;  // the chunks after the first that are posted too
+          while (n < most && ld_acquire(&c.hdr->p2p_posts[o.peer][blk][(g + n) % P2P_SLOTS].seq) == g + n + 1)
+            n++;
+          const i64 got_tag = post->tag, got = post->nbytes;
+          if (sh_done[i] == 0 && (got != o.nbytes || (o.tag >= 0 && got_tag != o.tag))) {
+            u64 mine[SIG_WORDS], theirs[SIG_WORDS] = {0, 0, 0, 0};
+            op_sig(o, mine);
+            theirs[0] = ((u64)CALL_SEND << 56) | (u64)((c.rank + 1) & 0xffff);
+            theirs[1] = (u64)got;
+            theirs[2] = (u64)got_tag;
+            record_error(c, ERR_MESSAGE, o.peer, g, mine, theirs, o.nbytes, got);
+            state = 2;
+            break;
+          }
+          sh_cnt[ngo] = (short)n;
+          sh_go[ngo++] = (short)i;
+        }
+        if (state != 0 || ngo > 0) break;
+        if (waiting < 0) { state = 1; break; }
+        u64 sig[SIG_WORDS];
+        const Op w = op_at(p, waiting);
+        op_sig(w, sig);
+        if (ld_volatile32(&c.hdr->h.abort)) {
+          record_error(c, ERR_ABORTED, w.peer, 0, sig, 0, 0, 0);
+          state = 2;
+          break;
+        }
+        if ((++spins & 255u) == 0) {
+          if (*(volatile u32*)&c.err->host_abort) {
+            record_error(c, ERR_HOST, w.peer, 0, sig, 0, 0, 0);
+            state = 2;
+            break;
+          }
+          if (globaltimer() > c.deadline_ns) {
+            record_error(c, ERR_TIMEOUT, w.peer, 0, sig, 0, (i64)c.timeout_ns, 0);
+            state = 2;
+            break;
+          }
+        }
+      }
+      sh_state = state;
+      sh_ngo = ngo;
+    }
+    __syncthreads();
+    if (sh_state != 0) break;
+    for (int k = 0; k < sh_ngo; k++)
+    for (int j = 0; j < sh_cnt[k]; j++) {
+      const int i = sh_go[k];
+      const Op o = op_at(p, i);
+      const i64 lo = (i64)(sh_done[i] + j) * chunk, rest = o.nbytes - lo;
+      const i64 cb = rest < chunk ? (rest > 0 ? rest : 0) : chunk;
+      const i64 slot = (i64)((u64)(sh_base[i] + sh_done[i] + j) % P2P_SLOTS);
+      if (o.dir == P2P_SEND) {
+        char* box = (char*)c.hdr->h.peers[o.peer] + inbox + ((i64)c.rank * P2P_SLOTS + slot) * chunk;
+        const char* src = (const char*)o.ptr + lo;
+        FOR_PACKS(0, cb, a, b, { copy_small(box + a, src + a, (int)(b - a)); })
+      } else {
+        const char* box = (const char*)c.hdr + inbox + ((i64)o.peer * P2P_SLOTS + slot) * chunk;
+        char* dst = (char*)o.ptr + lo;
+        FOR_PACKS(0, cb, a, b, { copy_small(dst + a, box + a, (int)(b - a)); })
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 0; k < sh_ngo; k++) {
+        const int i = sh_go[k];
+        const Op o = op_at(p, i);
+        const u64 g = (u64)(sh_base[i] + sh_done[i]);
+        const int n = sh_cnt[k];
+        Header* ph = (Header*)c.hdr->h.peers[o.peer];
+        if (o.dir == P2P_SEND) {
+          for (int j = 0; j < n; j++) {
+            Post* post = &ph->p2p_posts[c.rank][blk][(g + j) % P2P_SLOTS];
+            post->tag = o.tag;
+            post->nbytes = o.nbytes;
+            st_release(&post->seq, g + j + 1);
+          }
+        } else {
+          st_release(&ph->p2p_acked[c.rank][blk], g + n);
+        }
+        sh_done[i] += n;
+      }
+    }
+  }
+  if (sh_state == 1 && threadIdx.x == 0) {
+    for (int i = 0; i < nops; i++) {
+      const Op o = op_at(p, i);
+      if (o.dir == P2P_SEND) c.hdr->p2p_sent[o.peer][blk] += (u64)sh_total[i];
+      else c.hdr->p2p_taken[o.peer][blk] += (u64)sh_total[i];
+    }
   }
 }

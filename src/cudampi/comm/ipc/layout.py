@@ -22,11 +22,22 @@ PACK = 16
 """Bytes of the unit a thread owns in the data buffers."""
 
 SLOT_BYTES = 64
+POST_BYTES = 32
+P2P_SLOTS = 4
+"""Chunks a sender may post before its receiver takes them (per pair, direction and block)."""
+P2P_MAX_OPS = 128
+"""Sends and receives one point-to-point launch runs together (a larger group runs in parts)."""
 HEADER_PEERS = 0
 """The peers table opens the header (kernels.cu ``struct Header``)."""
 HEADER_REGS = 8 * MAX_RANKS + 64 + 2 * 8 * MAX_BLOCKS
 """Where the registration table starts (``u64 regs[MAX_RANKS][MAX_REGS]``)."""
-HEADER_BYTES = HEADER_REGS + 8 * MAX_RANKS * MAX_REGS + 2 * MAX_BLOCKS * MAX_RANKS * SLOT_BYTES
+HEADER_BYTES = (
+    HEADER_REGS
+    + 8 * MAX_RANKS * MAX_REGS
+    + 2 * MAX_BLOCKS * MAX_RANKS * SLOT_BYTES
+    + 3 * 8 * MAX_RANKS * MAX_BLOCKS
+    + MAX_RANKS * MAX_BLOCKS * P2P_SLOTS * POST_BYTES
+)
 DATA_OFFSET = -(-HEADER_BYTES // 4096) * 4096
 """Where data buffer 0 starts in a workspace; buffer 1 follows at DATA_OFFSET + capacity."""
 ERROR_HOST_ABORT = 0
@@ -41,6 +52,11 @@ P_A, P_B, P_C, P_D, P_E = 16, 32, 48, 64, 80
 P_STAGEOFF = 96
 P_REGIN, P_INOFF, P_REGOUT, P_OUTOFF = 97, 98, 99, 100
 NPARAM = 102
+# p2p_kernel's own parameter block (kernels.cu: struct P2PParams): P_WS, P_ERR, P_RANK and
+# P_TIMEOUT as above, then its number of ops, the chunk size, the inboxes' offset, and the ops
+# (3 words each); under the 4 KiB every CUDA driver takes.
+P2P_NOPS_AT, P2P_CHUNK_AT, P2P_INBOX_AT, P2P_OPS_AT = 3, 4, 5, 8
+P2P_NPARAM = P2P_OPS_AT + 3 * P2P_MAX_OPS
 
 # reduce_kernel modes
 MODE_ONESHOT, MODE_TWOSHOT, MODE_SCATTER, MODE_ROOT = 0, 1, 2, 3
@@ -48,7 +64,11 @@ MODE_ONESHOT, MODE_TWOSHOT, MODE_SCATTER, MODE_ROOT = 0, 1, 2, 3
 XMODE_SHARED, XMODE_EACH = 0, 1
 
 # ErrorRecord.code
-ERR_OK, ERR_MISMATCH, ERR_TIMEOUT, ERR_ABORTED, ERR_HOST, ERR_RECV, ERR_SEND = range(7)
+ERR_OK, ERR_MISMATCH, ERR_TIMEOUT, ERR_ABORTED, ERR_HOST, ERR_RECV, ERR_SEND, ERR_MESSAGE = range(8)
+
+# p2p ops' directions, and the signature call codes of send and receive (plan.CALL_IDS)
+P2P_SEND, P2P_RECV = 1, 2
+CALL_SEND, CALL_RECV = 16, 17
 
 KINDS = {
     "float16": "KF16",
@@ -84,7 +104,8 @@ def _defines() -> dict[str, int]:
         "NPARAM P_WS P_ERR P_RANK P_IN P_OUT P_TIMEOUT P_CAP P_DATA P_MODE",
         "P_ROOT P_STAGE P_SIG P_A P_B P_C P_D P_E P_STAGEOFF MODE_ONESHOT MODE_TWOSHOT",
         "MODE_SCATTER MODE_ROOT XMODE_SHARED XMODE_EACH ERR_MISMATCH ERR_TIMEOUT ERR_ABORTED",
-        "ERR_HOST ERR_RECV ERR_SEND",
+        "ERR_HOST ERR_RECV ERR_SEND ERR_MESSAGE PACK P2P_SLOTS P2P_MAX_OPS P2P_NOPS_AT",
+        "P2P_CHUNK_AT P2P_INBOX_AT P2P_OPS_AT P2P_NPARAM CALL_SEND CALL_RECV P2P_SEND P2P_RECV",
     ]
     g = globals()
     return {n: int(g[n]) for line in names for n in line.split()}
@@ -107,6 +128,20 @@ def reduce_name(dtype: str, op: str, nranks: int) -> str:
 
 def exchange_name(nranks: int) -> str:
     return f"exchange_kernel<{nranks}>"
+
+
+P2P_NAME = "p2p_kernel"
+
+
+def p2p_chunk(capacity: int) -> int:
+    """Bytes of one point-to-point chunk for data buffers of ``capacity`` bytes: 1/32 of one, in
+    whole pages (1 MiB by default, so up to 4 MiB go before the receiver arrives)."""
+    return max(4096, capacity // 32 // 4096 * 4096)
+
+
+def p2p_bytes(capacity: int, nranks: int) -> int:
+    """Bytes of a workspace's inboxes (one per sender, itself included)."""
+    return nranks * P2P_SLOTS * p2p_chunk(capacity)
 
 
 COMPILE_OPTIONS = ("-std=c++17",)

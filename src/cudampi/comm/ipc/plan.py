@@ -38,6 +38,8 @@ CALL_IDS = {
     "reduce_scatterv": 12,
     "alltoallv": 13,
     "rejected": 15,
+    "send": L.CALL_SEND,
+    "recv": L.CALL_RECV,
 }
 """Signature call codes; ``rejected``: the rank refused its own arguments (see reject())."""
 CALL_NAMES = {v: k for k, v in CALL_IDS.items()}
@@ -118,6 +120,10 @@ def describe(words: list[int]) -> str:
     w0, w1, w2, w3 = (int(w) for w in words)
     call = CALL_NAMES.get(w0 >> 56, f"call#{w0 >> 56}")
     op, dt, root = (w0 >> 48) & 0xFF, (w0 >> 40) & 0xFF, (w0 & 0xFFFF) - 1
+    if call in ("send", "recv"):
+        tag = w2 - (1 << 64) if w2 >= 1 << 63 else w2
+        peer = f"{'to' if call == 'send' else 'from'} rank {root}"
+        return f"{call} {peer}, {w1} bytes, tag {tag if tag >= 0 else 'any'}"
     parts = [call]
     if 0 < dt <= len(DTYPES):
         parts.append(DTYPES[dt - 1])
@@ -344,4 +350,45 @@ def all_to_all(
         count = send_counts[0] * n if fixed else -1
         _set_sig(p, signature(call, dtype_code, 0, root, count, (), j, rounds))
         launches.append(Launch("exchange", p))
+    return launches
+
+
+# ------------------------------------------------------------------------------ point-to-point
+
+
+@dataclass(frozen=True)
+class Message:
+    """One send or receive of a point-to-point group."""
+
+    send: bool
+    peer: int
+    ptr: int
+    nbytes: int
+    tag: int
+    """A receive's tag < 0 takes any tag."""
+
+
+def p2p(geo: Geometry, group: list[Message]) -> list[Launch]:
+    """The launches of a group of sends and receives (``p2p_kernel``), at most
+    :data:`~cudampi.comm.ipc.layout.P2P_MAX_OPS` messages each, in the order given: the kernel
+    keeps the order of one peer and direction and moves the others as their peers allow."""
+    launches = []
+    for at in range(0, len(group), L.P2P_MAX_OPS):
+        part = group[at : at + L.P2P_MAX_OPS]
+        p = numpy.zeros(L.P2P_NPARAM, numpy.int64)
+        p[L.P_WS], p[L.P_ERR], p[L.P_RANK] = geo.workspace, geo.error, geo.rank
+        p[L.P_TIMEOUT] = geo.timeout_ns
+        p[L.P2P_NOPS_AT], p[L.P2P_CHUNK_AT] = len(part), L.p2p_chunk(geo.capacity)
+        p[L.P2P_INBOX_AT] = L.DATA_OFFSET + 2 * geo.capacity
+        words = p[L.P2P_OPS_AT :].view(numpy.uint64)
+        for i, m in enumerate(part):
+            if not 0 <= m.peer < geo.nranks:
+                raise ValueError(f"peer {m.peer} is not a rank of {geo.nranks}")
+            if not -(1 << 31) <= m.tag < 1 << 31:
+                raise ValueError(f"tag {m.tag} does not fit in 32 bits")
+            way = L.P2P_SEND if m.send else L.P2P_RECV
+            words[3 * i] = m.peer | way << 16 | (m.tag & 0xFFFFFFFF) << 32
+            p[L.P2P_OPS_AT + 3 * i + 1] = m.ptr
+            p[L.P2P_OPS_AT + 3 * i + 2] = m.nbytes
+        launches.append(Launch("p2p", p))
     return launches

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy
@@ -154,6 +155,16 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+@dataclass
+class _Group:
+    """The sends and receives posted and not launched yet, and the stream they were posted on
+    (:meth:`Workspace.post`); the launches of the groups seen so far."""
+
+    messages: list[plan.Message] = field(default_factory=list)
+    stream: int = 0
+    plans: dict[tuple[plan.Message, ...], list[plan.Launch]] = field(default_factory=dict)
+
+
 class Workspace:
     """The GPU resources of one ipc communicator on ``device`` (see the module doc).
 
@@ -178,8 +189,7 @@ class Workspace:
                 f"the ipc engine joins at most {L.MAX_RANKS} ranks of one node; this node has "
                 f"{self.size} in the communicator"
             )
-        self.ptr = 0
-        self.err_ptr = 0
+        self.ptr = self.err_ptr = 0
         self._peers: list[int] = []
         self._closed = False
         self._error: BaseException | None = None
@@ -187,13 +197,14 @@ class Workspace:
         self._last_stream: int | None = None
         self.calls = 0
         self.launches = 0
-        """Kernel launches enqueued so far (every rank counts the same)."""
+        """Collective kernel launches enqueued so far (every rank counts the same)."""
+        self._group = _Group()
         self._win: Any = None
         local: str | None = None
         info: tuple[Any, ...] = ()
         with cupy.cuda.Device(device):
             try:
-                total = L.DATA_OFFSET + 2 * self.capacity
+                total = L.DATA_OFFSET + 2 * self.capacity + L.p2p_bytes(self.capacity, self.size)
                 self.ptr = rt.malloc(total)
                 rt.memset(self.ptr, 0, total)
                 handle = rt.ipcGetMemHandle(self.ptr)
@@ -320,11 +331,20 @@ class Workspace:
         return s
 
     def launch(self, launches: list[plan.Launch], kernels: dict[str, str], stream_ptr: int) -> None:
-        """Enqueue ``launches`` on the stream ``stream_ptr`` (``kernels`` maps each launch's
-        kernel to its name expression). Launches of one communicator never overlap: a launch on
-        another stream than the last one first waits for everything enqueued on that one so far
-        (outside a CUDA graph capture, where the graph orders them)."""
+        """Enqueue a collective's ``launches`` on the stream ``stream_ptr`` (``kernels`` maps
+        each launch's kernel to its name expression), after the sends and receives posted before
+        it. Launches of one communicator never overlap: a launch on another stream than the last
+        one first waits for everything enqueued on that one so far (outside a CUDA graph
+        capture, where the graph orders them)."""
         self.check()
+        self.flush()
+        self._launch(launches, kernels, stream_ptr)
+        self.calls += 1
+        self.launches += len(launches)
+
+    def _launch(
+        self, launches: list[plan.Launch], kernels: dict[str, str], stream_ptr: int
+    ) -> None:
         import cupy
 
         if cupy.cuda.driver.ctxGetCurrent() != self._context:  # another device is current
@@ -333,8 +353,38 @@ class Workspace:
         else:
             self._enqueue(launches, kernels, stream_ptr)
         self._last_stream = stream_ptr
+
+    # ------------------------------------------------------------------ point-to-point
+
+    def post(self, message: plan.Message, stream_ptr: int) -> None:
+        """Add a send or receive to the group launched at the next :meth:`flush` (a blocking
+        call, a handle's wait, a collective, ``synchronize()``): the group runs as one kernel,
+        so sends and receives that wait on each other's peers move together. A message on
+        another stream than the group's launches the group first."""
+        self.check()
+        if not 0 <= message.peer < self.size:
+            raise CommError(
+                f"rank {message.peer} is not a rank of this communicator ({self.size} ranks)"
+            )
+        g = self._group
+        if g.messages and g.stream != stream_ptr:
+            self.flush()
+        g.messages.append(message)
+        g.stream = stream_ptr
+
+    def flush(self) -> None:
+        """Launch the posted sends and receives, on the stream they were posted on."""
+        g = self._group
+        if not g.messages:
+            return
+        key, g.messages = tuple(g.messages), []
+        launches = g.plans.get(key)
+        if launches is None:  # a training loop repeats its messages: each group planned once
+            if len(g.plans) >= 1024:
+                g.plans.clear()
+            launches = g.plans[key] = plan.p2p(self.geometry(0), list(key))
+        self._launch(launches, {"p2p": L.P2P_NAME}, g.stream)
         self.calls += 1
-        self.launches += len(launches)
 
     def _enqueue(
         self, launches: list[plan.Launch], kernels: dict[str, str], stream_ptr: int
@@ -395,6 +445,24 @@ class Workspace:
                 f"[{mine}]: {what}. recv_counts[j] must equal rank j's send_counts[i] (and every "
                 "rank must pass the same counts to v-collectives)."
             )
+        if code == L.ERR_MESSAGE:
+            theirs = plan.describe([int(w) for w in e["theirs"]])
+            return MismatchError(
+                f"rank {peer} sent [{theirs}] where {where} receives [{mine}]: on the ipc path "
+                "the messages between two ranks match in the order they are sent, each with the "
+                "receive's size and tag (as NCCL's send/recv, which have no tags)."
+            )
+        if code == L.ERR_TIMEOUT and int(e["mine"][0]) >> 56 in (L.CALL_SEND, L.CALL_RECV):
+            other = "receive" if int(e["mine"][0]) >> 56 == L.CALL_SEND else "send"
+            eager = L.P2P_SLOTS * L.p2p_chunk(self.capacity)
+            return CommError(
+                f"[{mine}]: rank {peer} did not make the matching {other} within "
+                f"{self.timeout:g} s (CUDAMPI_TIMEOUT) at {where}. On the ipc path a send of "
+                f"more than {eager} bytes waits for its receive, so two ranks that both send "
+                "first wait for ever: use sendrecv, or isend/irecv and then wait; both ranks "
+                "must use the ipc path (device arrays, path='ipc'); this communicator is "
+                "unusable now."
+            )
         if code == L.ERR_TIMEOUT:
             return CommError(
                 f"[{mine}]: rank {peer} did not arrive within {self.timeout:g} s "
@@ -442,6 +510,8 @@ class Workspace:
         import cupy
 
         with cupy.cuda.Device(self.device):
+            if self._error is None and int(self.err["code"]) == 0:
+                self.flush()
             if self._last_stream is not None:
                 self.stream(self._last_stream).synchronize()
         self._closed = True
