@@ -31,7 +31,13 @@ import torch
 import torch.distributed as dist
 
 from cudampi.config import Config
-from cudampi.errors import CommError, CommTimeoutError, ConfigError, MismatchError
+from cudampi.errors import (
+    CommError,
+    CommTimeoutError,
+    ConfigError,
+    CudampiError,
+    MismatchError,
+)
 from cudampi.torch.convert import check_dtype, element_counts, reduce_spec
 from cudampi.torch.debug import DetailChecker, detail_enabled
 from cudampi.torch.options import BACKEND_NAME, Options
@@ -753,7 +759,7 @@ class CudampiProcessGroup(_ProcessGroup):
         from mpi4py import MPI
 
         from cudampi.comm.deadline import spin
-        from cudampi.errors import CudampiError
+        from cudampi.comm.engines.ipc import ANY_SOURCE_REFUSED
 
         self._check_open()
         try:
@@ -762,10 +768,7 @@ class CudampiProcessGroup(_ProcessGroup):
             on_ipc = False  # the receive itself says why
         if on_ipc:  # its sends are kernels no MPI probe sees: say so now, not at the deadline
             raise as_dist_error(
-                CommError(
-                    f"recv from any rank (tag {tag}) on the ipc path (CUDAMPI_PATH=ipc, CUDA "
-                    "tensors): ipc messages match per pair of ranks, so name the source (src=)"
-                )
+                CommError(f"recv (tag {tag}, CUDAMPI_PATH=ipc): {ANY_SOURCE_REFUSED} (src=)")
             )
         status = MPI.Status()
         limit = self._comm.config.timeout

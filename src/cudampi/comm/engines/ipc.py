@@ -44,6 +44,12 @@ def _workspace(comm: Any, s: Setting, device: int) -> Workspace:
     return Workspace(comm, device, capacity=c.ipc_bytes, timeout=c.timeout, blocks=c.ipc_blocks)
 
 
+ANY_SOURCE_REFUSED = (
+    "a receive from any rank needs MPI's matching: ipc messages match per pair of ranks, so "
+    "name the source rank (or use path='gpu-ring' or 'staged' for this message on both ranks)"
+)
+
+
 def available() -> str | None:
     """None where the engine can run here, else why not (for path choice and the doctor)."""
     try:
@@ -256,10 +262,7 @@ class IpcEngine(Engine):
 
     def _post(self, f: Any, send: bool, peer: int, tag: int) -> None:
         if peer < 0:
-            raise CommError(
-                "a receive from any rank needs MPI's matching; on the ipc path name the source "
-                "rank (or use path='gpu-ring' or 'staged' for this message on both ranks)"
-            )
+            raise CommError(ANY_SOURCE_REFUSED)
         if send and tag < 0:
             raise CommError(f"a send's tag must be >= 0, got {tag}")
         nbytes = f.shape[0] * self.ops.itemsize(f)

@@ -367,6 +367,11 @@ class Message:
     tag: int
     """A receive's tag < 0 takes any tag."""
 
+    def __post_init__(self) -> None:
+        # checked where the message is posted, not at the later launch of its group
+        if not -(1 << 31) <= self.tag < 1 << 31:
+            raise ValueError(f"tag {self.tag} does not fit in 32 bits")
+
 
 def p2p(geo: Geometry, group: list[Message]) -> list[Launch]:
     """The launches of a group of sends and receives (``p2p_kernel``), at most
@@ -384,8 +389,6 @@ def p2p(geo: Geometry, group: list[Message]) -> list[Launch]:
         for i, m in enumerate(part):
             if not 0 <= m.peer < geo.nranks:
                 raise ValueError(f"peer {m.peer} is not a rank of {geo.nranks}")
-            if not -(1 << 31) <= m.tag < 1 << 31:
-                raise ValueError(f"tag {m.tag} does not fit in 32 bits")
             way = L.P2P_SEND if m.send else L.P2P_RECV
             words[3 * i] = m.peer | way << 16 | (m.tag & 0xFFFFFFFF) << 32
             p[L.P2P_OPS_AT + 3 * i + 1] = m.ptr
