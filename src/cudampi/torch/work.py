@@ -243,7 +243,8 @@ def _handle_work_class() -> type:
     work_base: Any = _work_base()
 
     class HandleWork(work_base):
-        """Waits on a :class:`cudampi.comm.Handle`; the future is made when first asked for."""
+        """Waits on a :class:`cudampi.comm.Handle`; the future is made when first asked for
+        (a typed future costs more than a small message: ``dist.send``/``recv`` never ask)."""
 
         def __init__(
             self, handle: Any, result: Any, source: int, after: Callable[[], None] | None
@@ -253,13 +254,14 @@ def _handle_work_class() -> type:
             self._handle = handle
             self._result = result
             self._source = source
+            self._done = False
             self._future: Any = None
             self._error: BaseException | None = None
 
         def _finish(self, timeout: float | None = None) -> None:
             from cudampi.errors import CommTimeoutError
 
-            if self._future is not None:
+            if self._done:
                 return
             try:
                 self._handle.wait(timeout)
@@ -271,7 +273,7 @@ def _handle_work_class() -> type:
                 raise
             if self._after is not None:
                 self._after()
-            self._future = completed_future(self._result)
+            self._done = True
 
         def wait(self, timeout: Any = None) -> bool:
             """Complete the transfer; ``timeout`` (a timedelta) caps the wait, else the group's
@@ -282,7 +284,14 @@ def _handle_work_class() -> type:
             return True
 
         def is_completed(self) -> bool:
-            return self._future is not None or bool(self._handle.test())
+            """Done, the received bytes where the caller reads them (``after`` ran): a caller
+            that polls this and never waits reads a complete result, as with gloo."""
+            if not self._done and self._error is None and self._handle.test():
+                try:
+                    self._finish()
+                except BaseException:
+                    pass  # kept: wait() raises it, exception() returns it
+            return self._done or self._error is not None
 
         def source_rank(self) -> int:
             return self._source
@@ -292,6 +301,8 @@ def _handle_work_class() -> type:
 
         def get_future(self) -> Any:
             self._finish()
+            if self._future is None:
+                self._future = completed_future(self._result)
             return self._future
 
     return HandleWork
