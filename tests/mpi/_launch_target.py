@@ -67,6 +67,18 @@ def main() -> int:
         print(line, file=sys.stderr, flush=True)
         print(f"[cudampi-fault 0123456789abcdef host=x rank={rank} code=1] E", file=sys.stderr)
         return 0
+    if mode == "stuck-exit":  # args: rank, how: that rank's exit blocks after its script ends
+        from mpi4py import MPI
+
+        if rank == int(args[0]):
+            import atexit
+
+            if args[1] == "sleep":
+                atexit.register(time.sleep, 300)
+            else:  # a collective at exit that the other ranks, in MPI_Finalize, never join
+                atexit.register(MPI.COMM_WORLD.Barrier)
+        MPI.COMM_WORLD.Barrier()
+        return 0
     if mode == "sleep":  # args: pid folder
         with open(os.path.join(args[0], f"{rank}.pid"), "w") as f:
             f.write(str(os.getpid()))
