@@ -8,7 +8,15 @@ import subprocess
 import sys
 import time
 
-from cudampi.launch.exits import RankExit, describe, process_state, stage_of, stuck
+from cudampi.launch.exits import (
+    RankExit,
+    describe,
+    in_own_exit,
+    process_state,
+    stage_of,
+    stuck,
+    waiting_note,
+)
 
 
 def test_stages_from_process_state_and_the_exiting_mark():
@@ -70,3 +78,18 @@ def test_the_note_says_the_launcher_itself_lingered_when_every_rank_exited():
     assert "the launcher itself lingered" in note
     gone = describe([RankExit(0, "gone", 12), RankExit(1, "gone", 12)], "mpiexec", 2)
     assert "collected" not in gone and gone.startswith("mpiexec had not exited 2 s")
+
+
+def test_ranks_in_their_own_exit_are_waited_for_and_the_note_says_so():
+    exits = [
+        RankExit(0, "teardown", 10.2, 11, "n1"),
+        RankExit(1, "python", 10.4, 12, "n1"),
+        RankExit(2, "remote-python", 10.1, None, "n2"),
+    ]
+    assert [e.rank for e in in_own_exit(exits)] == [1, 2]
+    assert in_own_exit([RankExit(0, "teardown", 10.2), RankExit(1, "kernel", 10.0)]) == []
+    note = waiting_note(exits, 10)
+    assert note.startswith("every rank finished its script 10 s ago and the job waits for: ")
+    assert "rank 1 (pid 12 on host n1) in Python's exit" in note
+    assert "rank 2 (on host n2) in Python's exit or before it" in note
+    assert "rank 0" not in note and "never ends" in note

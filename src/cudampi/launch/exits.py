@@ -38,6 +38,8 @@ STAGES = {
 
 ENDED = ("zombie", "gone")
 """Stages of a rank whose process has exited."""
+IN_PYTHON = ("python", "remote-python")
+"""Stages in which the script's own exit handlers run (real work, an upload, or a wait)."""
 
 
 def process_state(pid: int) -> str:
@@ -92,6 +94,25 @@ def stage_of(state: str | None, said_exiting: bool) -> str:
 def stuck(exits: Iterable[RankExit]) -> list[RankExit]:
     """The ranks whose processes had not exited (or cannot be seen from here)."""
     return [e for e in exits if e.stage not in ENDED]
+
+
+def in_own_exit(exits: Iterable[RankExit]) -> list[RankExit]:
+    """The ranks still running their script's exit handlers or threads: the job waits for
+    them (they may be doing real work), where a rank stuck past them is stopped."""
+    return [e for e in exits if e.stage in IN_PYTHON]
+
+
+def waiting_note(exits: Iterable[RankExit], grace: float) -> str:
+    """What the job waits for when ranks are still in their own exit ``grace`` s after every
+    rank's script finished (said once, while it waits)."""
+    ranks = in_own_exit(sorted(exits, key=lambda e: e.rank))
+    shown = "; ".join(e.describe() for e in ranks[:8]) + ("; ..." if len(ranks) > 8 else "")
+    return (
+        f"every rank finished its script {grace:g} s ago and the job waits for: {shown}. An "
+        "exit handler may be doing real work (an upload, a final log): cudampi launch waits "
+        "for it (--timeout ends the job, Ctrl-C stops it). One that waits for other ranks (a "
+        "collective or a barrier at exit, a process group left open) never ends"
+    )
 
 
 def describe(exits: Iterable[RankExit], launcher: str, grace: float) -> str:

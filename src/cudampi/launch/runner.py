@@ -38,7 +38,16 @@ from typing import IO
 
 from cudampi.errors import LaunchError
 from cudampi.launch.argv import Command, build_command, merge_env
-from cudampi.launch.exits import ENDED, RankExit, describe, process_state, stage_of, stuck
+from cudampi.launch.exits import (
+    ENDED,
+    RankExit,
+    describe,
+    in_own_exit,
+    process_state,
+    stage_of,
+    stuck,
+    waiting_note,
+)
 from cudampi.launch.faults import (
     JobResult,
     LauncherEvents,
@@ -365,7 +374,7 @@ def _run_once(
     ]
     for reader in readers:
         reader.start()
-    watch = _Watch(plan.nprocs, report_dir, grace, timeout, start)
+    watch = _Watch(plan.nprocs, report_dir, grace, timeout, start, err=err)
     _supervise(proc, sup, watch)
     proc.wait()
     # Whatever the launcher left in its process group (a wrapper's children, a rank it lost
@@ -426,6 +435,9 @@ class _Watch:
     process had exited, the launcher had not) or "teardown" (a rank's process had not)."""
     exits: tuple[RankExit, ...] = ()
     """Where each finished rank was when the supervisor stopped the job."""
+    err: IO[str] | None = None
+    """Where the supervisor says, once, that the job waits for ranks in their own exit."""
+    told: bool = False
 
 
 def _supervise(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch) -> None:
@@ -498,7 +510,8 @@ def _rank_exits(sup: _Supervisor, w: _Watch, now: float) -> tuple[RankExit, ...]
 def _stuck_in_teardown(sup: _Supervisor, w: _Watch, now: float) -> bool:
     """Every rank said its script finished ``grace`` s ago, nothing failed, and some rank's
     process has still not exited (the launcher rightly waits for it: the rank is stuck in its
-    exit). Records where each rank is."""
+    exit). Records where each rank is. A rank still in its script's own exit handlers or
+    threads is waited for (said once): they may be doing real work that stopping would lose."""
     if w.finished is None or w.lingered is not None or sup.first_fault is not None:
         return False
     if now - w.finished <= w.grace:
@@ -506,6 +519,12 @@ def _stuck_in_teardown(sup: _Supervisor, w: _Watch, now: float) -> bool:
     exits = _rank_exits(sup, w, now)
     if not stuck(exits):
         return False  # they all exited just now: the launcher gets its own grace (lingered)
+    if in_own_exit(exits):
+        if not w.told and w.err is not None:
+            w.told = True
+            w.err.write(f"cudampi launch: note: {waiting_note(exits, w.grace)}\n")
+            w.err.flush()
+        return False
     w.exits = exits
     return True
 
