@@ -67,6 +67,30 @@ def main() -> int:
         print(line, file=sys.stderr, flush=True)
         print(f"[cudampi-fault 0123456789abcdef host=x rank={rank} code=1] E", file=sys.stderr)
         return 0
+    if mode == "stuck-exit":  # args: rank, how[, file]: that rank's exit goes on after its script
+        from mpi4py import MPI
+
+        if rank == int(args[0]):
+            import atexit
+
+            if args[1] == "work":  # real work at exit (an upload): 6 s, then a file says done
+
+                def work(path: str = args[2]) -> None:
+                    time.sleep(6)
+                    with open(path, "w") as f:
+                        f.write("done")
+
+                atexit.register(work)
+            elif args[1] == "barrier":  # a collective at exit the others, in MPI_Finalize, skip
+                atexit.register(MPI.COMM_WORLD.Barrier)
+            else:  # stuck past Python's exit: in the C library's exit, after MPI_Finalize
+                import ctypes
+                import ctypes.util
+
+                libc = ctypes.CDLL(ctypes.util.find_library("c"))
+                libc.on_exit(libc.pause, None)
+        MPI.COMM_WORLD.Barrier()
+        return 0
     if mode == "sleep":  # args: pid folder
         with open(os.path.join(args[0], f"{rank}.pid"), "w") as f:
             f.write(str(os.getpid()))

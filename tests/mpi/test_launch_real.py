@@ -47,6 +47,7 @@ def launch(
 def test_launch_runs_n_ranks_with_the_torch_env(n):
     p = launch("-n", str(n), TARGET, "check", str(n), "--flag", "a b")
     assert p.returncode == 0, p.stdout + p.stderr
+    assert "cudampi launch:" not in p.stderr  # no note: the job ended by itself
     assert f"OK {n}" in p.stdout
     for r in range(n):
         assert f"rank {r} ok on {HOST} ifname=lo" in p.stdout
@@ -269,14 +270,15 @@ def test_a_launcher_that_starts_no_rank_is_a_failure():
     assert "started none of the 2 ranks" in p.stderr
 
 
-def _fake_launcher(tmp_path: Path) -> str:
-    """The real mpiexec, then a launcher that never exits (prterun hanging after its ranks)."""
+def _fake_launcher(tmp_path: Path, after: str = "exec sleep 300") -> str:
+    """The real mpiexec, then a launcher that never exits (prterun hanging after its ranks), or
+    that runs ``after`` and exits with mpiexec's status."""
     real = Path(sys.executable).parent / "mpiexec"
     fake = tmp_path / "bin" / "mpiexec"
     fake.parent.mkdir()
     fake.write_text(
         f'#!/bin/sh\n"{real}" "$@"\nrc=$?\ncase "$1" in --version|-V) exit $rc;; esac\n'
-        "exec sleep 300\n"
+        f"{after}\nexit $rc\n"
     )
     fake.chmod(0o755)
     return str(fake)
@@ -335,6 +337,66 @@ def test_a_launcher_that_hangs_after_its_ranks_ended_is_stopped(tmp_path, mode, 
     p = launch("-n", "2", "--grace", "2", "--launcher", _fake_launcher(tmp_path), TARGET, *mode)
     assert p.returncode == code, p.stdout + p.stderr
     assert words.format(h=HOST) in p.stderr
+    assert time.monotonic() - start < 40
+
+
+def test_a_launcher_that_exits_soon_after_its_ranks_gets_no_note(tmp_path):
+    """A launcher seen alive after every rank had ended, that then exits on its own well
+    within the grace, did not linger: no "had not exited" note (it came whenever the
+    supervisor's poll landed between the ranks' end and the launcher's, about 2 runs in 8 of a
+    GPU bench; here the launcher takes 1.5 s, so every poll lands there)."""
+    start = time.monotonic()
+    p = launch("-n", "2", "--launcher", _fake_launcher(tmp_path, "sleep 1.5"), TARGET, "env")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "cudampi launch:" not in p.stderr, p.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_a_rank_in_its_exit_handlers_is_waited_for_and_named(tmp_path):
+    """Every rank's script finished, then rank 1's atexit handler works for 6 s (an upload):
+    after --grace the job says it waits for rank 1, in Python's exit, and lets the handler end
+    (its file is written: nothing cut off); the job then ends by itself, status 0."""
+    done = tmp_path / "done"
+    start = time.monotonic()
+    p = launch("-n", "2", "--grace", "2", TARGET, "stuck-exit", "1", "work", str(done), timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert done.read_text() == "done"
+    note = p.stderr.split("cudampi launch: note: ", 1)[1]
+    assert note.startswith("every rank finished its script 2 s ago and the job waits for: "), note
+    assert "rank 1 (pid " in note and f" on host {HOST}) in Python's exit (a non-daemon" in note
+    assert "cudampi launch waits for it (--timeout ends the job" in note
+    assert "stopped the job" not in p.stderr and "rank 0 (pid" not in note, p.stderr
+    assert 6 < time.monotonic() - start < 40
+
+
+def test_a_collective_at_exit_is_named_while_the_job_waits_for_the_timeout():
+    """Rank 0's atexit handler calls a Barrier that rank 1, in MPI_Finalize, never joins: the
+    job used to hang until --timeout, saying nothing of it. Now it says, after --grace, that
+    it waits for rank 0 in Python's exit and that such a handler never ends; --timeout ends
+    it."""
+    start = time.monotonic()
+    p = launch(
+        "-n", "2", "--grace", "2", "--timeout", "12", TARGET, "stuck-exit", "0", "barrier",
+        timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 124, p.stdout + p.stderr
+    note = p.stderr.split("cudampi launch: note: ", 1)[1]
+    assert "rank 0 (pid " in note and ") in Python's exit (a non-daemon" in note, note
+    assert "a collective or a barrier at exit" in note, note
+    assert time.monotonic() - start < 40
+
+
+def test_a_rank_stuck_past_its_exit_handlers_is_named_and_the_job_ends():
+    """Rank 1 hangs in the C library's exit, after Python's exit handlers and MPI_Finalize
+    (what a stuck MPI_Finalize or CUDA teardown looks like from here): nothing of the script
+    can be lost there, so the job is stopped after --grace, status 0, and the note names it."""
+    start = time.monotonic()
+    p = launch("-n", "2", "--grace", "2", TARGET, "stuck-exit", "1", "pause", timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    note = p.stderr.split("cudampi launch: note: ", 1)[1]
+    assert "every rank finished its script, but 2 s later the job had not ended" in note
+    assert "rank 1 (pid " in note and f" on host {HOST}) past Python's exit handlers" in note
+    assert "cudampi launch stopped the job (the scripts' results stand)" in note
     assert time.monotonic() - start < 40
 
 

@@ -80,3 +80,27 @@ def test_the_rank_says_it_started_and_hides_the_token(tmp_path: Path):
     # run by hand (no token): no started line, and its report is for a person, not a supervisor
     p = boot(str(s), token="")
     assert p.stderr == "" and "token seen: None" in p.stdout
+
+
+def test_the_rank_says_exiting_after_every_other_atexit_handler(tmp_path: Path):
+    """ "finished" when the script ends, "exiting" once Python's exit handlers (the script's
+    own, registered after the bootstrap's) have run: a rank that then does not end is past
+    them (MPI_Finalize, teardown), not in them."""
+    s = tmp_path / "s.py"
+    s.write_text(
+        "import atexit, sys, threading, time\n"
+        "atexit.register(lambda: print('handler ran', file=sys.stderr, flush=True))\n"
+        "threading.Thread(target=time.sleep, args=(0.3,)).start()\n"
+    )
+    p = boot(str(s))
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    assert parse_started(lines, TOKEN, "finished") == {0}
+    assert parse_started(lines, TOKEN, "exiting") == {0}
+    order = [ln for ln in lines if ln == "handler ran" or ln.endswith(("finished]", "exiting]"))]
+    assert [o.split()[-1] for o in order] == ["finished]", "ran", "exiting]"]
+    # a failed script says neither
+    s.write_text("raise SystemExit(3)\n")
+    p = boot(str(s))
+    assert p.returncode == 3
+    assert not parse_started(p.stderr.splitlines(), TOKEN, "exiting")

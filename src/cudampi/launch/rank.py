@@ -11,7 +11,11 @@ What every rank of ``cudampi launch`` runs first, before the user's code and bef
    environment, the CPU binding and the death signal; the launcher reports how it ended).
 
 Under ``cudampi launch`` every rank first says it started, as a tagged stderr line carrying the
-job's token (``CUDAMPI_REPORT_TOKEN``, taken out of the environment before the user's code runs).
+job's token (``CUDAMPI_REPORT_TOKEN``, taken out of the environment before the user's code runs);
+when its script has run to the end it says "finished", and once Python's exit handlers have run
+after that (non-daemon threads joined, every ``atexit`` handler done) it says "exiting": what
+is left is the interpreter's teardown, MPI_Finalize (mpi4py's, after Python's handlers) and C++
+and CUDA teardown. The supervisor tells from these lines where a rank that does not end is.
 A failure (an exception, a non-zero ``sys.exit``) is reported as tagged stderr lines naming host
 and rank (see :mod:`cudampi.launch.rankreport`); if MPI was initialized the job is aborted so the
 other ranks do not hang in a collective. A fatal signal's Python traceback goes to
@@ -20,6 +24,7 @@ other ranks do not hang in a collective. A fatal signal's Python traceback goes 
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import socket
@@ -141,6 +146,9 @@ def run(argv: Sequence[str]) -> int:
         if token != NO_TOKEN:
             sys.stderr.write(format_started(host, rank, token))
             sys.stderr.flush()
+            # Registered before the script's own handlers (and torch's, cudampi's, weakref's),
+            # so it runs after them: atexit calls its handlers last registered first.
+            atexit.register(_exiting, host, rank, token)
         if info.launcher in ("openmpi", "mpich"):
             # (Not under srun: slurmstepd forks tasks from threads that may end before them.)
             _die_with_parent()
@@ -187,14 +195,31 @@ def run(argv: Sequence[str]) -> int:
     return 0
 
 
+_FINISHED: list[bool] = []
+"""[True] once this rank said its script finished (then its exit is reported too)."""
+
+
 def _finished(host: str, rank: int, token: str) -> None:
     """Tell the supervisor this rank's script ran to the end with status 0 (so a launcher that
     then fails to exit is not taken for a failed job)."""
     if token == NO_TOKEN:
         return
+    _FINISHED.append(True)
+    _say(format_started(host, rank, token, "finished"))
+
+
+def _exiting(host: str, rank: int, token: str) -> None:
+    """At exit, after every other Python exit handler: tell the supervisor that this rank,
+    whose script finished, is past Python's own exit (a rank that then does not end is in the
+    interpreter's teardown, MPI_Finalize or C++/CUDA teardown, not in an atexit handler)."""
+    if _FINISHED:
+        _say(format_started(host, rank, token, "exiting"))
+
+
+def _say(line: str) -> None:
     try:
         sys.stdout.flush()
-        sys.stderr.write(format_started(host, rank, token, "finished"))
+        sys.stderr.write(line)
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # the script closed its streams

@@ -5,11 +5,12 @@ failing rank writes a few lines like::
 
     [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 code=1] ValueError: loss is nan
 
-(one per line of the report; the first names the failure), and every rank says when it started
-and when its script finished well::
+(one per line of the report; the first names the failure), and every rank says when it started,
+when its script finished well, and when Python's exit handlers have run after that::
 
     [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 started]
     [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 finished]
+    [cudampi-fault 3f9a0c2e7b1d4e65 host=node2 rank=3 exiting]
 
 The second word is the job's token: a random secret the supervisor makes for each job and hands
 the ranks in ``CUDAMPI_REPORT_TOKEN`` (the bootstrap removes it from the environment before the
@@ -34,7 +35,7 @@ TOKEN_ENV = REPORT_TOKEN
 NO_TOKEN = "-"
 """The token of a rank started without one (the bootstrap run by hand): no supervisor reads it."""
 _LINE = re.compile(
-    rf"\[{TAG} (\S+) host=(\S+) rank=(-?\d+) (?:code=(-?\d+)\] ?(.*)|(started|finished)\])$"
+    rf"\[{TAG} (\S+) host=(\S+) rank=(-?\d+) (?:code=(-?\d+)\] ?(.*)|(started|finished|exiting)\])$"
 )
 MAX_LINES = 12
 
@@ -62,7 +63,8 @@ def format_report(host: str, rank: int, code: int, lines: Iterable[str], token: 
 
 def format_started(host: str, rank: int, token: str, what: str = "started") -> str:
     """The line a rank writes when it starts (``what="finished"``: when its script has run to
-    the end with exit status 0); ends with a newline."""
+    the end with exit status 0; ``"exiting"``: when Python's exit handlers have run after
+    that); ends with a newline."""
     return f"[{TAG} {token} host={host} rank={rank} {what}]\n"
 
 
@@ -88,7 +90,7 @@ def parse_reports(lines: Iterable[str], token: str) -> list[RankReport]:
     found: dict[tuple[str, int], tuple[int, list[str]]] = {}
     for m in _matches(lines, token):
         if m.group(4) is None:
-            continue  # a "started" or "finished" line
+            continue  # a "started", "finished" or "exiting" line
         host, rank, code, text = m.group(2), int(m.group(3)), int(m.group(4)), m.group(5)
         entry = found.setdefault((host, rank), (code, []))
         entry[1].append(text)
@@ -96,8 +98,14 @@ def parse_reports(lines: Iterable[str], token: str) -> list[RankReport]:
 
 
 def parse_started(lines: Iterable[str], token: str, what: str = "started") -> set[int]:
-    """The ranks of the job with ``token`` that said they started (or ``what="finished"``)."""
-    return {int(m.group(3)) for m in _matches(lines, token) if m.group(6) == what}
+    """The ranks of the job with ``token`` that said they started (or ``what="finished"``,
+    ``"exiting"``)."""
+    return set(parse_marks(lines, token, what))
+
+
+def parse_marks(lines: Iterable[str], token: str, what: str = "started") -> dict[int, str]:
+    """rank -> host, of the ranks of the job with ``token`` that said ``what``."""
+    return {int(m.group(3)): m.group(2) for m in _matches(lines, token) if m.group(6) == what}
 
 
 SUMMARY_LINES = 8

@@ -10,7 +10,10 @@ Its stderr passes through line by line while the ranks' tagged lines, carrying t
 (:mod:`cudampi.launch.rankreport`), are collected. A fault, reported by a rank or by the launcher
 itself, gives the launcher ``grace`` seconds to end the job (Open MPI does at once; Hydra waits
 for the other ranks) before the supervisor ends it; so does a launcher that lingers after every
-rank has ended (prterun sometimes hangs once its ranks have died). A launcher that exits 0
+rank has ended (prterun sometimes hangs once its ranks have died), and a job whose ranks all
+said their scripts finished but have not all exited (a rank stuck in its exit: an atexit
+handler, a thread, MPI_Finalize); the summary then says which rank is where
+(:mod:`cudampi.launch.exits`). A launcher that exits 0
 without having started every rank is a failure; one that fails with a known transient start-up
 message before any rank ran is started again (:data:`LAUNCH_RETRIES`). Rank processes left on
 this host afterwards (their launcher killed with -9) are killed from their fault-file pids.
@@ -35,6 +38,16 @@ from typing import IO
 
 from cudampi.errors import LaunchError
 from cudampi.launch.argv import Command, build_command, merge_env
+from cudampi.launch.exits import (
+    ENDED,
+    RankExit,
+    describe,
+    in_own_exit,
+    process_state,
+    stage_of,
+    stuck,
+    waiting_note,
+)
 from cudampi.launch.faults import (
     JobResult,
     LauncherEvents,
@@ -46,6 +59,7 @@ from cudampi.launch.rankreport import (
     TOKEN_ENV,
     is_report_line,
     new_token,
+    parse_marks,
     parse_reports,
     parse_started,
     report_prefix,
@@ -126,6 +140,8 @@ class _Supervisor:
         self.tail_seen = 0
         """Lines added to ``tail`` so far (the launcher's messages are parsed when it grows)."""
         self.report_lines: list[str] = []
+        self.finished_at: dict[int, float] = {}
+        """rank -> when its "finished" line came (its script ran to the end, status 0)."""
         self.first_fault: float | None = None
         self.stopped_for_fault = False
         self.interrupts = 0
@@ -136,6 +152,8 @@ class _Supervisor:
             self.report_lines.append(line)
             if self.first_fault is None and parse_reports([line], self.token):
                 self.first_fault = time.monotonic()
+            for rank in parse_started([line], self.token, "finished"):
+                self.finished_at.setdefault(rank, time.monotonic())
 
     def add_tail(self, line: str) -> None:
         with self.lock:
@@ -224,13 +242,9 @@ def _local_rank_pids(fault_files: Mapping[int, str]) -> dict[int, int]:
 
 
 def _rank_alive(pid: int) -> bool:
-    """Is ``pid`` still a running rank bootstrap (not gone, not a zombie, not reused)?"""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and b"cudampi.launch.rank" in cmdline
+    """Is ``pid`` still a rank bootstrap that has not exited: running, or still inside the
+    kernel's exit (not gone, not a zombie, not reused)?"""
+    return process_state(pid) not in ENDED
 
 
 def _kill_leftovers(fault_files: Mapping[int, str]) -> list[int]:
@@ -360,7 +374,7 @@ def _run_once(
     ]
     for reader in readers:
         reader.start()
-    watch = _Watch(plan.nprocs, report_dir, grace, timeout, start)
+    watch = _Watch(plan.nprocs, report_dir, grace, timeout, start, err=err)
     _supervise(proc, sup, watch)
     proc.wait()
     # Whatever the launcher left in its process group (a wrapper's children, a rank it lost
@@ -414,6 +428,16 @@ class _Watch:
     timed_out: bool = False
     lingered: float | None = None
     """When every rank was seen ended while the launcher still ran."""
+    finished: float | None = None
+    """When every rank had said its script finished, while the launcher still ran."""
+    stopped: str | None = None
+    """Why the supervisor stopped a job whose ranks all finished: "lingered" (every rank's
+    process had exited, the launcher had not) or "teardown" (a rank's process had not)."""
+    exits: tuple[RankExit, ...] = ()
+    """Where each finished rank was when the supervisor stopped the job."""
+    err: IO[str] | None = None
+    """Where the supervisor says, once, that the job waits for ranks in their own exit."""
+    told: bool = False
 
 
 def _supervise(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch) -> None:
@@ -440,11 +464,19 @@ def _supervise(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch) -> No
                         sup.first_fault = now
                 if w.lingered is None and _all_ranks_ended(w.report_dir, w.nprocs):
                     w.lingered = now
+                if w.finished is None and len(sup.finished_at) >= w.nprocs:
+                    w.finished = max(sup.finished_at.values())
+                if _stuck_in_teardown(sup, w, now):
+                    w.stopped = "teardown"
+                    sup.stop()
+                    break
             if sup.first_fault is not None and now - sup.first_fault > w.grace:
                 sup.stopped_for_fault = True
                 sup.stop()
                 break
             if w.lingered is not None and now - w.lingered > w.grace:
+                w.stopped = "lingered"
+                w.exits = _rank_exits(sup, w, now)
                 sup.stop()
                 break
             if w.timeout is not None and now - w.start > w.timeout:
@@ -456,6 +488,45 @@ def _supervise(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch) -> No
         if in_main:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
+
+
+def _rank_exits(sup: _Supervisor, w: _Watch, now: float) -> tuple[RankExit, ...]:
+    """Where each rank that said its script finished is now (see :mod:`cudampi.launch.exits`)."""
+    faults = _read_fault_files(w.report_dir)
+    pids = _local_rank_pids(faults)
+    with sup.lock:
+        finished = parse_marks(sup.report_lines, sup.token, "finished")
+        exiting = set(parse_marks(sup.report_lines, sup.token, "exiting"))
+        at = dict(sup.finished_at)
+    out = []
+    for rank, host in sorted(finished.items()):
+        pid = pids.get(rank)
+        state = process_state(pid) if pid is not None else None
+        since = now - at.get(rank, now)
+        out.append(RankExit(rank, stage_of(state, rank in exiting), since, pid, host))
+    return tuple(out)
+
+
+def _stuck_in_teardown(sup: _Supervisor, w: _Watch, now: float) -> bool:
+    """Every rank said its script finished ``grace`` s ago, nothing failed, and some rank's
+    process has still not exited (the launcher rightly waits for it: the rank is stuck in its
+    exit). Records where each rank is. A rank still in its script's own exit handlers or
+    threads is waited for (said once): they may be doing real work that stopping would lose."""
+    if w.finished is None or w.lingered is not None or sup.first_fault is not None:
+        return False
+    if now - w.finished <= w.grace:
+        return False
+    exits = _rank_exits(sup, w, now)
+    if not stuck(exits):
+        return False  # they all exited just now: the launcher gets its own grace (lingered)
+    if in_own_exit(exits):
+        if not w.told and w.err is not None:
+            w.told = True
+            w.err.write(f"cudampi launch: note: {waiting_note(exits, w.grace)}\n")
+            w.err.flush()
+        return False
+    w.exits = exits
+    return True
 
 
 def _outcome(
@@ -475,12 +546,17 @@ def _outcome(
         said = parse_started(sup.report_lines, token)
         finished = parse_started(sup.report_lines, token, "finished")
     events = parse_launcher_output(text, plan.launcher.flavour, plan.remote_hosts)
-    lingered_only = w.lingered is not None and not sup.stopped_for_fault and not w.timed_out
+    # Only a launcher the supervisor did stop lingered: one seen after its ranks had ended that
+    # then exited on its own within the grace did not (the poll often lands in between).
+    lingered_only = w.stopped is not None and not sup.stopped_for_fault and not w.timed_out
     # Every rank said its script finished well: the job succeeded, whatever the launcher did
-    # after (seen once: prterun alive 10 s after its two ranks had finished).
+    # after, and whatever a rank's exit did after (the summary says which it was).
     done_well = lingered_only and len(finished) >= plan.nprocs and not reports
-    hung = lingered_only and not done_well
+    hung = lingered_only and not done_well and w.stopped == "lingered"
     launcher = plan.launcher.name or os.path.basename(plan.launcher.path)
+    if done_well and w.stopped == "teardown":
+        # The launcher's words about the ranks it then stopped are not the job's faults.
+        events = dataclasses.replace(events, ranks=())
     if hung:
         events = dataclasses.replace(
             events,
@@ -503,10 +579,7 @@ def _outcome(
     if hung and not [f for f in result.failures if f.exit_code or f.signal]:
         result = dataclasses.replace(result, exit_code=1)
     if done_well and not result.failures and not result.hosts:
-        note = (
-            f"{launcher} had not exited {w.grace:g} s after every rank finished well: "
-            "cudampi launch stopped it"
-        )
+        note = describe(w.exits, launcher, w.grace)
         result = dataclasses.replace(result, exit_code=0, problems=(*result.problems, note))
     if w.timed_out:
         real = tuple(f for f in result.failures if f.exit_code != 130)
