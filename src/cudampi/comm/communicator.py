@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from cudampi.comm import args
-from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, flat_tensor, same_memory
+from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, same_memory
 from cudampi.comm.deadline import Watch
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
@@ -126,6 +126,8 @@ class Communicator:
         """The last path choice of the call being built (read by the dispatch, for logs)."""
         self._repeats = Repeats()
         """allreduce calls that may skip the front end (cudampi.comm.repeat)."""
+        self._messages = Repeats()
+        """Point-to-point messages that may skip the front end (cudampi.comm.repeat)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -146,6 +148,7 @@ class Communicator:
             return
         self._closed = True
         self._repeats.forget()
+        self._messages.forget()
         if self._worker is not None:
             self._worker.close()
             self._worker = None
@@ -405,8 +408,8 @@ class Communicator:
         ):
             return False
         self._seq += 1
-        xf = flat_tensor(x)
-        e.engine.allreduce(xf, xf if out is x else flat_tensor(out), op, e.dtype)
+        xf = e.kind.flat(x)
+        e.engine.allreduce(xf, xf if out is x else e.kind.flat(out), op, e.dtype)
         return True
 
     def reduce(
@@ -723,36 +726,46 @@ class Communicator:
 
     def _p2p_prepare(
         self, x: Any, what: str, path: str | None, *, writes: bool = False
-    ) -> tuple[Buf, Engine]:
-        b = self._buf(x, what)
-        if writes:
-            args.check_writable(b, what)
-        engine = self._engine(self._choose("send", b, path), b)
-        if not engine.stream_ordered:
+    ) -> tuple[Any, Engine]:
+        """The flat view of message buffer ``x`` and the engine that moves it. A message on an
+        array the full path checked before, unchanged since, reuses what it decided
+        (cudampi.comm.repeat); its errors are the full path's, as nothing was remembered."""
+        op = "recv" if writes else "send"
+        e = self._messages.lookup(x, x, op, path)
+        if e is not None:
+            engine, f = e.engine, e.kind.flat(x)
+        else:
+            b = self._buf(x, what)
+            if writes:
+                args.check_writable(b, what)
+            engine = self._engine(self._choose("send", b, path), b)
+            self._messages.remember(x, x, op, path, engine, b.dtype)
+            f = flat(b)
+        if not engine.stream_ordered and engine.ops.device is not None:
             with engine.ops.device_ctx():
                 engine.ops.begin(engine.ops.capture())  # the caller's stream is done with x
-        return b, engine
+        return f, engine
 
     def send(self, x: Any, dest: int, tag: int = 0, *, path: str | None = None) -> None:
         """Blocking send of ``x`` to rank ``dest``."""
-        b, engine = self._p2p_prepare(x, "x", path)
-        engine.send(flat(b), dest, tag)
+        f, engine = self._p2p_prepare(x, "x", path)
+        engine.send(f, dest, tag)
 
     def recv(self, x: Any, source: int, tag: int = 0, *, path: str | None = None) -> Any:
         """Blocking receive into ``x`` from rank ``source`` (MPI.ANY_SOURCE allowed); returns x."""
-        b, engine = self._p2p_prepare(x, "x", path, writes=True)
-        engine.recv(flat(b), source, tag)
+        f, engine = self._p2p_prepare(x, "x", path, writes=True)
+        engine.recv(f, source, tag)
         return x
 
     def isend(self, x: Any, dest: int, tag: int = 0, *, path: str | None = None) -> Handle:
         """Non-blocking send; ``x`` must stay untouched until the handle's ``wait()``."""
-        b, engine = self._p2p_prepare(x, "x", path)
-        return engine.isend(flat(b), dest, tag)
+        f, engine = self._p2p_prepare(x, "x", path)
+        return engine.isend(f, dest, tag)
 
     def irecv(self, x: Any, source: int, tag: int = 0, *, path: str | None = None) -> Handle:
         """Non-blocking receive into ``x``; ``wait()`` returns ``x``."""
-        b, engine = self._p2p_prepare(x, "x", path, writes=True)
-        h = engine.irecv(flat(b), source, tag)
+        f, engine = self._p2p_prepare(x, "x", path, writes=True)
+        h = engine.irecv(f, source, tag)
         h._result = x
         return h
 
@@ -766,13 +779,13 @@ class Communicator:
         self, x: Any, dest: int, out: Any, source: int, tag: int = 0, *, path: str | None = None
     ) -> Any:
         """Send ``x`` to ``dest`` while receiving ``out`` from ``source``; returns ``out``."""
-        ob, receiver = self._p2p_prepare(out, "out", path, writes=True)
-        xb, sender = self._p2p_prepare(x, "x", path)
+        of, receiver = self._p2p_prepare(out, "out", path, writes=True)
+        xf, sender = self._p2p_prepare(x, "x", path)
         if receiver is sender:
-            sender.sendrecv(flat(xb), dest, flat(ob), source, tag)
+            sender.sendrecv(xf, dest, of, source, tag)
             return out
-        r = receiver.irecv(flat(ob), source, tag)
-        sender.isend(flat(xb), dest, tag).wait()
+        r = receiver.irecv(of, source, tag)
+        sender.isend(xf, dest, tag).wait()
         r.wait()
         return out
 

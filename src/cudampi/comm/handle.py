@@ -20,42 +20,55 @@ class Handle:
 
     ``wait()`` blocks until the call has finished and returns its result (re-raising its error on
     this rank); ``test()`` says whether it has finished without blocking. ``timeout`` is the
-    default deadline of ``wait()`` (the communicator's; None: none).
+    default deadline of ``wait()`` (the communicator's; None: none). ``what`` names the call in
+    errors: its text, or a function that makes it when asked (a message's handle is made per
+    message; its text is needed only for an error). A handle with ``poll`` completes by polling
+    in the thread that waits; one without is finished by another thread (the worker).
     """
 
     def __init__(
         self,
-        what: str = "call",
+        what: str | Callable[[], str] = "call",
         poll: Callable[[bool], bool] | None = None,
         timeout: float | None = None,
     ) -> None:
         self._what = what
-        self._event = threading.Event()
+        self._done = False
+        # only a handle another thread finishes needs an event to block on (and it costs more
+        # than the rest of a message's handle)
+        self._event = threading.Event() if poll is None else None
         self._result: Any = None
         self._error: BaseException | None = None
         self._poll = poll
         self._timeout = timeout
 
+    @property
+    def what(self) -> str:
+        """The call this handle is for (as errors name it)."""
+        return self._what if isinstance(self._what, str) else self._what()
+
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
-        self._event.set()
+        self._done = True
+        if self._event is not None:
+            self._event.set()
 
     def _progress(self, block: bool) -> None:
-        if self._poll is None or self._event.is_set():
+        if self._poll is None or self._done:
             return
         try:
             done = self._poll(block)
         except BaseException as exc:
             self._finish(error=exc)
             return
-        if done and not self._event.is_set():
+        if done and not self._done:
             self._finish(self._result)
 
     @property
     def done(self) -> bool:
         """True once the call has finished (successfully or not)."""
         self._progress(False)
-        return self._event.is_set()
+        return self._done
 
     def test(self) -> bool:
         """Non-blocking: True once the call has finished."""
@@ -64,19 +77,17 @@ class Handle:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until finished (at most ``timeout`` seconds, default the handle's deadline) and
         return the result; :class:`~cudampi.errors.CommTimeoutError` past the deadline."""
-        limit = self._timeout if timeout is None else timeout
-        if self._poll is not None and limit is None:
-            self._progress(True)
-        elif self._poll is not None and limit is not None:
-            from cudampi.comm.deadline import spin
+        if not self._done:
+            limit = self._timeout if timeout is None else timeout
+            if self._event is not None:
+                if not self._event.wait(limit):
+                    raise self._late(limit)()
+            elif limit is None:
+                self._progress(True)
+            elif not self.done:  # not at once: poll until the deadline
+                from cudampi.comm.deadline import spin
 
-            def done() -> bool:
-                self._progress(False)
-                return self._event.is_set()
-
-            spin(done, limit, self._late(limit))
-        if not self._event.wait(limit):
-            raise self._late(limit)()
+                spin(lambda: self.done, limit, self._late(limit))
         if self._error is not None:
             raise self._error
         return self._result
@@ -84,7 +95,7 @@ class Handle:
     def _late(self, limit: float | None) -> Callable[[], BaseException]:
         def error() -> BaseException:
             return CommTimeoutError(
-                f"{self._what} did not complete within {limit:g} s: another rank may not have "
+                f"{self.what} did not complete within {limit:g} s: another rank may not have "
                 "made the matching call. Check that every rank makes the same calls in the same "
                 "order (CUDAMPI_TIMEOUT sets the deadline)."
             )
@@ -92,8 +103,8 @@ class Handle:
         return error
 
     def __repr__(self) -> str:
-        state = "done" if self._event.is_set() else "pending"
-        return f"<cudampi Handle {self._what} {state}>"
+        state = "done" if self._done else "pending"
+        return f"<cudampi Handle {self.what} {state}>"
 
 
 def completed(what: str, result: Any = None, error: BaseException | None = None) -> Handle:

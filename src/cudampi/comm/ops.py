@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from cudampi.comm.buffers import np_ptr
 from cudampi.errors import CommError
 from cudampi.names import REDUCE_OPS
 
@@ -139,8 +140,6 @@ class NumpyOps(ArrayOps):
         return numpy.empty(n, dtype=like.dtype)
 
     def ptr(self, a: Any) -> int:
-        from cudampi.comm.buffers import np_ptr
-
         return np_ptr(a)
 
     def nbytes(self, a: Any) -> int:
@@ -210,7 +209,7 @@ class TorchOps(ArrayOps):
         return int(a.data_ptr())
 
     def nbytes(self, a: Any) -> int:
-        return int(a.numel() * a.element_size())
+        return int(a.nbytes)
 
     def itemsize(self, a: Any) -> int:
         return int(a.element_size())

@@ -1,15 +1,20 @@
-"""Repeated allreduce calls on a stream-ordered engine, without the whole front end again.
+"""Repeated calls on the same arrays, without the whole front end again.
 
-A training loop reduces the same tensors call after call (DDP's buckets, a model's gradients).
-On a stream-ordered engine (ipc, nccl) such a call is a kernel launch, ~10 us of host time on
-the H200's machine, and the Communicator's front end (adapting both arrays, the local checks,
-the path choice, the signature) cost as much again there. :class:`Repeats` remembers what the
-full path decided for an allreduce of torch tensors with ``out`` given; the next call with the
-same tensor objects, op and path, whose tensors still have the same data pointer, shape,
-strides and dtype, goes straight to the engine. Every rank still makes the same calls in the
-same order, and the engine still checks each call across ranks on the GPU.
+A training loop reduces the same tensors call after call (DDP's buckets, a model's gradients),
+and a pipeline or halo exchange sends and receives the same buffers message after message. The
+Communicator's front end (adapting the arrays, the local checks, the path and engine choice)
+decides the same thing every time, and costs as much as the work below it: a stream-ordered
+allreduce is a kernel launch (~10 us of host time on the H200's machine), a small MPI message
+~1 us. :class:`Repeats` remembers what the full path decided for a call on NumPy arrays or torch
+tensors; the next call with the same array objects, op (for messages: send or receive) and path,
+whose arrays still have the same layout (shape, strides, dtype; a tensor's data pointer, which
+changes with its storage or device; a NumPy array's writability), goes straight to the engine.
+Nothing else the full path checks can change without changing those. The engine still runs
+every call and checks what it checks (ranks, tags, sizes, deadlines), and the Communicator
+keeps its per-call work (a device engine that is not stream-ordered still waits for the
+caller's stream).
 
-Entries hold the tensors weakly (a tensor that dies takes its entry with it) and the table is
+Entries hold the arrays weakly (an array that dies takes its entry with it) and the table is
 bounded.
 """
 
@@ -17,35 +22,71 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from cudampi.comm.buffers import flat_tensor
 
 LIMIT = 256
 """Entries at most (a model's buckets are tens); the table starts over when full."""
 
 
-def _shape(t: Any) -> tuple[Any, ...]:
+def _tensor_facts(t: Any) -> tuple[Any, ...]:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype)
 
 
-def fingerprint(x: Any, out: Any) -> tuple[Any, ...]:
+def _ndarray_facts(a: Any) -> tuple[Any, ...]:
+    # no address: MPI reads it per call, and nothing the front end decides depends on it
+    return (a.shape, a.strides, a.dtype, a.flags.writeable)
+
+
+def _ndarray_flat(a: Any) -> Any:
+    return a.reshape(-1)
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One array library this table takes: what must not change, and the flat view."""
+
+    facts: Callable[[Any], tuple[Any, ...]]
+    flat: Callable[[Any], Any]
+
+
+TENSOR = Kind(_tensor_facts, flat_tensor)
+NDARRAY = Kind(_ndarray_facts, _ndarray_flat)
+
+
+def kind_of(x: Any) -> Kind | None:
+    """The kind of a contiguous torch tensor or NumPy array; None for anything else."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return TENSOR if x.is_contiguous() else None
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(x, numpy.ndarray):
+        return NDARRAY if x.flags.c_contiguous else None
+    return None
+
+
+def fingerprint(kind: Kind, x: Any, out: Any) -> tuple[Any, ...]:
     """What must not have changed since the full path checked ``x`` and ``out``."""
-    return _shape(x) if out is x else (*_shape(x), *_shape(out))
+    return kind.facts(x) if out is x else (*kind.facts(x), *kind.facts(out))
 
 
 @dataclass(slots=True)
 class Entry:
     x: Any
-    """weakref to the input tensor"""
+    """weakref to the input array"""
     out: Any
-    """weakref to the output tensor (the same object for in-place calls)"""
+    """weakref to the output array (the same object for in-place calls and messages)"""
     key: tuple[Any, ...]
     engine: Any
     dtype: str
+    kind: Kind
 
 
 class Repeats:
-    """The allreduce calls that may skip the front end (see the module doc)."""
+    """The calls that may skip the front end (see the module doc)."""
 
     def __init__(self) -> None:
         self._table: dict[tuple[int, int, str, str | None], Entry] = {}
@@ -56,11 +97,9 @@ class Repeats:
     def remember(
         self, x: Any, out: Any, op: str, path: str | None, engine: Any, dtype: str
     ) -> None:
-        """After a full call of ``engine`` (stream-ordered) that went well."""
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
-            return
-        if not x.is_contiguous() or not out.is_contiguous():
+        """After the full path checked a call and chose ``engine`` for it."""
+        kind = kind_of(x)
+        if kind is None or (out is not x and kind_of(out) is not kind):
             return
         table = self._table
         if len(table) >= LIMIT:
@@ -70,8 +109,8 @@ class Repeats:
         def drop(_: Any, table: dict[Any, Entry] = table, k: Any = k) -> None:
             table.pop(k, None)
 
-        table[k] = Entry(weakref.ref(x, drop), weakref.ref(out, drop), fingerprint(x, out),
-                         engine, dtype)  # fmt: skip
+        table[k] = Entry(weakref.ref(x, drop), weakref.ref(out, drop),
+                         fingerprint(kind, x, out), engine, dtype, kind)  # fmt: skip
 
     def lookup(self, x: Any, out: Any, op: str, path: str | None) -> Entry | None:
         """The entry for this call, if nothing it depends on changed."""
@@ -79,9 +118,10 @@ class Repeats:
             e = self._table.get((id(x), id(out), op, path))
         except TypeError:  # an unhashable op or path: the full path says what is wrong
             return None
-        if e is None or e.x() is not x or e.out() is not out or fingerprint(x, out) != e.key:
+        if e is None or e.x() is not x or e.out() is not out:
             return None
-        return e
+        facts = e.kind.facts  # fingerprint(), inline: this runs on every repeated message
+        return e if (facts(x) if out is x else (*facts(x), *facts(out))) == e.key else None
 
     def forget(self) -> None:
         self._table.clear()

@@ -15,18 +15,33 @@ ranks that do not can talk to each other (all ranks must use the same ``chunk_by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cudampi.comm.ops import ArrayOps
 from cudampi.errors import CommError
 
 _EMPTY = bytearray(1)
+_MPI: Any = None
+
+
+def mpi() -> Any:
+    """mpi4py's ``MPI``, imported on first use (importing it starts MPI) and kept: an import
+    statement costs a third of a small message's MPI call."""
+    return _MPI or _import_mpi()
+
+
+def _import_mpi() -> Any:
+    global _MPI
+    from mpi4py import MPI
+
+    _MPI = MPI
+    return MPI
 
 
 def mem(ptr: int, nbytes: int) -> Any:
     """An mpi4py buffer spec of ``nbytes`` raw bytes at address ``ptr``."""
-    from mpi4py import MPI
-
+    MPI = mpi()
     if nbytes == 0:
         return [_EMPTY, 0, MPI.BYTE]
     return [MPI.memory.fromaddress(ptr, nbytes), MPI.BYTE]
@@ -34,8 +49,7 @@ def mem(ptr: int, nbytes: int) -> Any:
 
 def typed_mem(ptr: int, nbytes: int, count: int, mpi_type: Any) -> Any:
     """An mpi4py buffer spec of ``count`` elements of ``mpi_type`` at ``ptr``."""
-    from mpi4py import MPI
-
+    MPI = mpi()
     if nbytes == 0:
         return [_EMPTY, 0, mpi_type]
     return [MPI.memory.fromaddress(ptr, nbytes), count, mpi_type]
@@ -93,33 +107,17 @@ def opens_sequence(got: int, nbytes: int, chunk_bytes: int) -> bool:
     return got < nbytes and got == chunk_bytes
 
 
-def recv_into(
-    comm: Any,
-    ptr: int,
-    nbytes: int,
-    source: int,
-    tag: int,
-    chunk_bytes: int,
-    timeout: float | None = None,
+def finish_recv(
+    comm: Any, status: Any, nbytes: int, tag: int, chunk_bytes: int, ptr: Callable[[], int]
 ) -> int:
-    """Blocking receive of up to ``nbytes`` at host-accessible or CUDA-aware ``ptr``, accepting
-    one message or a chunk sequence (see the module doc), the first message within ``timeout``
-    seconds (None: for ever). Returns the actual source."""
-    from mpi4py import MPI
-
-    status = MPI.Status()
-    if timeout is None:
-        comm.Recv(mem(ptr, nbytes), source, tag, status)
-    else:
-        from cudampi.comm.deadline import wait_request
-
-        req = comm.Irecv(mem(ptr, nbytes), source, tag)
-        wait_request(req, timeout, f"recv from rank {source} (tag {tag})", status)
-    got = status.Get_count(MPI.BYTE)
-    src = int(status.Get_source())
-    if opens_sequence(got, nbytes, chunk_bytes):
-        recv_rest(comm, ptr, nbytes, got, src, tag)
-    return src
+    """After the first message of a receive of up to ``nbytes`` arrived (``status``): where it
+    opened a chunk sequence (see the module doc), receive the rest from the same rank at the
+    address ``ptr()`` (asked for only then). Returns the bytes received."""
+    got = int(status.Get_count(mpi().BYTE))
+    if not opens_sequence(got, nbytes, chunk_bytes):
+        return got
+    recv_rest(comm, ptr(), nbytes, got, status.Get_source(), tag)
+    return nbytes
 
 
 def recv_rest(comm: Any, ptr: int, nbytes: int, done: int, source: int, tag: int) -> None:

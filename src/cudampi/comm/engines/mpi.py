@@ -22,7 +22,7 @@ from cudampi.comm.deadline import wait_request
 from cudampi.comm.engines.base import Engine
 from cudampi.comm.handle import Handle
 from cudampi.comm.ops import ArrayOps
-from cudampi.comm.transport import mem, opens_sequence, recv_into, recv_rest, typed_mem
+from cudampi.comm.transport import finish_recv, mem, mpi, typed_mem
 
 NO_MPI_TYPE = ("float16", "bfloat16")
 COUNT_LIMIT = 2**31 - 1
@@ -103,6 +103,8 @@ def _typed(ops: ArrayOps, a: Any, dtype: str) -> Any:
 
 
 def _bytes(ops: ArrayOps, a: Any) -> Any:
+    if ops.lib == "numpy":  # as in _typed (half the cost of a small message's spec by address)
+        return [a, mpi().BYTE]
     return mem(ops.ptr(a), ops.nbytes(a))
 
 
@@ -230,9 +232,11 @@ def alltoallv(
 # ---------------------------------------------------------------------------- point-to-point
 
 
-def request_handle(what: str, req: Any, keep: Any = None, timeout: float | None = None) -> Handle:
+def request_handle(
+    what: str | Callable[[], str], req: Any, keep: Any = None, timeout: float | None = None
+) -> Handle:
     """A handle over one MPI request; ``keep`` (a staging buffer) lives until it completes;
-    ``timeout``: its wait's deadline."""
+    ``timeout``: its wait's deadline; ``what``: as :class:`Handle` takes it."""
 
     def poll(block: bool) -> bool:
         _ = keep
@@ -246,40 +250,32 @@ def request_handle(what: str, req: Any, keep: Any = None, timeout: float | None 
 
 def irecv_handle(
     comm: Any,
-    ptr: int,
+    buf: Any,
     nbytes: int,
+    ptr: Callable[[], int],
     source: int,
     tag: int,
     chunk_bytes: int,
     then: Callable[[int], None] | None = None,
     timeout: float | None = None,
 ) -> Handle:
-    """A non-blocking receive of up to ``nbytes`` at ``ptr`` that also accepts a staged sender's
-    chunk sequence; ``then(got)`` runs once the bytes are in (the staged engine copies them to
-    the device there)."""
-    from mpi4py import MPI
-
-    status = MPI.Status()
-    req = comm.Irecv(mem(ptr, nbytes), source, tag)
-
-    def finish() -> None:
-        got = status.Get_count(MPI.BYTE)
-        if opens_sequence(got, nbytes, chunk_bytes):
-            # a chunked (staged) sender: the rest follows from the same rank
-            recv_rest(comm, ptr, nbytes, got, status.Get_source(), tag)
-            got = nbytes
-        if then is not None:
-            then(got)
+    """A non-blocking receive into ``buf`` (an mpi4py buffer spec of up to ``nbytes`` bytes at
+    the address ``ptr()``) that also accepts a staged sender's chunk sequence; ``then(got)`` runs
+    once the bytes are in (the staged engine copies them to the device there)."""
+    status = mpi().Status()
+    req = comm.Irecv(buf, source, tag)
 
     def poll(block: bool) -> bool:
         if block:
             req.Wait(status)
         elif not req.Test(status):
             return False
-        finish()
+        got = finish_recv(comm, status, nbytes, tag, chunk_bytes, ptr)
+        if then is not None:
+            then(got)
         return True
 
-    return Handle(f"irecv from rank {source} (tag {tag})", poll, timeout)
+    return Handle(lambda: f"irecv from rank {source} (tag {tag})", poll, timeout)
 
 
 # ---------------------------------------------------------------------------- the engine
@@ -287,41 +283,53 @@ def irecv_handle(
 
 class DirectP2P(Engine):
     """User point-to-point straight on the arrays' memory (the ``mpi`` and ``alg`` engines);
-    every wait has the communicator's deadline."""
+    every wait has the communicator's deadline. The text that names a message (rank, tag) is
+    made only when it times out: a small message's whole MPI call is about a microsecond."""
+
+    def _ptr(self, f: Any) -> Callable[[], int]:
+        return lambda: self.ops.ptr(f)
 
     def send(self, f: Any, dest: int, tag: int) -> None:
-        req = self.setting.p2p.Isend(mem(self.ops.ptr(f), self.ops.nbytes(f)), dest, tag)
-        wait_request(req, self.setting.config.timeout, f"send to rank {dest} (tag {tag})")
+        req = self.setting.p2p.Isend(_bytes(self.ops, f), dest, tag)
+        wait_request(req, self.setting.config.timeout, lambda: f"send to rank {dest} (tag {tag})")
 
     def recv(self, f: Any, source: int, tag: int) -> None:
         s = self.setting
-        recv_into(
-            s.p2p,
-            self.ops.ptr(f),
-            self.ops.nbytes(f),
-            source,
-            tag,
-            s.config.chunk_bytes,
-            s.config.timeout,
-        )
+        status = mpi().Status()
+        req = s.p2p.Irecv(_bytes(self.ops, f), source, tag)
+        wait_request(req, s.config.timeout, lambda: f"recv from rank {source} (tag {tag})", status)
+        finish_recv(s.p2p, status, self.ops.nbytes(f), tag, s.config.chunk_bytes, self._ptr(f))
 
     def isend(self, f: Any, dest: int, tag: int) -> Handle:
-        req = self.setting.p2p.Isend(mem(self.ops.ptr(f), self.ops.nbytes(f)), dest, tag)
+        req = self.setting.p2p.Isend(_bytes(self.ops, f), dest, tag)
         return request_handle(
-            f"isend to rank {dest} (tag {tag})", req, timeout=self.setting.config.timeout
+            lambda: f"isend to rank {dest} (tag {tag})", req, timeout=self.setting.config.timeout
         )
 
     def irecv(self, f: Any, source: int, tag: int) -> Handle:
         s = self.setting
         return irecv_handle(
             s.p2p,
-            self.ops.ptr(f),
+            _bytes(self.ops, f),
             self.ops.nbytes(f),
+            self._ptr(f),
             source,
             tag,
             s.config.chunk_bytes,
             timeout=s.config.timeout,
         )
+
+    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+        """As the base's (the receive posted first; each wait with the deadline), without the
+        two handles."""
+        s = self.setting
+        status = mpi().Status()
+        rreq = s.p2p.Irecv(_bytes(self.ops, of), source, tag)
+        sreq = s.p2p.Isend(_bytes(self.ops, xf), dest, tag)
+        timeout = s.config.timeout
+        wait_request(sreq, timeout, lambda: f"isend to rank {dest} (tag {tag})")
+        wait_request(rreq, timeout, lambda: f"irecv from rank {source} (tag {tag})", status)
+        finish_recv(s.p2p, status, self.ops.nbytes(of), tag, s.config.chunk_bytes, self._ptr(of))
 
 
 class MpiEngine(DirectP2P):

@@ -227,7 +227,15 @@ class StagedEngine(Engine):
             with self.ops.device_ctx():
                 st.wait(st.h2d(f, host, 0, got))
 
-        s = self.setting
+        s, ptr = self.setting, st.host_ptr(host)
         return irecv_handle(
-            s.p2p, st.host_ptr(host), n, source, tag, s.config.chunk_bytes, land, s.config.timeout
+            s.p2p,
+            mem(ptr, n),
+            n,
+            lambda: ptr,
+            source,
+            tag,
+            s.config.chunk_bytes,
+            land,
+            s.config.timeout,
         )
