@@ -81,8 +81,6 @@ def wait_request(
     the message in the timeout error: its text, or a function that makes it, called only then
     (a message that completes within :data:`FIRST_TESTS` polls, the common case, builds no text
     and reads no clock)."""
-    if req.Test(status):
-        return
     for _ in range(FIRST_TESTS):
         if req.Test(status):
             return
