@@ -31,14 +31,18 @@ def test_stages_from_process_state_and_the_exiting_mark():
 
 def test_process_state_of_a_rank_process_running_zombie_and_gone():
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", "cudampi.launch.rank"],
+        [sys.executable, "-c", "print('up', flush=True); input()", "cudampi.launch.rank"],
         stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
+    assert child.stdin is not None and child.stdout is not None
     try:
+        # once it has printed, it runs the new program (in exec its command line reads empty)
+        assert child.stdout.readline() == b"up\n"
         assert process_state(child.pid) == "running"
     finally:
-        assert child.stdin is not None
         child.stdin.close()
+        child.stdout.close()
     for _ in range(500):  # exited, not yet waited for: a zombie
         if process_state(child.pid) == "zombie":
             break
