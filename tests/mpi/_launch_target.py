@@ -97,6 +97,14 @@ def main() -> int:
         time.sleep(120)
         return 0
     target = int(args[0])
+    if mode == "mpi-kill":  # MPI up (MPICH's shared-memory segment made), then one rank killed
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+        if rank == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+        MPI.COMM_WORLD.Barrier()
+        return 0
     if rank == target:
         if mode == "raise":
             raise ValueError(f"planted failure on rank {rank}")

@@ -213,6 +213,8 @@ MPICH_PY = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON", "/tmp/venv-mpich/bin/pyth
     "venv with the mpich and mpi4py wheels)",
 )
 def test_mpich_hydra_launch_and_fault():
+    """... and the MPICH segment of the ranks Hydra killed is not left in /dev/shm (each holds
+    2-3 MiB of a tmpfs containers cap at 64 MiB; Hydra removes none)."""
     p = launch("-n", "2", TARGET, "check", "2", "--flag", "a b", python=MPICH_PY)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "OK 2" in p.stdout
@@ -220,6 +222,14 @@ def test_mpich_hydra_launch_and_fault():
     assert p.returncode == 1, p.stdout + p.stderr
     assert f"rank 1 on host {HOST} exited with code 1" in p.stderr
     assert "rank 0" not in p.stderr.split("the job failed")[1]  # stopped, not failed
+    before = _mpich_segments()
+    p = launch("-n", "2", "--grace", "1", TARGET, "mpi-kill", "1", python=MPICH_PY)
+    assert p.returncode != 0 and f"on host {HOST} was killed by signal 9" in p.stderr, p.stderr
+    assert _mpich_segments() - before == set()
+
+
+def _mpich_segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_")}
 
 
 def test_timeout_stops_the_job(tmp_path):

@@ -4,21 +4,24 @@ the ones MPICH 5.0.2 sent in a 2-rank MPI_Init, captured while this server was w
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from cudampi.pmi import server as pmi
 from cudampi.pmi.client import client_env, connect, single_node_mapping, watch
-from cudampi.pmi.server import Client, PmiServer, PmiState, hydra_kvsname, max_entries
+from cudampi.pmi.server import Client, PmiServer, PmiState, max_entries
 from cudampi.pmi.wire import parse_command
+from cudampi.shm import SHM_DIR, mpich_world_id, unique_kvsname
 from tests.mpirun import ROOT, mpi_env
 
-KVSNAME = hydra_kvsname(4242)
+KVSNAME = unique_kvsname(4242)
 SECRET = "0123456789abcdef0123456789abcdef"
 
 
@@ -150,16 +153,18 @@ def test_a_rank_that_vanishes_is_reported():
 
 
 def test_the_server_process_prints_its_port_and_outlives_its_parent_while_ranks_run():
+    """... and when it ends, removes the MPICH segment its killed ranks left (cudampi.shm)."""
     env = mpi_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "cudampi.pmi.server", "--size", "2", "--grace", "1"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
         cwd=ROOT,
     )
-    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
     proc.stdin.write(SECRET + "\n")
     proc.stdin.flush()
     port = int(proc.stdout.readline())
@@ -167,11 +172,29 @@ def test_the_server_process_prints_its_port_and_outlives_its_parent_while_ranks_
         proc.stdin.close()  # the starting rank is gone, rank 1 still runs: keep serving it
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(3)
-        s.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\n")
-        _recv_until(s, b"response_to_init")
+        s.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_my_kvsname\n")
+        kvsname = parse_command(_recv_until(s, b"rc=0\n").decode().splitlines()[-1])["kvsname"]
+        segment = _segment(kvsname)
     t0 = time.monotonic()  # rank 1 gone too: out within --grace (1 s) and a poll
     assert proc.wait(20) == 0
     assert time.monotonic() - t0 < 10
+    assert (
+        not segment.exists() and f"removed {segment}, left by the job's ranks" in proc.stderr.read()
+    )
+
+
+def _segment(kvsname: str) -> Path:
+    """A stand-in for the MPICH segment a killed rank of job ``kvsname`` left on this host."""
+    path = Path(SHM_DIR) / f"mpich_shm_{mpich_world_id(kvsname):x}_0"
+    path.write_bytes(b"x")
+    return path
+
+
+def test_each_job_has_its_own_key_value_space_name():
+    """MPICH names its shared memory after it, and killed jobs leave that behind: one name per
+    pid (kvs_<pid>_0, as before) made a later server of a reused pid meet a stale segment."""
+    names = {PmiState(2).kvsname for _ in range(20)}
+    assert len(names) == 20 and all(n.startswith(f"kvs_{os.getpid()}_") for n in names)
 
 
 def test_the_server_process_needs_a_secret():
@@ -208,9 +231,12 @@ def _watcher(port: int, rank: int) -> tuple[threading.Thread, list[tuple[str, in
 
 @pytest.mark.parametrize("how", ["abort", "vanish"])
 def test_watchers_hear_when_a_rank_aborts_or_dies(how):
+    """... and remove the job's MPICH segment on their host (ranks on other hosts than the
+    server's leave theirs too when killed)."""
     srv = server(3)
     ranks = [_connect_rank(srv.port, r) for r in range(3)]
     watchers = [_watcher(srv.port, r) for r in range(3)]
+    segment = _segment(srv.state.kvsname)
     time.sleep(0.2)  # the watchers are registered before anything fails
     if how == "abort":
         ranks[1].sendall(b"cmd=abort exitcode=7\n")
@@ -223,6 +249,7 @@ def test_watchers_hear_when_a_rank_aborts_or_dies(how):
         assert len(heard) == 1 and heard[0][0].startswith("rank 1 "), heard
         assert want in heard[0][0] and heard[0][1] == (7 if how == "abort" else 1)
     assert watchers[1][1] == []  # the failing rank is not told about itself
+    assert not segment.exists()
     late = _watcher(srv.port, 2)  # a watcher that comes after the failure hears it at once
     late[0].join(10)
     assert late[1] and late[1][0][0].startswith("rank 1 ")

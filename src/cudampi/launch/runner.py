@@ -65,6 +65,7 @@ from cudampi.launch.rankreport import (
     report_prefix,
 )
 from cudampi.mpiexec import launcher_never_started
+from cudampi.shm import orphaned_mpich_segments, remove
 
 STOP_STEPS = (3.0, 3.0)
 """Seconds to wait after the launcher's interrupt, then after SIGTERM, before SIGKILL."""
@@ -365,6 +366,7 @@ def _run_once(
     err: IO[str],
 ) -> tuple[subprocess.Popen[bytes], _Supervisor, _Watch]:
     """Start the launcher, pass its output through and supervise it until it has ended."""
+    since = time.time() - 1.0  # file times come from a coarser clock than time.time()
     proc = _start(cmd, env, token)
     sup = _Supervisor(proc, plan.launcher.flavour, token, plan.remote_hosts)
     assert proc.stdout is not None and proc.stderr is not None
@@ -380,6 +382,9 @@ def _run_once(
     # Whatever the launcher left in its process group (a wrapper's children, a rank it lost
     # track of) goes with it. Its pid cannot have been reused while the group has members.
     sup.kill_group(signal.SIGKILL)
+    if plan.launcher.flavour == "mpich" and proc.returncode != 0:
+        # Ranks Hydra killed leave their MPICH segment on this host (cudampi.shm).
+        remove(orphaned_mpich_segments(since))
     for reader in readers:
         reader.join(timeout=10)
     return proc, sup, watch

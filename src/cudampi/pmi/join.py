@@ -34,7 +34,14 @@ from typing import Any
 from cudampi.config import PMI_SECRET
 from cudampi.errors import ConfigError
 from cudampi.net import routed_address
-from cudampi.pmi.client import client_env, connect, single_node_mapping, watch
+from cudampi.pmi.client import (
+    InitGuard,
+    client_env,
+    connect,
+    ending_message,
+    single_node_mapping,
+    watch,
+)
 from cudampi.rankenv import mpi_launcher
 
 STORE_KEY = "cudampi/pmi_address"
@@ -177,11 +184,13 @@ def join_world(store: Any, rank: int, size: int, timeout: timedelta | None = Non
         # (at interpreter exit, before MPI_Finalize's last PMI barrier), a bare fd stays open.
         fd = connect(address, rank, secret).detach()
         _PMI[:] = [fd]
+        guard = InitGuard(address, rank, size, secret)  # started before PMI_FD is set below
         names = ("PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID")
         saved = {k: os.environ.pop(k, None) for k in names}
         os.environ.update(client_env(fd, rank, size))
         try:
-            from mpi4py import MPI  # MPI_Init: talks to the PMI server, meets the other ranks
+            with guard:  # no thread of ours runs in MPI_Init: a process watches the job there
+                from mpi4py import MPI  # MPI_Init: talks to the PMI server, meets the others
         finally:
             # Later processes (a DataLoader worker that execs Python, a tool) must not pose as us.
             for k, v in saved.items():
@@ -208,10 +217,7 @@ def _end_with_the_job(rank: int, size: int) -> Callable[[str, int], None]:
 
     def end(why: str, code: int) -> None:
         err = sys.__stderr__ or sys.stderr
-        err.write(
-            f"cudampi: {why}; ending rank {rank} of {size} on {socket.gethostname()} too, "
-            "since the MPI job cannot go on without it.\n"
-        )
+        err.write(ending_message(why, rank, size))
         err.flush()
         os._exit(code)
 

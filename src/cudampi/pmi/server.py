@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import os
 import socket
 import sys
 import threading
@@ -53,17 +52,9 @@ from cudampi.pmi.wire import (
     parse_command,
     recv_line,
 )
+from cudampi.shm import remove_mpich_segments, unique_kvsname
 
 PMI_VERSION, PMI_SUBVERSION = 1, 1
-
-
-def hydra_kvsname(pid: int | None = None) -> str:
-    """The key-value space's name, unique to the job, in Hydra's form ``kvs_<pid>_0``.
-
-    MPICH uses more than a lookup key of it: with one fixed name, MPICH 5.0.2 ranks hung in
-    MPI_Init right after the PMI exchange on runs after the first (seen here, a killed job
-    before them); a name of this server's pid, as Hydra makes them, keeps jobs apart."""
-    return f"kvs_{os.getpid() if pid is None else pid}_0"
 
 
 MAXES = {"kvsname_max": 256, "keylen_max": 64, "vallen_max": 1024}
@@ -126,7 +117,9 @@ class PmiState:
 
     size: int
     process_mapping: str | None = None
-    kvsname: str = field(default_factory=hydra_kvsname)
+    kvsname: str = field(default_factory=unique_kvsname)
+    """Unique to the job, not Hydra's ``kvs_<pid>_0``: MPICH names its shared memory after it,
+    and killed jobs leave that behind for a later one with the same pid (:mod:`cudampi.shm`)."""
     kvs: dict[str, str] = field(default_factory=dict)
     published: dict[str, str] = field(default_factory=dict)
     waiting: list[Client] = field(default_factory=list)
@@ -435,7 +428,7 @@ class PmiServer:
         """Hold a watch connection open; tell it now if the job has already failed or ended."""
         with self._lock:
             if self.aborted is not None:
-                _send_quietly(conn, _abort_line(*self.aborted))
+                _send_quietly(conn, _abort_line(*self.aborted, self.state.kvsname))
             elif self.done.is_set():
                 _send_quietly(conn, format_reply("cudampi_done"))
             else:
@@ -454,7 +447,7 @@ class PmiServer:
         if self.aborted is not None or self.done.is_set():
             return
         self.aborted = (rank, code, why)
-        line = _abort_line(rank, code, why)
+        line = _abort_line(rank, code, why, self.state.kvsname)
         for conn, watcher_rank in list(self._watchers.items()):
             if watcher_rank != rank:
                 _send_quietly(conn, line)
@@ -518,8 +511,10 @@ def _send_quietly(conn: socket.socket, text: str) -> None:
         pass  # that peer is gone; its own connection's end is handled where it is read
 
 
-def _abort_line(rank: int, code: int, why: str) -> str:
-    return format_reply("cudampi_abort", rank=rank, exitcode=code, why=quote(why))
+def _abort_line(rank: int, code: int, why: str, kvsname: str) -> str:
+    """What watchers hear when ``rank`` failed; ``kvsname`` lets each remove the job's MPICH
+    segments on its host (:func:`cudampi.pmi.client.job_ended`)."""
+    return format_reply("cudampi_abort", rank=rank, exitcode=code, why=quote(why), kvsname=kvsname)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -557,6 +552,11 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=watch_parent, name="cudampi-pmi-parent", daemon=True).start()
     server.done.wait()
+    # Ranks killed on this host left their MPICH segment (cudampi.shm); after a clean end MPICH
+    # removed it and this finds nothing.
+    removed = remove_mpich_segments(server.state.kvsname)
+    if removed:
+        print(f"cudampi pmi: removed {' '.join(removed)}, left by the job's ranks", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,127 @@
+"""MPICH's shared-memory files in ``/dev/shm``: which belong to a job, and removing a failed job's.
+
+MPICH (4.x and 5.x, ch4) names the segment its ranks on a node meet in ``mpich_shm_<id>_<node>``
+(``mpich_vci_<id>_<node>`` with several VCIs), where ``<id>`` is the 32-bit FNV-1a hash of the
+job's PMI key-value space name (``MPIR_Process.world_id``, src/util/mpir_pmi.c), and opens it with
+``MPL_initshm_open``: the first rank creates it, every other rank opens the file that is there and
+waits for the creator's ready flag. A job whose ranks are killed never unlinks it, and each such
+segment holds 2-3 MiB of a tmpfs that containers often cap at 64 MiB.
+
+A space name that repeats makes a later job open an earlier job's stale segment as its own: seen
+here with cudampi's PMI server when it named the space ``kvs_<its pid>_0`` as Hydra did until
+MPICH 4 (pids wrap at 32768 on many machines): ranks spinning in MPI_Init for ever, an "Invalid
+GenQ flag" assertion, "Message from rank 1 and tag 7 truncated" in MPI_Init. Hydra 5 adds a random
+number and the host (``kvs_<pid>_<pgid>_<random>_<host>``), which it tells only its ranks.
+
+So cudampi's PMI server names each job's space uniquely (:func:`unique_kvsname`) and it and its
+watchers remove a failed job's segments (:func:`remove_mpich_segments`); ``cudampi launch``, which
+cannot learn Hydra's name, removes the segments left on its host by a failed job's ranks
+(:func:`orphaned_mpich_segments`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+SHM_DIR = "/dev/shm"
+_PREFIXES = ("mpich_shm_", "mpich_vci_")
+
+
+def mpich_world_id(kvsname: str) -> int:
+    """MPICH's ``world_id`` of a job: the 32-bit FNV-1a hash of its PMI key-value space name
+    (uthash's ``HASH_FNV``, as MPICH computes it in ``MPIR_pmi_init``)."""
+    value = 2166136261
+    for byte in kvsname.encode():
+        value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
+    return value
+
+
+def unique_kvsname(pid: int | None = None) -> str:
+    """A key-value space name in Hydra's form, ``kvs_<pid>_<random>``: unique to the job even
+    when the pid was an earlier job's (MPICH names its shared memory after it)."""
+    return f"kvs_{os.getpid() if pid is None else pid}_{secrets.randbits(31)}"
+
+
+def mpich_segments(kvsname: str, folder: str = SHM_DIR) -> list[str]:
+    """Paths of the MPICH segments of the job named ``kvsname`` present in ``folder``."""
+    tags = tuple(f"{prefix}{mpich_world_id(kvsname):x}_" for prefix in _PREFIXES)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(
+        os.path.join(folder, name)
+        for name in names
+        if name.startswith(tags) and name.rsplit("_", 1)[-1].isdigit()
+    )
+
+
+def orphaned_mpich_segments(since: float, folder: str = SHM_DIR) -> list[str]:
+    """MPICH segments in ``folder`` made at or after ``since`` (a ``time.time()``) by this user
+    that no process maps: a job's that ended then without removing them. A live job's segment
+    is mapped by its ranks from the moment it is made (``MPL_initshm_open``)."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(_PREFIXES)]
+    except OSError:
+        return []
+    made = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and st.st_ctime >= since:
+            made.append(path)
+    if not made:
+        return []
+    mapped = _mapped_files(folder)
+    return sorted(path for path in made if path not in mapped)
+
+
+def _mapped_files(folder: str) -> set[str]:
+    """Files under ``folder`` that some process on this host maps (those /proc lets us read)."""
+    mapped: set[str] = set()
+    prefix = folder.rstrip("/") + "/"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    path = line.rstrip("\n").partition(prefix)[2]
+                    if path:
+                        mapped.add(prefix + path.removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return mapped
+
+
+def remove(paths: list[str]) -> list[str]:
+    """Unlink ``paths`` (leaving those this user may not remove); the paths removed."""
+    removed = []
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def remove_mpich_segments(kvsname: str, folder: str = SHM_DIR) -> list[str]:
+    """Unlink the job's MPICH segments on this host (those this user may remove); the paths
+    removed. Safe while ranks of the job still run: their mappings stay valid, only the name goes.
+    """
+    return remove(mpich_segments(kvsname, folder))
+
+
+__all__ = [
+    "mpich_segments",
+    "mpich_world_id",
+    "orphaned_mpich_segments",
+    "remove",
+    "remove_mpich_segments",
+    "unique_kvsname",
+]
