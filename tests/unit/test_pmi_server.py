@@ -172,8 +172,10 @@ def test_the_server_process_prints_its_port_and_outlives_its_parent_while_ranks_
         proc.stdin.close()  # the starting rank is gone, rank 1 still runs: keep serving it
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(3)
-        s.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_my_kvsname\n")
-        kvsname = parse_command(_recv_until(s, b"rc=0\n").decode().splitlines()[-1])["kvsname"]
+        s.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\n")
+        _recv_until(s, b"rc=0\n")  # the whole of response_to_init, its one line
+        s.sendall(b"cmd=get_my_kvsname\n")
+        kvsname = parse_command(_recv_until(s, b"rc=0\n").decode())["kvsname"]
         segment = _segment(kvsname)
     t0 = time.monotonic()  # rank 1 gone too: out within --grace (1 s) and a poll
     assert proc.wait(20) == 0
