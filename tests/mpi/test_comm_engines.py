@@ -203,3 +203,98 @@ def rank_repeats(comm):
 
 def test_repeated_allreduce_skips_the_front_end_only_when_nothing_changed():
     run_mpi(2, __file__, "rank_repeats", timeout=120)
+
+
+def rank_host_repeats(comm, lib):
+    """An allreduce repeated on the same host arrays (MPI's engine) skips the front end but not
+    the cross-rank check: fresh data every call, and a call that differs on one rank (count, op,
+    an array changed under the same object, one rank's arguments refused) still makes every rank
+    raise, whether that rank repeats or takes the full path."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+    from cudampi.errors import CommError, MismatchError
+
+    c = Communicator(comm)
+    full = [0]
+    real = c._collective
+
+    def counting(build, what, async_op):
+        full[0] += 1
+        return real(build, what, async_op)
+
+    c._collective = counting
+    r, n = c.rank, c.size
+
+    def make(count):
+        a = np.zeros(count, dtype=np.float32)
+        if lib == "numpy":
+            return a
+        import torch
+
+        return torch.from_numpy(a)
+
+    def values(a):
+        return np.asarray(a) if lib == "numpy" else a.numpy()
+
+    def reduce(x, op="sum", out=None, expect_full=0):
+        before = full[0]
+        got = c.allreduce(x, op, out=x if out is None else out)
+        assert expect_full is None or full[0] - before == expect_full, full[0] - before
+        return values(got)
+
+    def refused(x, kind, words, op="sum"):
+        before = full[0]
+        try:
+            c.allreduce(x, op, out=x)
+        except kind as exc:
+            assert all(w in str(exc) for w in words), exc
+        else:
+            raise AssertionError(f"rank {r}: no {kind.__name__}")
+        return full[0] - before
+
+    x = make(12)
+    for i in range(4):
+        values(x)[...] = r + i
+        got = reduce(x, expect_full=int(i == 0))  # the full path once, then straight to MPI
+        assert (got == sum(q + i for q in range(n))).all(), got
+    assert len(c._repeats) == 1
+    y = make(12)
+    for i in range(2):
+        values(x)[...] = r + 10 * i
+        got = reduce(x, out=y, expect_full=int(i == 0))
+        assert (got == sum(q + 10 * i for q in range(n))).all() and (values(x) == r + 10 * i).all()
+    # rank 0 repeats on x, rank 1 calls on a longer array: both raise, nothing moves
+    z = make(13)
+    took = refused(x if r == 0 else z, MismatchError, ["count"])
+    assert took == (0 if r == 0 else 1), took
+    # both remembered a max; rank 1 repeats it while rank 0 repeats a sum
+    values(x)[...] = r
+    assert (reduce(x, "max", expect_full=1) == n - 1).all()
+    assert refused(x, MismatchError, ["op"], op="sum" if r == 0 else "max") == 0
+    # the array changed under the same object on rank 1 only: its full path, a count mismatch
+    if lib == "numpy":
+        if r == 1:
+            x.flags.writeable = False  # refused on rank 1; rank 0 repeats and learns of it
+        took = refused(x, CommError, ["read-only"] if r == 1 else ["rank 1", "rejected"])
+        x.flags.writeable = True
+    else:
+        if r == 1:
+            x.data = make(15)  # new storage and shape under the same tensor object
+        took = refused(x, MismatchError, ["count"])
+        if r == 1:
+            x.data = make(12)
+    assert took == (0 if r == 0 else 1), took
+    values(x)[...] = r + 1  # the communicator still works (rank 1's new tensor may have the
+    # old one's address: then nothing the full path checks has changed, and it repeats)
+    assert (reduce(x, expect_full=None) == n * (n + 1) // 2).all()
+    values(x)[...] = r + 1
+    assert (reduce(x, expect_full=0) == n * (n + 1) // 2).all()
+    c.close()
+    if comm.rank == 0:
+        print("host repeats ok", flush=True)
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_repeated_host_allreduce_keeps_the_cross_rank_check(lib):
+    run_mpi(2, __file__, "rank_host_repeats", lib, timeout=120)

@@ -386,8 +386,11 @@ class Communicator:
             def run() -> Any:
                 of = flat(ob)
                 engine.allreduce(of if inplace else flat(xb), of, op, xb.dtype)
-                if engine.stream_ordered and out is not None and not async_op:
-                    self._repeats.remember(x, out, op, path, engine, xb.dtype)
+                if out is not None and not async_op:
+                    if engine.stream_ordered:
+                        self._repeats.remember(x, out, op, path, engine, xb.dtype)
+                    elif engine.ops.device is None:
+                        self._repeats.remember(x, out, op, path, engine, xb.dtype, sig)
                 return _result(out, ob)
 
             return _Plan(sig, run, engine)
@@ -395,19 +398,24 @@ class Communicator:
         return self._collective(build, "allreduce", async_op)
 
     def _repeat(self, x: Any, op: str, out: Any, path: str | None) -> bool:
-        """Run an allreduce that the full path ran before on these very tensors, unchanged, on
-        a stream-ordered engine, straight on that engine (cudampi.comm.repeat); False: take the
-        full path."""
+        """Run an allreduce that the full path ran before on these very arrays, unchanged,
+        straight on the engine it chose (cudampi.comm.repeat); False: take the full path. On a
+        stream-ordered engine the GPU checks the call across ranks; on host memory the host
+        check still runs first, with the signature the full path made."""
         e = self._repeats.lookup(x, out, op, path)
         if (
             e is None
             or self._closed
-            or self._worker is not None
             or self._watch.failed is not None
             or not self._observer.quiet()
+            or (self._worker is not None and (e.sig is None or not self._worker.idle))
         ):
             return False
         self._seq += 1
+        if e.sig is not None:
+            check(
+                self._coll, e.sig, None, debug=self.config.debug, watch=self._watch, seq=self._seq
+            )
         xf = e.kind.flat(x)
         e.engine.allreduce(xf, xf if out is x else e.kind.flat(out), op, e.dtype)
         return True

@@ -11,8 +11,9 @@ whose arrays still have the same layout (shape, strides, dtype; a tensor's data 
 changes with its storage or device; a NumPy array's writability), goes straight to the engine.
 Nothing else the full path checks can change without changing those. The engine still runs
 every call and checks what it checks (ranks, tags, sizes, deadlines), and the Communicator
-keeps its per-call work (a device engine that is not stream-ordered still waits for the
-caller's stream).
+keeps its per-call work: a device engine that is not stream-ordered still waits for the
+caller's stream, and a collective on host memory still runs the cross-rank check, with the
+signature the full path made (its peers may have changed their call), before the engine.
 
 Entries hold the arrays weakly (an array that dies takes its entry with it) and the table is
 bounded.
@@ -83,6 +84,9 @@ class Entry:
     engine: Any
     dtype: str
     kind: Kind
+    sig: Any = None
+    """The call's cross-rank signature where the host checks it (an engine that is not
+    stream-ordered); None where the engine checks on the GPU."""
 
 
 class Repeats:
@@ -95,9 +99,17 @@ class Repeats:
         return len(self._table)
 
     def remember(
-        self, x: Any, out: Any, op: str, path: str | None, engine: Any, dtype: str
+        self,
+        x: Any,
+        out: Any,
+        op: str,
+        path: str | None,
+        engine: Any,
+        dtype: str,
+        sig: Any = None,
     ) -> None:
-        """After the full path checked a call and chose ``engine`` for it."""
+        """After the full path checked a call and chose ``engine`` for it (``sig``: what the
+        call's cross-rank check compares, where the host runs it)."""
         kind = kind_of(x)
         if kind is None or (out is not x and kind_of(out) is not kind):
             return
@@ -110,7 +122,7 @@ class Repeats:
             table.pop(k, None)
 
         table[k] = Entry(weakref.ref(x, drop), weakref.ref(out, drop),
-                         fingerprint(kind, x, out), engine, dtype, kind)  # fmt: skip
+                         fingerprint(kind, x, out), engine, dtype, kind, sig)  # fmt: skip
 
     def lookup(self, x: Any, out: Any, op: str, path: str | None) -> Entry | None:
         """The entry for this call, if nothing it depends on changed."""

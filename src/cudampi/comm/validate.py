@@ -121,7 +121,8 @@ def check(
         watch.wait(comm.Iallreduce(vec, out, MPI.MAX), sig.call, seq)
     # max(c) == -max(-c), i.e. max == min, for every code: all ranks gave the same; the last
     # entry is 1 where any rank failed its local check
-    if out[-1] == 0 and not debug and _agree(out):
+    got = out.tolist()
+    if got[-1] == 0 and not debug and _agree(got):
         return
     # Every rank has arrived (the allreduce completed): the full exchange cannot wait for ever.
     entries = comm.allgather(
@@ -154,9 +155,12 @@ def _vector(sig: Signature, failed: bool) -> Any:
     return _codes(sig)
 
 
-def _agree(out: Any) -> bool:
-    k = (len(out) - 1) // 2
-    return bool((out[:k] == -out[k : 2 * k]).all())
+def _agree(got: list[int]) -> bool:
+    """Did every rank give the same codes? ``got`` holds max(c) for each code c, then max(-c):
+    each pair sums to max(c) - min(c) >= 0, so all agree exactly when the whole sum is 0 (in
+    Python's ints, no overflow; a third of the cost of comparing NumPy slices this small)."""
+    k = (len(got) - 1) // 2
+    return sum(got[: 2 * k]) == 0
 
 
 def _raise_for(

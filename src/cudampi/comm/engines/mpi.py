@@ -356,6 +356,10 @@ class MpiEngine(DirectP2P):
         return [(lo, min(n, lo + PIECE)) for lo in range(0, n, PIECE)]
 
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+        if int(of.shape[0]) <= COUNT_LIMIT:  # one MPI call (nearly every call): no slicing
+            allreduce(self.setting.coll, self.ops, xf, of, op, dtype)
+            self.finish_avg(of, op, dtype)
+            return
         for lo, hi in self._pieces(int(of.shape[0])):
             out = of if hi - lo == int(of.shape[0]) else of[lo:hi]
             send = out if xf is of else (xf if out is of else xf[lo:hi])
