@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cudampi.pmi import server as pmi
-from cudampi.pmi.client import client_env, connect, single_node_mapping, watch
+from cudampi.pmi.client import InitGuard, client_env, connect, single_node_mapping, watch
 from cudampi.pmi.server import Client, PmiServer, PmiState, max_entries
 from cudampi.pmi.wire import parse_command
 from cudampi.shm import SHM_DIR, mpich_world_id, unique_kvsname
@@ -474,3 +474,14 @@ def test_a_job_across_hosts_without_a_secret_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match="CUDAMPI_PMI_SECRET=") as info:
         _job_secret(None, 0, env, lambda keys: None)
     assert "MASTER_ADDR=10.0.0.7" in str(info.value)
+
+
+def test_an_init_guard_that_cannot_start_is_said_and_the_rank_goes_on(monkeypatch):
+    srv = server(2)
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+    with pytest.warns(RuntimeWarning, match="rank 0 could not start its MPI_Init guard"):
+        guard = InitGuard(f"127.0.0.1:{srv.port}", 0, 2, SECRET)
+    with guard:
+        pass
+    guard.close()  # twice: nothing more
+    srv.close()

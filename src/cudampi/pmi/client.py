@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from types import TracebackType
 from urllib.parse import unquote
@@ -112,13 +113,18 @@ class InitGuard:
         argv = [sys.executable, "-m", "cudampi.pmi.guard", "--pid", str(os.getpid())]
         argv += ["--rank", str(rank), "--size", str(size), "--address", address]
         argv += ["--watch-fd", str(sock.fileno()), "--pipe-fd", str(read)]
+        self._proc: subprocess.Popen[bytes] | None = None
         try:
             self._proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, pass_fds=(sock.fileno(), read)
             )
-        except OSError:
-            os.close(self._pipe)
-            raise
+        except OSError as exc:  # the job can still run; only this safety net is missing
+            warnings.warn(
+                f"cudampi: rank {rank} could not start its MPI_Init guard ({argv[0]!r}: {exc}); "
+                "if another rank dies while this one is in MPI_Init, it may wait there for ever",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         finally:
             sock.close()
             os.close(read)
@@ -128,9 +134,10 @@ class InitGuard:
             return
         os.close(self._pipe)
         self._pipe = -1
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGKILL)  # nothing to finish: its watch just closes
-        self._proc.wait()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.send_signal(signal.SIGKILL)  # nothing to finish: its watch closes
+            self._proc.wait()
 
     def __enter__(self) -> InitGuard:
         return self
