@@ -31,6 +31,9 @@ def premul(x: torch.Tensor, factor: Any, *, in_place: bool) -> torch.Tensor:
 
 
 def first_cuda(args: Any) -> torch.Tensor | None:
+    """The first CUDA tensor among ``args`` (nested lists allowed), or None."""
+    if not torch.cuda.is_initialized():  # no CUDA tensor can exist yet
+        return None
     stack = [args]
     while stack:
         item = stack.pop(0)

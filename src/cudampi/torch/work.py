@@ -22,6 +22,8 @@ from typing import Any
 
 def _devices(tensors: Any) -> list[Any]:
     """The CUDA devices among ``tensors`` (nested lists allowed): a Future must be told them."""
+    if not _cuda_started():  # no CUDA tensor can exist: nothing to walk (host calls, ~1 us)
+        return []
     found: dict[str, Any] = {}
     stack = [tensors]
     while stack:
@@ -31,6 +33,12 @@ def _devices(tensors: Any) -> list[Any]:
         elif getattr(item, "is_cuda", False):
             found[str(item.device)] = item.device
     return list(found.values())
+
+
+def _cuda_started() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
 
 
 def _same(x: Any) -> Any:
