@@ -21,11 +21,16 @@ cannot learn Hydra's name, removes the segments left on its host by a failed job
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
+import sys
+from dataclasses import dataclass
 
 SHM_DIR = "/dev/shm"
 _PREFIXES = ("mpich_shm_", "mpich_vci_")
+MPI_PREFIXES = (*_PREFIXES, "sm_segment.")
+"""Names of MPI shared-memory files: MPICH's, and Open MPI 5's shared-memory transport's."""
 
 
 def mpich_world_id(kvsname: str) -> int:
@@ -61,8 +66,19 @@ def orphaned_mpich_segments(since: float, folder: str = SHM_DIR) -> list[str]:
     """MPICH segments in ``folder`` made at or after ``since`` (a ``time.time()``) by this user
     that no process maps: a job's that ended then without removing them. A live job's segment
     is mapped by its ranks from the moment it is made (``MPL_initshm_open``)."""
+    return _unmapped(folder, _PREFIXES, since)
+
+
+def stale_segments(folder: str = SHM_DIR) -> list[str]:
+    """MPI shared-memory files of this user in ``folder`` that no process maps: MPICH's and
+    Open MPI 5's (``sm_segment.<host>.<uid>.<job>.<rank>``, which killed ranks and every Open
+    MPI singleton leave behind), of jobs that are over."""
+    return _unmapped(folder, MPI_PREFIXES, 0.0)
+
+
+def _unmapped(folder: str, prefixes: tuple[str, ...], since: float) -> list[str]:
     try:
-        names = [n for n in os.listdir(folder) if n.startswith(_PREFIXES)]
+        names = [n for n in os.listdir(folder) if n.startswith(prefixes)]
     except OSError:
         return []
     made = []
@@ -78,6 +94,38 @@ def orphaned_mpich_segments(since: float, folder: str = SHM_DIR) -> list[str]:
         return []
     mapped = _mapped_files(folder)
     return sorted(path for path in made if path not in mapped)
+
+
+@dataclass(frozen=True)
+class ShmState:
+    """What the doctor reports of ``/dev/shm``: where the ranks of a node meet."""
+
+    folder: str
+    size: int
+    """Bytes the file system may hold."""
+    free: int
+    stale: tuple[str, ...]
+    """:func:`stale_segments`."""
+    stale_bytes: int
+    """Memory those hold (blocks in use: the segments are sparse)."""
+
+
+def shm_state(folder: str = SHM_DIR) -> ShmState | None:
+    """``folder``'s size, free space and stale MPI segments; None where there is no such folder."""
+    try:
+        fs = os.statvfs(folder)
+    except OSError:
+        return None
+    stale = stale_segments(folder)
+    used = 0
+    for path in stale:
+        try:
+            used += os.stat(path).st_blocks * 512
+        except OSError:
+            continue
+    return ShmState(
+        folder, fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize, tuple(stale), used
+    )
 
 
 def _mapped_files(folder: str) -> set[str]:
@@ -117,11 +165,33 @@ def remove_mpich_segments(kvsname: str, folder: str = SHM_DIR) -> list[str]:
     return remove(mpich_segments(kvsname, folder))
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cudampi.shm [--remove]``: list (or remove) this user's stale MPI segments."""
+    p = argparse.ArgumentParser(prog="python -m cudampi.shm", description=stale_segments.__doc__)
+    p.add_argument("--remove", action="store_true", help="remove them")
+    p.add_argument("--folder", default=SHM_DIR)
+    a = p.parse_args(argv)
+    stale = stale_segments(a.folder)
+    done = remove(stale) if a.remove else stale
+    for path in done:
+        print(path)
+    if a.remove and len(done) < len(stale):
+        print(f"could not remove {len(stale) - len(done)} of them", file=sys.stderr)
+        return 1
+    return 0
+
+
 __all__ = [
     "mpich_segments",
     "mpich_world_id",
     "orphaned_mpich_segments",
     "remove",
     "remove_mpich_segments",
+    "shm_state",
+    "stale_segments",
     "unique_kvsname",
 ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -368,3 +368,24 @@ def test_capabilities_keep_the_ipc_probe():
         assert "ipc_shared_gpu" in str(exc)
     else:
         raise AssertionError("a wrong-typed ipc field was believed")
+
+
+def test_shm_check():
+    from cudampi.shm import ShmState
+
+    gib, mib = 1 << 30, 1 << 20
+    assert C.check_shm(None).status == "n/a"
+    ok = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, (), 0))
+    assert ok.status == "ok" and ok.detail == "24.0 GiB, 23.0 GiB free" and not ok.fix
+    small = C.check_shm(ShmState("/dev/shm", 64 * mib, 60 * mib, (), 0))  # Docker's default
+    assert small.status == "warn" and "64 MiB, 60 MiB free" in small.detail
+    assert "Bus error" in small.detail and "--shm-size" in small.fix
+    few = ("/dev/shm/sm_segment.vm.0.1a0000.0",) * 3  # Open MPI singletons' leftovers, 1 MiB
+    quiet = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, few, mib))
+    assert quiet.status == "ok" and "3 stale MPI segment(s), 1 MiB" in quiet.detail
+    assert "python -m cudampi.shm --remove" in quiet.detail
+    mpich = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, ("/dev/shm/mpich_shm_1f_0",), mib))
+    assert mpich.status == "warn" and "MPI_Init" in mpich.detail
+    assert mpich.fix.startswith("python -m cudampi.shm --remove")
+    full = C.check_shm(ShmState("/dev/shm", 2 * gib, gib, few, gib))
+    assert full.status == "warn" and "a tenth of /dev/shm" in full.detail

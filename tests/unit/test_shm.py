@@ -7,11 +7,14 @@ import mmap
 import time
 
 from cudampi.shm import (
+    main,
     mpich_segments,
     mpich_world_id,
     orphaned_mpich_segments,
     remove,
     remove_mpich_segments,
+    shm_state,
+    stale_segments,
     unique_kvsname,
 )
 
@@ -46,3 +49,19 @@ def test_orphans_are_made_since_the_job_began_and_mapped_by_nobody(tmp_path):
     assert found == [str(orphan)]
     assert remove([*found, str(tmp_path / "gone")]) == [str(orphan)]
     assert not orphan.exists() and old.exists() and live.exists()
+
+
+def test_stale_segments_are_unmapped_mpi_files_and_the_command_removes_them(tmp_path, capsys):
+    stale, live = tmp_path / "sm_segment.vm.0.1a2b0000.0", tmp_path / "mpich_shm_2_0"
+    for path in (stale, live, tmp_path / "psm_1", tmp_path / "torch_123"):
+        path.write_bytes(b"x" * 4096)
+    with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        assert stale_segments(str(tmp_path)) == [str(stale)]
+        state = shm_state(str(tmp_path))
+        assert state is not None and state.stale == (str(stale),)
+        assert state.stale_bytes >= 4096 and state.size >= state.free > 0
+        assert main(["--folder", str(tmp_path)]) == 0 and stale.exists()
+        assert capsys.readouterr().out == f"{stale}\n"
+        assert main(["--folder", str(tmp_path), "--remove"]) == 0
+    assert not stale.exists() and live.exists() and (tmp_path / "psm_1").exists()
+    assert shm_state(str(tmp_path / "absent")) is None

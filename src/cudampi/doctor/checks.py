@@ -37,6 +37,7 @@ from cudampi.doctor.checks_launch import (
     check_launcher,
     check_mpi_settings,
     check_nccl_settings,
+    check_shm,
 )
 from cudampi.doctor.checks_mpi import (
     check_home,
@@ -198,6 +199,7 @@ def all_checks(f: Facts) -> list[Check]:
         check_mpi_settings(f.settings_env, gpus_present, f.ompi),
         check_interfaces(f.launcher.interfaces, f.env),
         check_nccl_settings(f.env, f.launcher.interfaces),
+        check_shm(f.shm),
         check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note, f.cache_error),
     ]
     return checks

@@ -3,6 +3,7 @@ network interfaces and the capabilities cache. Pure."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from cudampi.doctor.report import LAUNCH, Check
@@ -10,6 +11,7 @@ from cudampi.probe.gpu import gpu_for_local_rank, visible_devices
 from cudampi.probe.interfaces import Interface, nccl_ifname_matches, nccl_ifname_missing
 from cudampi.probe.ompi import OmpiInfo
 from cudampi.rankenv import LauncherInfo
+from cudampi.shm import ShmState
 
 
 def check_launcher(info: LauncherInfo) -> Check:
@@ -197,3 +199,51 @@ def check_cache(
     return Check(
         "capabilities cache", "ok", f"saved to {path} under key {', '.join(keys)}", "", "cache"
     )
+
+
+SHM_SMALL = 1 << 30
+"""A /dev/shm below this is Docker's default kind (64 MiB): too small for the ranks of a node."""
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
+def check_shm(state: ShmState | None) -> Check:
+    """``/dev/shm``: where the ranks of a node meet (MPI's shared-memory transports, NCCL, UCX,
+    torch's DataLoader workers). Too small, a job dies with SIGBUS ("Bus error") once it fills;
+    MPI segments that ended jobs left behind take its memory, and MPICH opens a stale segment
+    whose name repeats as its own (cudampi.shm)."""
+    if state is None:
+        return Check("/dev/shm", "n/a", "no /dev/shm on this system", "", LAUNCH)
+    details = [f"{_size(state.size)}, {_size(state.free)} free"]
+    fixes = []
+    if state.size < SHM_SMALL:
+        details.append(
+            "too small for the ranks of a node: MPI's shared-memory transports, NCCL, UCX and "
+            "torch's DataLoader workers share it, and a job that fills it dies with SIGBUS "
+            "('Bus error')"
+        )
+        fixes.append(
+            "give the container more: docker run --shm-size=8g (or --ipc=host); on Kubernetes "
+            "an emptyDir of medium Memory at /dev/shm (cudampi env k8s writes one)"
+        )
+    if state.stale:
+        mpich = any(os.path.basename(p).startswith("mpich_") for p in state.stale)
+        held = f"{len(state.stale)} stale MPI segment(s), {_size(state.stale_bytes)}"
+        if not mpich and state.stale_bytes * 10 < state.size:  # harmless: said in passing
+            details.append(f"{held} (python -m cudampi.shm --remove)")
+        else:
+            why = (
+                "MPICH opens a stale segment whose name comes round again as its own, and hangs "
+                "or fails in MPI_Init"
+                if mpich
+                else "a tenth of /dev/shm or more"
+            )
+            details.append(
+                f"{held}: shared memory of MPI jobs that are over (killed ranks and Open MPI "
+                f"singletons leave it); {why}"
+            )
+            fixes.append("python -m cudampi.shm --remove (removes only those no process maps)")
+    status = "warn" if fixes else "ok"
+    return Check("/dev/shm", status, "; ".join(details), "; ".join(fixes), LAUNCH)

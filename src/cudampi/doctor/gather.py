@@ -46,6 +46,7 @@ from cudampi.probe.runtime import (
     staging_verdict,
 )
 from cudampi.probe.ucx import UcxInstall, find_ucx, libucx_package_dir, preload_env
+from cudampi.shm import ShmState, shm_state
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ class Facts:
     recipe_package: str | None = None
     cache_error: str = ""
     """Why the probed capabilities could not be saved (an unwritable cache folder)."""
+    shm: ShmState | None = None
+    """/dev/shm: its size, free space and the stale MPI segments in it."""
 
 
 def resolve_ucx_package(choice: str | None) -> str | None:
@@ -266,6 +269,7 @@ def gather(
         recipe=probed.recipe,
         recipe_package=probed.recipe_package,
         cache_error=probed.cache_error,
+        shm=shm_state(),
     )
 
 
