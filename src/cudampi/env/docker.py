@@ -93,7 +93,9 @@ def dockerfile(spec: EnvSpec, settings: dict[str, str]) -> str:
     cmd = json.dumps(list(spec.command))
     # iproute2: `ip addr`, which the doctor reads the network interfaces from.
     apt = "openssh-server openssh-client iproute2"
-    gpus = "--gpus all " if spec.gpu else ""
+    # Docker's /dev/shm is 64 MiB: the ranks' shared memory (MPI, NCCL, UCX) and torch's
+    # DataLoader workers need more (cudampi doctor's /dev/shm check says so).
+    gpus = ("--gpus all " if spec.gpu else "") + "--shm-size=8g "
     return f"""# syntax=docker/dockerfile:1
 {HEADER}# Build with this folder as the context (it holds everything the image needs):
 #   docker build -t {spec.image} .
