@@ -98,6 +98,19 @@ def test_stream_ordered_engine_runs_inline_unchecked_after_queued_calls():
     run_mpi(2, __file__, "rank_stream_ordered_dispatch", timeout=120)
 
 
+def _count_full_paths(c):
+    """A one-item list counting the calls of Communicator ``c`` that take the full path."""
+    full = [0]
+    real = c._collective
+
+    def counting(build, what, async_op):
+        full[0] += 1
+        return real(build, what, async_op)
+
+    c._collective = counting
+    return full
+
+
 def rank_repeats(comm):
     """An allreduce repeated on the same torch tensors goes straight to a stream-ordered engine
     (cudampi.comm.repeat); anything that could change what the full path decided takes the full
@@ -126,14 +139,7 @@ def rank_repeats(comm):
     try:
         c = Communicator(comm)
         c._choose = lambda *a, **k: PathChoice("host", "test", "ordered")
-        full = [0]
-        real = c._collective
-
-        def counting(build, what, async_op):
-            full[0] += 1
-            return real(build, what, async_op)
-
-        c._collective = counting
+        full = _count_full_paths(c)
         r, n = c.rank, c.size
         total = float(n * (n + 1) // 2)
 
@@ -216,14 +222,7 @@ def rank_host_repeats(comm, lib):
     from cudampi.errors import CommError, MismatchError
 
     c = Communicator(comm)
-    full = [0]
-    real = c._collective
-
-    def counting(build, what, async_op):
-        full[0] += 1
-        return real(build, what, async_op)
-
-    c._collective = counting
+    full = _count_full_paths(c)
     r, n = c.rank, c.size
 
     def make(count):
