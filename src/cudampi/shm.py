@@ -1,4 +1,4 @@
-"""MPICH's shared-memory files in ``/dev/shm``: which belong to a job, and removing a failed job's.
+"""MPI's shared-memory files in ``/dev/shm``: which belong to a job, which are stale, removing them.
 
 MPICH (4.x and 5.x, ch4) names the segment its ranks on a node meet in ``mpich_shm_<id>_<node>``
 (``mpich_vci_<id>_<node>`` with several VCIs), where ``<id>`` is the 32-bit FNV-1a hash of the
@@ -17,6 +17,11 @@ So cudampi's PMI server names each job's space uniquely (:func:`unique_kvsname`)
 watchers remove a failed job's segments (:func:`remove_mpich_segments`); ``cudampi launch``, which
 cannot learn Hydra's name, removes the segments left on its host by a failed job's ranks
 (:func:`orphaned_mpich_segments`).
+
+Open MPI 5's shared-memory transport makes one ``sm_segment.<host>.<uid>.<job>.<rank>`` per
+process; killed ranks leave theirs, and an Open MPI 5.0 singleton (a script run without a launcher)
+leaves its own at every exit, clean or not. ``cudampi doctor`` reports ``/dev/shm``'s size and the
+stale segments of both (:func:`shm_state`); ``python -m cudampi.shm --remove`` removes those.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The doctor's launcher checks: who started this process, its GPU, the MPI / UCX / NCCL settings, the
-network interfaces and the capabilities cache. Pure."""
+network interfaces, /dev/shm and the capabilities cache. Pure."""
 
 from __future__ import annotations
 
