@@ -485,3 +485,33 @@ def test_an_init_guard_that_cannot_start_is_said_and_the_rank_goes_on(monkeypatc
         pass
     guard.close()  # twice: nothing more
     srv.close()
+
+
+GUARDED = """
+import sys, time
+from cudampi.pmi.client import InitGuard
+with InitGuard(sys.argv[1], 1, 2, sys.argv[2]):
+    print("in MPI_Init", flush=True)
+    time.sleep(3)  # MPI_Init of an MPI that does not speak PMI (an Open MPI singleton)
+print("through", flush=True)
+"""
+
+
+def test_a_rank_in_mpi_init_outlives_a_server_that_went_away_without_a_failure():
+    """Open MPI under torchrun: rank 0 finds itself a singleton and ends the server while rank
+    1 is still in MPI_Init, which needs no server; rank 1 must get through and say what is wrong
+    itself (its guard killed it at once: seen in CI)."""
+    srv = server(2)
+    child = subprocess.Popen(
+        [sys.executable, "-c", GUARDED, f"127.0.0.1:{srv.port}", SECRET],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == "in MPI_Init\n"
+    srv.close()
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0 and out == "through\n", (child.returncode, out, err)

@@ -9,9 +9,10 @@ MPICH's shared-memory setup, under Lightning's own launcher, which does not end 
 
 So :class:`cudampi.pmi.client.InitGuard` runs this process beside the rank for the length of
 MPI_Init: it holds a watch connection to the PMI server and, when the server says a rank failed
-or goes away, writes why, and kills the rank with SIGKILL (the only signal that needs nothing of
-the rank). It leaves quietly when the rank closes the pipe it holds (MPI_Init returned, or the
-rank is gone: then its pid is not killed, so a reused pid is never hit).
+(or goes away, and MPI_Init has not returned :data:`SERVER_GONE_GRACE` s later), writes why, and
+kills the rank with SIGKILL (the only signal that needs nothing of the rank). It leaves quietly
+when the rank closes the pipe it holds (MPI_Init returned, or the rank is gone: then its pid is
+not killed, so a reused pid is never hit).
 
 ``python -m cudampi.pmi.guard --pid P --rank R --size N --address A --watch-fd W --pipe-fd F``
 """
@@ -26,7 +27,13 @@ import socket
 import sys
 
 from cudampi.pmi.client import ending_message, job_ended
-from cudampi.pmi.wire import read_line
+from cudampi.pmi.wire import parse_command, read_line
+
+SERVER_GONE_GRACE = 30.0
+"""Seconds a rank still in MPI_Init gets after the server went away without saying that a rank
+failed. An MPI that speaks PMI fails by itself then (its PMI connection closed); one that does
+not (Open MPI 5: a singleton, rank 0 ended the server on seeing so) finishes MPI_Init and says
+so itself. Only a rank stuck elsewhere in MPI_Init is killed."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,10 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     ready, _, _ = select.select([a.pipe_fd, sock], [], [])
     if a.pipe_fd in ready:  # the rank is through MPI_Init, or gone
         return 0
-    verdict = job_ended(read_line(sock.makefile("r", encoding="ascii", newline="\n")), a.address)
+    line = read_line(sock.makefile("r", encoding="ascii", newline="\n"))
+    verdict = job_ended(line, a.address)
     if verdict is None:  # every rank finalized: nothing to guard
         return 0
-    ready, _, _ = select.select([a.pipe_fd], [], [], 0)
+    failed = parse_command(line).get("cmd") == "cudampi_abort"
+    ready, _, _ = select.select([a.pipe_fd], [], [], 0 if failed else SERVER_GONE_GRACE)
     if ready:
         return 0
     err = sys.stderr
