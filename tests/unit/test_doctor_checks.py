@@ -384,6 +384,8 @@ def test_shm_check():
     quiet = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, few, mib))
     assert quiet.status == "ok" and "3 stale MPI segment(s), 1 MiB" in quiet.detail
     assert "python -m cudampi.shm --remove" in quiet.detail
+    one = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, few[:1], 8192))
+    assert "1 stale MPI segment(s), 8 KiB" in one.detail  # not "0 MiB"
     mpich = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, ("/dev/shm/mpich_shm_1f_0",), mib))
     assert mpich.status == "warn" and "MPI_Init" in mpich.detail
     assert mpich.fix.startswith("python -m cudampi.shm --remove")
