@@ -382,10 +382,12 @@ def test_shm_check():
     assert "Bus error" in small.detail and "--shm-size" in small.fix
     few = ("/dev/shm/sm_segment.vm.0.1a0000.0",) * 3  # Open MPI singletons' leftovers, 1 MiB
     quiet = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, few, mib))
-    assert quiet.status == "ok" and "3 stale MPI segment(s), 1 MiB" in quiet.detail
-    assert "python -m cudampi.shm --remove" in quiet.detail
+    assert quiet.status == "ok" and not quiet.fix
+    assert quiet.detail == "24.0 GiB, 23.0 GiB free; 3 stale MPI segments, 1 MiB"  # one line
+    one = C.check_shm(ShmState("/dev/shm", 240 * gib, 230 * gib, few[:1] * 999, 1023 * mib))
+    assert len(one.detail) < 80, one.detail  # the widest harmless case still fits one line
     one = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, few[:1], 8192))
-    assert "1 stale MPI segment(s), 8 KiB" in one.detail  # not "0 MiB"
+    assert one.detail.endswith("; 1 stale MPI segment, 8 KiB")  # not "0 MiB"
     mpich = C.check_shm(ShmState("/dev/shm", 24 * gib, 23 * gib, ("/dev/shm/mpich_shm_1f_0",), mib))
     assert mpich.status == "warn" and "MPI_Init" in mpich.detail
     assert mpich.fix.startswith("python -m cudampi.shm --remove")

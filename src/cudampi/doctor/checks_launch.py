@@ -232,9 +232,12 @@ def check_shm(state: ShmState | None) -> Check:
         )
     if state.stale:
         mpich = any(os.path.basename(p).startswith("mpich_") for p in state.stale)
-        held = f"{len(state.stale)} stale MPI segment(s), {_size(state.stale_bytes)}"
-        if not mpich and state.stale_bytes * 10 < state.size:  # harmless: said in passing
-            details.append(f"{held} (python -m cudampi.shm --remove)")
+        n = len(state.stale)
+        held = f"{n} stale MPI segment{'s' if n != 1 else ''}, {_size(state.stale_bytes)}"
+        if not mpich and state.stale_bytes * 10 < state.size:
+            # harmless: said in passing, on the check's one line (docs/doctor.md names the
+            # command that removes them)
+            details.append(held)
         else:
             why = (
                 "MPICH opens a stale segment whose name comes round again as its own, and hangs "
