@@ -393,3 +393,23 @@ def test_shm_check():
     assert mpich.fix.startswith("python -m cudampi.shm --remove")
     full = C.check_shm(ShmState("/dev/shm", 2 * gib, gib, few, gib))
     assert full.status == "warn" and "a tenth of /dev/shm" in full.detail
+
+
+def test_cupy_without_a_gpu_names_the_cuda_error_code_on_one_line():
+    # CI's no-GPU report reached its 40-line bound when CuPy's driver error wrapped to three lines.
+    from cudampi.doctor.checks_gpu import check_cupy
+    from cudampi.probe.gpu import PythonGpu
+
+    error = (
+        "CUDARuntimeError: cudaErrorInsufficientDriver: CUDA driver version is insufficient "
+        "for CUDA runtime version"
+    )
+    py = PythonGpu(cupy_version="14.2.0", cupy_runtime=13020, cupy_devices=0, cupy_error=error)
+    quiet = check_cupy(py, gpus_present=False)
+    assert (
+        quiet.detail == "CuPy 14.2.0, CUDA runtime 13.2, 0 device(s) (cudaErrorInsufficientDriver)"
+    )
+    assert (
+        len(render_text(Report.of((quiet,), {}), width=120).splitlines()) == 8
+    )  # one row, no continuation
+    assert error in check_cupy(py, gpus_present=True).detail  # with a GPU the whole sentence

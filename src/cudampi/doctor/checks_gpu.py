@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from cudampi.doctor.report import GPU, Check
 from cudampi.probe.gpu import GpuSystem, PythonGpu
 
@@ -95,11 +97,17 @@ def check_cupy(py: PythonGpu, gpus_present: bool) -> Check:
         return Check("CuPy", status, f"CuPy {py.cupy_error or 'not installed'}", fix, GPU)
     rt = py.cupy_runtime
     rt_s = f", CUDA runtime {rt // 1000}.{rt % 1000 // 10}" if rt else ""
+    error = py.cupy_error or ""
+    if error and not gpus_present:
+        # Without a GPU the runtime's error is expected: its code says which case this is
+        # (no driver, no device) without the three wrapped lines of CUDA's own sentence.
+        code = re.search(r"cudaError\w+", error)
+        error = code.group(0) if code else error
     return Check(
         "CuPy",
         "ok",
         f"CuPy {py.cupy_version}{rt_s}, {py.cupy_devices or 0} device(s)"
-        + (f" ({py.cupy_error})" if py.cupy_error else ""),
+        + (f" ({error})" if error else ""),
         "",
         GPU,
     )
