@@ -33,3 +33,35 @@ def test_an_open_mpi_singletons_segment_is_stale_only_once_it_has_exited(tmp_pat
     left = mine & set(stale_segments())
     assert left == {p for p in mine if os.path.exists(p)}  # whatever it left is stale now
     remove(sorted(left - before))
+
+
+_SINGLETON = """
+import os, sys
+from mpi4py import MPI
+import numpy as np
+from cudampi.comm import Communicator
+from cudampi.shm import _SINGLETON_EXIT, _remove_if_mine
+
+c = Communicator(MPI.COMM_WORLD)
+assert list(c.allreduce(np.ones(3))) == [1.0, 1.0, 1.0]
+c.close()
+_remove_if_mine(os.getpid() + 1, list(_SINGLETON_EXIT))  # a forked child's exit handler
+assert all(os.path.exists(p) for p in _SINGLETON_EXIT)  # left the parent's segment alone
+print(" ".join(_SINGLETON_EXIT), flush=True)
+"""
+
+
+def test_an_open_mpi_singleton_with_a_communicator_leaves_no_segment():
+    """Open MPI 5.0 leaves a singleton's sm_segment at every exit (the test above); a singleton
+    that made a cudampi Communicator removes its own at exit, and only its own."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _SINGLETON],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    mine = proc.stdout.split()
+    assert len(mine) == 1 and os.path.basename(mine[0]).startswith("sm_segment."), mine
+    assert not os.path.exists(mine[0])

@@ -39,6 +39,7 @@ from cudampi.comm.validate import Signature, agree, check
 from cudampi.config import Config
 from cudampi.errors import CommError, CommTimeoutError, CudampiError, DeviceError
 from cudampi.observe import QUIET, Observer
+from cudampi.shm import remove_singleton_segment_at_exit
 
 
 @dataclass
@@ -95,6 +96,8 @@ class Communicator:
         self._coll = comm.Dup()
         self.rank: int = self.mpi_comm.Get_rank()
         self.size: int = self.mpi_comm.Get_size()
+        if self.size == 1:
+            remove_singleton_segment_at_exit(MPI)
         found = capmod.lookup(self.config.cache_dir, MPI.Get_library_version(), os.environ)
         self.capabilities: capmod.Capabilities | None = found.entry
         self._support = device_support(self.config, found.entry, found.note)
