@@ -224,7 +224,9 @@ def test_mpich_hydra_launch_and_fault():
     assert "rank 0" not in p.stderr.split("the job failed")[1]  # stopped, not failed
     before = _mpich_segments()
     p = launch("-n", "2", "--grace", "1", TARGET, "mpi-kill", "1", python=MPICH_PY)
-    assert p.returncode != 0 and f"on host {HOST} was killed by signal 9" in p.stderr, p.stderr
+    assert p.returncode != 0 and f"rank 1 on host {HOST} was killed by signal 9" in p.stderr, (
+        p.stderr
+    )
     assert _mpich_segments() - before == set()
 
 

@@ -87,7 +87,16 @@ def test_openmpi_lost_daemon_is_named_by_the_host_the_user_gave():
 
 def test_hydra_and_srun_messages():
     ev = parse_launcher_output(fixture("mpich-kill.txt"), "mpich")
-    assert ev.ranks == (RankFailure(None, "vm", signal=9),)
+    assert ev.ranks == (RankFailure(None, "vm", signal=9, pid=10014),)
+    # Hydra's PID is the killed process: its fault file names the rank (on the host as Hydra
+    # names it, or by a pid that only one rank had where Hydra names the host another way)
+    faults = {0: "host=vm pid=10013\n", 1: "host=vm pid=10014\n"}
+    res = build_result(9, [], ev, faults)
+    assert "rank 1 on host vm was killed by signal 9 (SIGKILL)" in res.summary()
+    renamed = {0: "host=node0 pid=10013\n", 1: "host=node0 pid=10014\n"}
+    assert build_result(9, [], ev, renamed).failures[0].rank == 1
+    clash = {0: "host=a pid=10014\n", 1: "host=b pid=10014\n"}
+    assert build_result(9, [], ev, clash).failures[0].rank is None  # not guessed
     ev = parse_launcher_output(fixture("mpich-abort.txt"), "mpich")
     assert ev.ranks == (RankFailure(1, None, exit_code=7),)
     # srun (Slurm 22.05) with --kill-on-bad-exit: the others are "Terminated" by srun itself

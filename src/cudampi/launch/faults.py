@@ -265,12 +265,14 @@ def _hydra_output(text: str, seen: _Seen) -> None:
         seen.add_rank(RankFailure(int(m.group(2)), None, exit_code=int(m.group(1))))
     sig = _HYDRA_SIGNAL.search(text)
     for m in _HYDRA_BAD.finditer(text):
-        # Hydra's PID is the first process of that host, not the one that failed.
-        host, code = m.group(2), int(m.group(3))
+        # Hydra's PID is the first process of that host's proxy that did not exit by itself
+        # (pmiserv_cb.c: the first !WIFEXITED status): one killed by a signal. Its fault file
+        # names its rank (build_result).
+        pid, host, code = int(m.group(1)), m.group(2), int(m.group(3))
         if sig is not None and int(sig.group(1)) == code:
-            seen.add_rank(RankFailure(None, host, signal=code))
+            seen.add_rank(RankFailure(None, host, signal=code, pid=pid))
         else:
-            seen.add_rank(RankFailure(None, host, exit_code=code))
+            seen.add_rank(RankFailure(None, host, exit_code=code, pid=pid))
 
 
 def _srun_output(text: str, seen: _Seen) -> None:
@@ -339,8 +341,13 @@ def build_result(
     }
     for f in events.ranks:
         if f.rank is None and f.pid is not None:
-            # Hydra names host and pid; the rank's fault file says which rank that pid was.
+            # Hydra names host and pid; the rank's fault file says which rank that pid was. The
+            # host as Hydra names it (the host list's name, e.g. an address) may not be the
+            # rank's own name: then a pid that only one rank had.
             rank = by_pid.get((f.host, str(f.pid)))
+            if rank is None:
+                ranks = [r for (_, pid), r in by_pid.items() if pid == str(f.pid)]
+                rank = ranks[0] if len(ranks) == 1 else None
             if rank is not None:
                 f = dataclasses.replace(f, rank=rank)
         old = merged.get(f.rank)
