@@ -478,10 +478,104 @@ def test_point_to_point_stream_order_graph_and_torch_batch(n):
     assert "p2p stream order, graph and batch ok" in proc.stdout
 
 
+def _put(dst, host, lib):
+    """Copy the NumPy array ``host`` into the device array (or view) ``dst``."""
+    if lib == "torch-cuda":
+        import torch
+
+        dst.copy_(torch.from_numpy(host))
+    else:
+        import cupy
+
+        dst[...] = cupy.asarray(host)
+
+
+def rank_ipc_p2p_in_place(comm, lib, small):
+    """Messages past the eager size on the same buffers: from the third round on, the receiver
+    reads them in place (the engine counts it). Every round sends new bytes (nothing stale is
+    read), at an odd offset every other round, and the sender overwrites its buffer as soon as
+    the call returns (a send read in place ends only once read). Then a batch that mixes a send
+    read in place with inbox messages to every peer; with torch, a segment given back and made
+    again (a new registration), and a sendrecv captured in a CUDA graph and replayed."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+
+    _setup(comm, lib)
+    n, me = comm.size, comm.rank
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    f = Failures(me)
+    size = (5 << 20) + 3
+
+    def data(k, rank, nbytes=size):
+        return _fill("numpy", nbytes, "uint8", 1000 * k + rank)[1]
+
+    with Communicator(comm, path="ipc", config=_config(small)) as c:
+        x = to_lib(np.zeros(size + 16, "uint8"), lib, "uint8")
+        out = to_lib(np.zeros(size + 16, "uint8"), lib, "uint8")
+        for k in range(6):
+            off = k % 2  # aligned (four loads in flight a thread), then byte by byte
+            xs, os_ = x[off : off + size], out[off : off + size]
+            _put(xs, data(k, me), lib)
+            c.sendrecv(xs, nxt, os_, prv)
+            _put(xs, np.full(size, 255, "uint8"), lib)
+            f.check(same(os_, data(k, prv), "uint8"), f"round {k}")
+        engine = next(e for e in c._engines.stream_ordered())
+        f.check(engine.inplace_sends >= 4, f"{engine.inplace_sends} sends read in place of 6")
+        # a batch: the large send to nxt (read in place) beside small messages with every peer
+        small_out = {p: to_lib(np.zeros(1000, "uint8"), lib, "uint8") for p in range(n)}
+        handles = [c.irecv(out[:size], prv, tag=4)]
+        handles += [c.irecv(small_out[p], p, tag=5) for p in range(n)]
+        _put(x[:size], data(7, me), lib)
+        before = engine.inplace_sends
+        handles.append(c.isend(x[:size], nxt, tag=4))
+        tiny = to_lib(data(8, me, 1000), lib, "uint8")
+        handles += [c.isend(tiny, p, tag=5) for p in range(n)]
+        for h in handles:
+            h.wait()
+        f.check(engine.inplace_sends == before + 1, "the batch's large send read in place")
+        f.check(same(out[:size], data(7, prv), "uint8"), "batch, large")
+        for p in range(n):
+            f.check(same(small_out[p], data(8, p, 1000), "uint8"), f"batch, small from {p}")
+        if lib == "torch-cuda":
+            import torch
+
+            del x, out, xs, os_
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the registered segments go back to CUDA
+            x = torch.zeros(size, dtype=torch.uint8, device="cuda")
+            out = torch.zeros(size, dtype=torch.uint8, device="cuda")
+            for k in range(4):
+                _put(x, data(20 + k, me), lib)
+                c.sendrecv(x, nxt, out, prv)
+                f.check(same(out, data(20 + k, prv), "uint8"), f"new segment, round {k}")
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                c.sendrecv(x, nxt, out, prv)
+            for k in range(3):
+                _put(x, data(30 + k, me), lib)
+                graph.replay()
+                torch.cuda.synchronize()
+                f.check(same(out, data(30 + k, prv), "uint8"), f"graph replay {k}")
+        c.synchronize()
+        if me == 0:
+            print(f"sends read in place: {engine.inplace_sends}", flush=True)
+    f.finish()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("lib", _libs())
+def test_point_to_point_large_messages_are_read_in_place(n, lib):
+    for small in ("0", "1"):
+        run_mpi(n, __file__, "rank_ipc_p2p_in_place", lib, small, timeout=300)
+
+
 def rank_ipc_p2p_faults(comm, case):
     """size: rank 1 receives 200 bytes where rank 0 sends 100. tag: tag 1 sent, tag 2 received.
     missing: rank 1 receives, rank 0 never sends. bothsend: both ranks send 8 MiB first (past
-    the eager size). Every rank that calls raises within the timeout (5 s) with the cause."""
+    the eager size). inplace: rank 1 receives 6 MiB of a send of 8 MiB it reads in place.
+    Every rank that calls raises within the timeout (5 s) with the cause."""
     import cupy
 
     from cudampi.comm import Communicator
@@ -511,6 +605,17 @@ def rank_ipc_p2p_faults(comm, case):
                     print(f"rank {me}: skipped the call", flush=True)
                     time.sleep(8)
                     raise SystemExit(0)
+            elif case == "inplace":
+                # 8 MiB sent on one buffer until rank 1 reads it in place, then rank 1
+                # receives 6 MiB: the size is checked on a send read in place too
+                big, into = cupy.ones(8 << 20, cupy.uint8), cupy.empty(8 << 20, cupy.uint8)
+                for _ in range(3):
+                    c.sendrecv(big, 1 - me, into, 1 - me)
+                    c.synchronize()
+                if me == 0:
+                    c.send(big, 1)
+                else:
+                    c.recv(into[: 6 << 20], 0)
             else:
                 big = cupy.ones(8 << 20, cupy.uint8)
                 c.send(big, 1 - me)
@@ -524,15 +629,16 @@ def rank_ipc_p2p_faults(comm, case):
             assert took < 20
 
 
-@pytest.mark.parametrize("case", ["size", "tag", "missing", "bothsend"])
+@pytest.mark.parametrize("case", ["size", "tag", "missing", "bothsend", "inplace"])
 def test_point_to_point_faults_raise_on_every_rank(case):
     proc = run_mpi(2, __file__, "rank_ipc_p2p_faults", case, timeout=120, check=False)
     out = proc.stdout + proc.stderr
     callers = 1 if case == "missing" else 2
     assert out.count("RAISED") == callers, out[-6000:]
-    if case in ("size", "tag"):
+    if case in ("size", "tag", "inplace"):
         assert "RAISED MismatchError" in out and "match in the order" in out, out[-4000:]
-        assert ("200 bytes" in out and "100 bytes" in out) or case == "tag", out[-4000:]
+        assert ("200 bytes" in out and "100 bytes" in out) or case != "size", out[-4000:]
+        assert f"{8 << 20} bytes" in out or case != "inplace", out[-4000:]
     else:
         assert "did not make the matching" in out, out[-4000:]
     if case == "bothsend":

@@ -253,20 +253,23 @@ def test_a_p2p_group_packs_each_message_in_three_words() -> None:
         plan.Message(True, 2, X_BASE, 5000, 7),
         plan.Message(False, 0, OUT_BASE, 5000, -1),  # any tag
         plan.Message(False, 1, OUT_BASE + 64, 0, (1 << 31) - 1),  # from itself, empty
+        plan.Message(True, 0, X_BASE + 96, (4 << 20) + 1, 3, reg=L.MAX_REGS, offset=96),
     ]
     (lc,) = plan.p2p(g, group)
     p = lc.params
     assert lc.kernel == "p2p" and p.nbytes == 8 * L.P2P_NPARAM < 4096  # any driver takes it
     assert (p[L.P_WS], p[L.P_ERR], p[L.P_RANK], p[L.P_TIMEOUT]) == (g.workspace, g.error, 1, 10**9)
-    assert p[L.P2P_NOPS_AT] == 3 and p[L.P2P_CHUNK_AT] == L.p2p_chunk(g.capacity)
+    assert p[L.P2P_NOPS_AT] == 4 and p[L.P2P_CHUNK_AT] == L.p2p_chunk(g.capacity)
     assert p[L.P2P_INBOX_AT] == L.DATA_OFFSET + 2 * g.capacity
     words = p[L.P2P_OPS_AT :].view(numpy.uint64)
     for i, m in enumerate(group):
-        w = int(words[3 * i])
-        assert w & 0xFFFF == m.peer
-        assert (w >> 16) & 0xFFFF == (L.P2P_SEND if m.send else L.P2P_RECV)
-        assert numpy.int64(numpy.uint32(w >> 32).astype(numpy.int32)) == m.tag  # as the kernel
-        assert (p[L.P2P_OPS_AT + 3 * i + 1], p[L.P2P_OPS_AT + 3 * i + 2]) == (m.ptr, m.nbytes)
+        w = int(words[3 * i])  # decoded as the kernel's op_at does
+        assert w & 0xFF == m.peer
+        assert (w >> 8) & 0xFF == (L.P2P_SEND if m.send else L.P2P_RECV)
+        assert (w >> 16) & 0xFFFF == m.reg
+        assert numpy.int64(numpy.uint32(w >> 32).astype(numpy.int32)) == m.tag
+        where = m.offset if m.reg else m.ptr  # a send read in place names its offset
+        assert (p[L.P2P_OPS_AT + 3 * i + 1], p[L.P2P_OPS_AT + 3 * i + 2]) == (where, m.nbytes)
 
 
 def test_a_large_p2p_group_runs_in_parts_in_order_and_bad_messages_are_refused() -> None:
@@ -279,11 +282,21 @@ def test_a_large_p2p_group_runs_in_parts_in_order_and_bad_messages_are_refused()
         plan.p2p(g, [plan.Message(True, 2, X_BASE, 8, 0)])
     with pytest.raises(ValueError, match="32 bits"):
         plan.p2p(g, [plan.Message(True, 1, X_BASE, 8, 1 << 31)])
+    # read in place only a send of more than the eager size (the receiver's blocks take part
+    # in it as in a message of several chunks), and only a real registry entry
+    eager = L.p2p_eager(g.capacity)
+    for bad in [
+        plan.Message(True, 1, X_BASE, eager, 0, reg=1),
+        plan.Message(False, 1, X_BASE, eager + 1, 0, reg=1),
+        plan.Message(True, 1, X_BASE, eager + 1, 0, reg=L.MAX_REGS + 1),
+    ]:
+        with pytest.raises(ValueError, match="in place"):
+            plan.p2p(g, [bad])
 
 
 def test_p2p_sizes_and_how_errors_name_a_message() -> None:
     assert L.p2p_chunk(32 << 20) == 1 << 20 and L.p2p_chunk(64 << 10) == 4096
-    assert L.P2P_SLOTS * L.p2p_chunk(32 << 20) == 4 << 20  # sent before the receive arrives
+    assert L.p2p_eager(32 << 20) == 4 << 20  # sent before the receive arrives
     assert L.p2p_bytes(32 << 20, 4) == 4 * L.P2P_SLOTS * (1 << 20)
     send = [(L.CALL_SEND << 56) | 3, 4096, 7, 0]
     recv = [(L.CALL_RECV << 56) | 1, 100, (1 << 64) - 1, 0]

@@ -97,6 +97,24 @@ def test_bounded_unexportable_and_capture_stage():
     assert node2.regs[0].lookup(0x1, 0) == (0, 0)  # not a device allocation
 
 
+def test_a_send_is_read_in_place_once_its_receiver_alone_mapped_it():
+    node = Node(3)
+    node.alloc(0x3000_0000, 8 << 20, 4)
+    r0, r1, _ = node.regs
+    assert r0.lookup_peer(0x3000_0040, 1) == (0, 0)  # published now
+    assert int(node.segs[0]["count"]) == 1
+    r1.step(0)  # no collective launch yet: rank 1's receives read it from now on
+    assert r0.lookup_peer(0x3000_0040, 1) == (1, 0x40)
+    assert r0.lookup_peer(0x3000_0040, 2) == (0, 0)  # rank 2 has not mapped it
+    assert r0.lookup(0x3000_0040, 5) == (0, 0)  # so no collective reads it in place yet
+    assert r0.lookup_peer(0x3000_0040, 0) == (0, 0)  # never to itself
+    node.alloc(0x3000_0000, 8 << 20, 5)  # given back and made again
+    assert r0.lookup_peer(0x3000_0040, 1) == (0, 0)
+    assert r0.lookup_peer(0x3000_0040, 1, publish=False) == (0, 0)
+    r1.step(0)
+    assert r0.lookup_peer(0x3000_0040, 1) == (2, 0x40)
+
+
 @pytest.mark.parametrize("pattern", ["all", "none", "mixed"])
 def test_registered_two_shot_plans_through_the_model(pattern):
     from cudampi.comm.ipc import plan

@@ -74,6 +74,9 @@ class IpcEngine(Engine):
         self._register = setting.config.ipc_register
         self.registered_calls = 0
         """Calls whose input or output the peers addressed in place (for tests and the log)."""
+        self.inplace_sends = 0
+        """Sends that their receiver read in place (for tests and the log)."""
+        self._eager = L.p2p_eager(ws.capacity)
         self._plans: dict[tuple[Any, ...], list[plan.Launch]] = {}
         self._names: dict[tuple[str, str], dict[str, str]] = {}
 
@@ -265,8 +268,25 @@ class IpcEngine(Engine):
             raise CommError(ANY_SOURCE_REFUSED)
         if send and tag < 0:
             raise CommError(f"a send's tag must be >= 0, got {tag}")
-        nbytes = f.shape[0] * self.ops.itemsize(f)
-        self.ws.post(plan.Message(send, peer, self._ptr(f), nbytes, tag), self._stream())
+        nbytes, ptr, stream = f.shape[0] * self.ops.itemsize(f), self._ptr(f), self._stream()
+        reg = offset = 0
+        if nbytes > self._eager and self._register and peer != self.ws.rank:
+            reg, offset = self._in_place(ptr, peer, send, stream)
+        self.ws.post(plan.Message(send, peer, ptr, nbytes, tag, reg, offset), stream)
+
+    def _in_place(self, ptr: int, peer: int, send: bool, stream: int) -> tuple[int, int]:
+        """A large message's registration (1 + entry, offset; (0, 0): through the inbox).
+        Both ends map what their peers published (so a receive makes its sender's buffer
+        readable here for the next time); a send is read in place once its receiver did."""
+        ws = self.ws
+        capturing = ws.capturing(stream)
+        if not capturing:
+            ws.registry.step(ws.launches)
+        if not send:
+            return 0, 0
+        got = ws.registry.lookup_peer(ptr, peer, publish=not capturing)
+        self.inplace_sends += got[0] > 0
+        return got
 
     def send(self, f: Any, dest: int, tag: int) -> None:
         self._post(f, True, dest, tag)

@@ -52,9 +52,10 @@ struct HeaderHead {     // the part of the header before the registration table
 };
 
 struct Post {          // 32 bytes; a point-to-point chunk's header, written by its sender
-  i64 tag;
+  int tag;
+  int reg;             // 1 + the sender's registry entry holding the whole message (0: inbox)
   i64 nbytes;          // of the whole message
-  u64 pad;
+  i64 off;             // with reg: the message's byte offset in that registered buffer
   u64 seq;             // 1 + the chunk's number in the pair's stream of this block (release)
 };
 
@@ -605,8 +606,16 @@ __global__ void __launch_bounds__(NTHREADS) exchange_kernel(const Params p) {
 // out and acknowledges g + 1 into the sender's header. So up to P2P_SLOTS chunks are sent before
 // the receiver arrives, and the messages between two ranks match in the order sent.
 //
+// A send larger than that whose buffer the receiver has mapped (registry.py; the host decides,
+// plan.p2p refuses it for smaller messages) goes in place instead: each of its blocks posts one
+// chunk that names the registration and offset instead of carrying bytes, the receiver's blocks
+// copy the whole message straight from the sender's buffer (each byte crosses memory once) and
+// acknowledge it, and the send ends only then (the sender's buffer is read until that ack). The
+// receiver learns which way a message comes from its first post, so it needs no notice.
+//
 // One launch runs a group of up to P2P_MAX_OPS sends and receives (op i: P2P_OPS_AT + 3 i:
-// peer | direction << 16 | tag << 32, pointer, bytes) and moves whichever is ready, so a group
+// peer | direction << 8 | registration << 16 | tag << 32, then the pointer, or with a
+// registration the byte offset in it, then the bytes) and moves whichever is ready, so a group
 // that sends to and receives from the same peers (sendrecv, a batch of isend/irecv) cannot
 // deadlock on the slots. The ops of one peer and direction (a lane) run in the order given.
 
@@ -623,16 +632,48 @@ __device__ __forceinline__ i64 block_chunks(i64 nbytes, i64 chunk, int blk) {
   return last > first ? n : n - 1;
 }
 
+// The blocks that take part in a message read in place: those that take part in a message of
+// more than one chunk (their first pack lies in the chunk).
+__device__ __forceinline__ int inplace_blocks(i64 chunk) {
+  const i64 per = (i64)blockDim.x * PACK;
+  return (int)min((i64)gridDim.x, (chunk + per - 1) / per);
+}
+
+// Copy n bytes with the threads of the grid's first `nb` blocks, 16-byte packs strided over
+// them, four loads in flight a thread where both sides are 16-byte aligned.
+__device__ void copy_spread(char* dst, const char* src, i64 n, int nb) {
+  if ((int)blockIdx.x >= nb) return;
+  const i64 stride = (i64)nb * blockDim.x, t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  const i64 packs = n >> 4;
+  if (((u64)dst | (u64)src) % 16 == 0) {
+    const uint4* s = (const uint4*)src;
+    uint4* d = (uint4*)dst;
+    i64 k = t;
+    for (; k + 3 * stride < packs; k += 4 * stride) {
+      const uint4 a = s[k], b = s[k + stride], e = s[k + 2 * stride], f = s[k + 3 * stride];
+      d[k] = a;
+      d[k + stride] = b;
+      d[k + 2 * stride] = e;
+      d[k + 3 * stride] = f;
+    }
+    for (; k < packs; k += stride) d[k] = s[k];
+  } else {
+    for (i64 k = t; k < packs; k += stride) copy_small(dst + 16 * k, src + 16 * k, 16);
+  }
+  if ((n & 15) && t == packs % stride) copy_small(dst + 16 * packs, src + 16 * packs, (int)(n & 15));
+}
+
 struct Op {
-  int peer, dir, lane;
-  i64 tag, ptr, nbytes;
+  int peer, dir, lane, reg;
+  i64 tag, ptr, nbytes;  // with reg (a send read in place), ptr is the offset in the registration
 };
 
 __device__ __forceinline__ Op op_at(const P2PParams& p, int i) {
   const u64 w = (u64)p.v[P2P_OPS_AT + 3 * i];
   Op o;
-  o.peer = (int)(w & 0xffff);
-  o.dir = (int)((w >> 16) & 0xffff);
+  o.peer = (int)(w & 0xff);
+  o.dir = (int)((w >> 8) & 0xff);
+  o.reg = (int)((w >> 16) & 0xffff);
   o.lane = o.peer * 2 + (o.dir == P2P_SEND);
   o.tag = (i64)(int)(u32)(w >> 32);
   o.ptr = p.v[P2P_OPS_AT + 3 * i + 1];
@@ -648,26 +689,31 @@ __device__ void op_sig(const Op& o, u64* sig) {
   sig[3] = 0;
 }
 
+#define OP_NEW -2   // sh_total: the op has not started in this block
+#define OP_OPEN -1  // sh_total: a receive whose first chunk (which says how it comes) is awaited
+
 __global__ void __launch_bounds__(NTHREADS) p2p_kernel(const P2PParams p) {
   __shared__ i64 sh_base[P2P_MAX_OPS];  // this block's chunk number of the op's first chunk
   __shared__ int sh_done[P2P_MAX_OPS], sh_total[P2P_MAX_OPS];
+  __shared__ unsigned char sh_fin[P2P_MAX_OPS];  // finished (a send in place: read, acked)
+  __shared__ unsigned char sh_inplace[P2P_MAX_OPS];  // a receive read from the sender's buffer
+  __shared__ i64 sh_next[2 * MAX_RANKS];  // per lane: the chunk number of its next op
   __shared__ short sh_go[P2P_MAX_OPS];  // the ops whose next chunks move now
   __shared__ short sh_cnt[P2P_MAX_OPS];  // how many chunks each moves (all its slots allow)
+  __shared__ const char* sh_src[P2P_MAX_OPS];  // per go: the sender's buffer of a read in place
   __shared__ int sh_ngo, sh_first;
   __shared__ int sh_state;  // 0: chunks to move, 1: every op finished, 2: failed
   const Ctx c = make_ctx(p);
   const int nops = (int)p.v[P2P_NOPS_AT], blk = blockIdx.x;
   const i64 chunk = p.v[P2P_CHUNK_AT], inbox = p.v[P2P_INBOX_AT];
   if (threadIdx.x == 0) {
-    i64 next[2 * MAX_RANKS];  // per lane: the chunk number of its next op
     for (int l = 0; l < 2 * MAX_RANKS; l++)
-      next[l] = (i64)((l & 1) ? c.hdr->p2p_sent[l >> 1][blk] : c.hdr->p2p_taken[l >> 1][blk]);
+      sh_next[l] = (i64)((l & 1) ? c.hdr->p2p_sent[l >> 1][blk] : c.hdr->p2p_taken[l >> 1][blk]);
     for (int i = 0; i < nops; i++) {
-      const Op o = op_at(p, i);
-      sh_base[i] = next[o.lane];
       sh_done[i] = 0;
-      sh_total[i] = (int)block_chunks(o.nbytes, chunk, blk);
-      next[o.lane] += sh_total[i];
+      sh_total[i] = OP_NEW;
+      sh_fin[i] = 0;
+      sh_inplace[i] = 0;
     }
     sh_first = 0;
   }
@@ -679,43 +725,76 @@ __global__ void __launch_bounds__(NTHREADS) p2p_kernel(const P2PParams p) {
       for (;;) {
         u32 seen = 0;  // lanes whose first unfinished op was met
         int waiting = -1;
-        while (sh_first < nops && sh_done[sh_first] >= sh_total[sh_first]) sh_first++;
+        bool moved = false;  // a send in place finished: its lane may go on at once
+        while (sh_first < nops && sh_fin[sh_first]) sh_first++;
         for (int i = sh_first; i < nops; i++) {
-          if (sh_done[i] >= sh_total[i]) continue;
+          if (sh_fin[i]) continue;
           const Op o = op_at(p, i);
           if (seen & (1u << o.lane)) continue;
+          if (sh_total[i] == OP_NEW) {  // the lane's first unfinished op starts at its next chunk
+            const i64 bc = block_chunks(o.nbytes, chunk, blk);
+            sh_base[i] = sh_next[o.lane];
+            sh_total[i] = o.dir == P2P_SEND ? (int)(o.reg ? (bc > 0) : bc) : (bc > 0 ? OP_OPEN : 0);
+            if (sh_total[i] >= 0) sh_next[o.lane] += sh_total[i];
+            if (sh_total[i] == 0) {
+              sh_fin[i] = 1;
+              continue;
+            }
+          }
           seen |= 1u << o.lane;
           if (waiting < 0) waiting = i;
           const u64 g = (u64)(sh_base[i] + sh_done[i]);
-          const i64 most = min((i64)P2P_SLOTS, (i64)(sh_total[i] - sh_done[i]));
           if (o.dir == P2P_SEND) {
-            const i64 room = (i64)(ld_acquire(&c.hdr->p2p_acked[o.peer][blk]) + P2P_SLOTS - g);
+            const u64 acked = ld_acquire(&c.hdr->p2p_acked[o.peer][blk]);
+            if (sh_done[i] >= sh_total[i]) {  // posted in place: done once the receiver read it
+              if (acked >= g) {
+                sh_fin[i] = 1;
+                moved = true;
+                seen &= ~(1u << o.lane);
+                if (waiting == i) waiting = -1;
+              }
+              continue;
+            }
+            const i64 room = (i64)(acked + P2P_SLOTS - g);
             if (room > 0) {
-              sh_cnt[ngo] = (short)min(room, most);
+              sh_cnt[ngo] = (short)min(room, (i64)min(P2P_SLOTS, sh_total[i] - sh_done[i]));
               sh_go[ngo++] = (short)i;
             }
             continue;
           }
           const Post* post = &c.hdr->p2p_posts[o.peer][blk][g % P2P_SLOTS];
           if (ld_acquire(&post->seq) != g + 1) continue;
+          if (sh_done[i] == 0) {
+            const i64 got_tag = post->tag, got = post->nbytes;
+            if (got != o.nbytes || (o.tag >= 0 && got_tag != o.tag)) {
+              u64 mine[SIG_WORDS], theirs[SIG_WORDS] = {0, 0, 0, 0};
+              op_sig(o, mine);
+              theirs[0] = ((u64)CALL_SEND << 56) | (u64)((c.rank + 1) & 0xffff);
+              theirs[1] = (u64)got;
+              theirs[2] = (u64)got_tag;
+              record_error(c, ERR_MESSAGE, o.peer, g, mine, theirs, o.nbytes, got);
+              state = 2;
+              break;
+            }
+            if (sh_total[i] == OP_OPEN) {  // the first post says how the message comes
+              sh_inplace[i] = post->reg > 0;
+              sh_total[i] = sh_inplace[i] ? 1 : (int)block_chunks(o.nbytes, chunk, blk);
+              sh_next[o.lane] += sh_total[i];
+            }
+          }
           i64 n = 1;  // the chunks after the first that are posted too
-          while (n < most && ld_acquire(&c.hdr->p2p_posts[o.peer][blk][(g + n) % P2P_SLOTS].seq) == g + n + 1)
-            n++;
-          const i64 got_tag = post->tag, got = post->nbytes;
-          if (sh_done[i] == 0 && (got != o.nbytes || (o.tag >= 0 && got_tag != o.tag))) {
-            u64 mine[SIG_WORDS], theirs[SIG_WORDS] = {0, 0, 0, 0};
-            op_sig(o, mine);
-            theirs[0] = ((u64)CALL_SEND << 56) | (u64)((c.rank + 1) & 0xffff);
-            theirs[1] = (u64)got;
-            theirs[2] = (u64)got_tag;
-            record_error(c, ERR_MESSAGE, o.peer, g, mine, theirs, o.nbytes, got);
-            state = 2;
-            break;
+          if (sh_inplace[i]) {
+            sh_src[ngo] = (const char*)c.hdr->regs[o.peer][post->reg - 1] + post->off;
+          } else {
+            const i64 most = min((i64)P2P_SLOTS, (i64)(sh_total[i] - sh_done[i]));
+            while (n < most && ld_acquire(&c.hdr->p2p_posts[o.peer][blk][(g + n) % P2P_SLOTS].seq) == g + n + 1)
+              n++;
           }
           sh_cnt[ngo] = (short)n;
           sh_go[ngo++] = (short)i;
         }
         if (state != 0 || ngo > 0) break;
+        if (moved) continue;
         if (waiting < 0) { state = 1; break; }
         u64 sig[SIG_WORDS];
         const Op w = op_at(p, waiting);
@@ -743,21 +822,27 @@ __global__ void __launch_bounds__(NTHREADS) p2p_kernel(const P2PParams p) {
     }
     __syncthreads();
     if (sh_state != 0) break;
-    for (int k = 0; k < sh_ngo; k++)
-    for (int j = 0; j < sh_cnt[k]; j++) {
+    for (int k = 0; k < sh_ngo; k++) {
       const int i = sh_go[k];
       const Op o = op_at(p, i);
-      const i64 lo = (i64)(sh_done[i] + j) * chunk, rest = o.nbytes - lo;
-      const i64 cb = rest < chunk ? (rest > 0 ? rest : 0) : chunk;
-      const i64 slot = (i64)((u64)(sh_base[i] + sh_done[i] + j) % P2P_SLOTS);
-      if (o.dir == P2P_SEND) {
-        char* box = (char*)c.hdr->h.peers[o.peer] + inbox + ((i64)c.rank * P2P_SLOTS + slot) * chunk;
-        const char* src = (const char*)o.ptr + lo;
-        FOR_PACKS(0, cb, a, b, { copy_small(box + a, src + a, (int)(b - a)); })
-      } else {
-        const char* box = (const char*)c.hdr + inbox + ((i64)o.peer * P2P_SLOTS + slot) * chunk;
-        char* dst = (char*)o.ptr + lo;
-        FOR_PACKS(0, cb, a, b, { copy_small(dst + a, box + a, (int)(b - a)); })
+      if (o.dir == P2P_SEND && o.reg) continue;  // posted only: the receiver reads it in place
+      if (o.dir == P2P_RECV && sh_inplace[i]) {
+        copy_spread((char*)o.ptr, sh_src[k], o.nbytes, inplace_blocks(chunk));
+        continue;
+      }
+      for (int j = 0; j < sh_cnt[k]; j++) {
+        const i64 lo = (i64)(sh_done[i] + j) * chunk, rest = o.nbytes - lo;
+        const i64 cb = rest < chunk ? (rest > 0 ? rest : 0) : chunk;
+        const i64 slot = (i64)((u64)(sh_base[i] + sh_done[i] + j) % P2P_SLOTS);
+        if (o.dir == P2P_SEND) {
+          char* box = (char*)c.hdr->h.peers[o.peer] + inbox + ((i64)c.rank * P2P_SLOTS + slot) * chunk;
+          const char* src = (const char*)o.ptr + lo;
+          FOR_PACKS(0, cb, a, b, { copy_small(box + a, src + a, (int)(b - a)); })
+        } else {
+          const char* box = (const char*)c.hdr + inbox + ((i64)o.peer * P2P_SLOTS + slot) * chunk;
+          char* dst = (char*)o.ptr + lo;
+          FOR_PACKS(0, cb, a, b, { copy_small(dst + a, box + a, (int)(b - a)); })
+        }
       }
     }
     __syncthreads();
@@ -771,22 +856,25 @@ __global__ void __launch_bounds__(NTHREADS) p2p_kernel(const P2PParams p) {
         if (o.dir == P2P_SEND) {
           for (int j = 0; j < n; j++) {
             Post* post = &ph->p2p_posts[c.rank][blk][(g + j) % P2P_SLOTS];
-            post->tag = o.tag;
+            post->tag = (int)o.tag;
+            post->reg = o.reg;
             post->nbytes = o.nbytes;
+            post->off = o.reg ? o.ptr : 0;
             st_release(&post->seq, g + j + 1);
           }
         } else {
           st_release(&ph->p2p_acked[c.rank][blk], g + n);
         }
         sh_done[i] += n;
+        // a send in place stays open until its receiver acknowledges the read
+        if (sh_done[i] >= sh_total[i] && !(o.dir == P2P_SEND && o.reg)) sh_fin[i] = 1;
       }
     }
   }
   if (sh_state == 1 && threadIdx.x == 0) {
-    for (int i = 0; i < nops; i++) {
-      const Op o = op_at(p, i);
-      if (o.dir == P2P_SEND) c.hdr->p2p_sent[o.peer][blk] += (u64)sh_total[i];
-      else c.hdr->p2p_taken[o.peer][blk] += (u64)sh_total[i];
+    for (int l = 0; l < 2 * MAX_RANKS; l++) {
+      if (l & 1) c.hdr->p2p_sent[l >> 1][blk] = (u64)sh_next[l];
+      else c.hdr->p2p_taken[l >> 1][blk] = (u64)sh_next[l];
     }
   }
 }

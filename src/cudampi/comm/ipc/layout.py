@@ -139,6 +139,12 @@ def p2p_chunk(capacity: int) -> int:
     return max(4096, capacity // 32 // 4096 * 4096)
 
 
+def p2p_eager(capacity: int) -> int:
+    """The largest message that goes before its receive is posted (through the inbox's slots);
+    a larger send waits for its receive, and may be read in place (registry.py)."""
+    return P2P_SLOTS * p2p_chunk(capacity)
+
+
 def p2p_bytes(capacity: int, nranks: int) -> int:
     """Bytes of a workspace's inboxes (one per sender, itself included)."""
     return nranks * P2P_SLOTS * p2p_chunk(capacity)

@@ -366,6 +366,10 @@ class Message:
     nbytes: int
     tag: int
     """A receive's tag < 0 takes any tag."""
+    reg: int = 0
+    """A send read in place by its receiver: 1 + the registry entry of ``ptr``'s allocation
+    (which the receiver has mapped), and ``offset``, ``ptr``'s byte offset in it."""
+    offset: int = 0
 
     def __post_init__(self) -> None:
         # checked where the message is posted, not at the later launch of its group
@@ -376,8 +380,9 @@ class Message:
 def p2p(geo: Geometry, group: list[Message]) -> list[Launch]:
     """The launches of a group of sends and receives (``p2p_kernel``), at most
     :data:`~cudampi.comm.ipc.layout.P2P_MAX_OPS` messages each, in the order given: the kernel
-    keeps the order of one peer and direction and moves the others as their peers allow."""
-    launches = []
+    keeps the order of one peer and direction and moves the others as their peers allow. A send
+    with ``reg`` (larger than :func:`~cudampi.comm.ipc.layout.p2p_eager`) is read in place."""
+    launches, eager = [], L.p2p_eager(geo.capacity)
     for at in range(0, len(group), L.P2P_MAX_OPS):
         part = group[at : at + L.P2P_MAX_OPS]
         p = numpy.zeros(L.P2P_NPARAM, numpy.int64)
@@ -389,9 +394,13 @@ def p2p(geo: Geometry, group: list[Message]) -> list[Launch]:
         for i, m in enumerate(part):
             if not 0 <= m.peer < geo.nranks:
                 raise ValueError(f"peer {m.peer} is not a rank of {geo.nranks}")
+            if m.reg and not (m.send and m.nbytes > eager and 0 < m.reg <= L.MAX_REGS):
+                # the receiver's blocks take part in a message read in place as in one of more
+                # than a chunk; a smaller one must go (eagerly) through the inbox
+                raise ValueError(f"{m} cannot be read in place (a send of more than {eager} B)")
             way = L.P2P_SEND if m.send else L.P2P_RECV
-            words[3 * i] = m.peer | way << 16 | (m.tag & 0xFFFFFFFF) << 32
-            p[L.P2P_OPS_AT + 3 * i + 1] = m.ptr
+            words[3 * i] = m.peer | way << 8 | m.reg << 16 | (m.tag & 0xFFFFFFFF) << 32
+            p[L.P2P_OPS_AT + 3 * i + 1] = m.offset if m.reg else m.ptr
             p[L.P2P_OPS_AT + 3 * i + 2] = m.nbytes
         launches.append(Launch("p2p", p))
     return launches

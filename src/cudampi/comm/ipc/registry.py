@@ -91,21 +91,43 @@ class Registry:
         """(1 + entry, byte offset of ``ptr`` in it) when every peer's kernels address ``ptr``'s
         allocation at ``launch``; (0, 0) otherwise, publishing the allocation for later calls
         (unless ``publish`` is False: inside a capture)."""
+        got = self._entry(ptr, publish)
+        if got is None:
+            return 0, 0
+        k, base = got
+        for p, seg in enumerate(self.segments):
+            at = int(seg["mapped_at"][self.rank][k]) if p != self.rank else 1
+            if at == 0 or at - 1 > launch:
+                return 0, 0
+        return k + 1, ptr - base
+
+    def lookup_peer(self, ptr: int, peer: int, *, publish: bool = True) -> tuple[int, int]:
+        """As :meth:`lookup`, for one peer's kernels of any launch from now on: (1 + entry,
+        offset) once ``peer`` mapped ``ptr``'s allocation: a point-to-point send that ``peer``
+        reads in place. Its table was written before it said so, and its kernels learn the
+        entry only from a post of this rank's kernels, launched after this returns."""
+        got = self._entry(ptr, publish)
+        if got is None:
+            return 0, 0
+        k, base = got
+        if int(self.segments[peer]["mapped_at"][self.rank][k]) == 0:  # (never itself: 0)
+            return 0, 0
+        return k + 1, ptr - base
+
+    def _entry(self, ptr: int, publish: bool) -> tuple[int, int] | None:
+        """(entry, allocation base) of ``ptr``'s allocation where this rank published it; None
+        otherwise, publishing it for later calls (unless ``publish`` is False)."""
         info = self._query(ptr)
         if info is None:
-            return 0, 0
+            return None
         base, size, buffer_id = info
         key = (base, buffer_id)
         k = self._own.get(key)
         if k is None:
             if publish and key not in self._refused:
                 self._publish(key, base, size)
-            return 0, 0
-        for p, seg in enumerate(self.segments):
-            at = int(seg["mapped_at"][self.rank][k]) if p != self.rank else 1
-            if at == 0 or at - 1 > launch:
-                return 0, 0
-        return k + 1, ptr - base
+            return None
+        return k, base
 
     def _publish(self, key: tuple[int, int], base: int, size: int) -> None:
         k = int(self.mine["count"])

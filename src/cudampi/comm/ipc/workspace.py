@@ -454,7 +454,7 @@ class Workspace:
             )
         if code == L.ERR_TIMEOUT and int(e["mine"][0]) >> 56 in (L.CALL_SEND, L.CALL_RECV):
             other = "receive" if int(e["mine"][0]) >> 56 == L.CALL_SEND else "send"
-            eager = L.P2P_SLOTS * L.p2p_chunk(self.capacity)
+            eager = L.p2p_eager(self.capacity)
             return CommError(
                 f"[{mine}]: rank {peer} did not make the matching {other} within "
                 f"{self.timeout:g} s (CUDAMPI_TIMEOUT) at {where}. On the ipc path a send of "
