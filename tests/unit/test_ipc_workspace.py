@@ -104,3 +104,58 @@ def test_a_send_nobody_receives_says_what_to_do_about_it() -> None:
     _record(ws, L.ERR_TIMEOUT, 1, [(1 << 56) | 0, 1000, 1, 0], [0, 0, 0, 0])  # an allreduce
     with pytest.raises(CommError, match="did not arrive within 5 s"):
         ws.check()
+
+
+class _Ops:
+    """The two facts the engine's point-to-point posting asks of an array (uint8 here)."""
+
+    @staticmethod
+    def itemsize(a: numpy.ndarray) -> int:
+        return 1
+
+    @staticmethod
+    def ptr(a: numpy.ndarray) -> int:
+        return int(a.ctypes.data)
+
+
+def test_large_sends_go_in_place_once_their_receiver_mapped_the_buffer() -> None:
+    from cudampi.comm.engines.ipc import IpcEngine
+    from tests.unit.test_ipc_registry import Node
+
+    node = Node(2)
+    big = numpy.zeros((5 << 20) + 64, numpy.uint8)
+    base = int(big.ctypes.data)
+    node.alloc(base, big.nbytes, 1)
+    ws, _ = workspace()
+    ws.registry = node.regs[0]
+    capturing = [False]
+    ws.capturing = lambda stream: capturing[0]  # type: ignore[method-assign]
+    eng = object.__new__(IpcEngine)
+    eng.ws, eng.ops, eng._fixed_stream, eng._register = ws, _Ops(), 7, True
+    eng.inplace_sends, eng._eager = 0, L.p2p_eager(ws.capacity)
+
+    def post(a: numpy.ndarray, peer: int = 1, send: bool = True) -> plan.Message:
+        eng._post(a, send, peer, 0)
+        m = ws._group.messages[-1]
+        ws._group.messages.clear()
+        return m
+
+    x = big[16:]
+    assert post(x).reg == 0 and int(node.segs[0]["count"]) == 1  # published at the first send
+    assert post(big[: eng._eager]).reg == 0  # the eager size goes through the inbox, always
+    node.regs[1].step(0)  # rank 1 maps it at its next large message
+    m = post(x)
+    assert (m.reg, m.offset, m.ptr) == (1, 16, base + 16) and eng.inplace_sends == 1
+    assert post(x, peer=0).reg == 0  # to itself: through its own inbox
+    eng._register = False  # CUDAMPI_IPC_REGISTER=0
+    assert post(x).reg == 0
+    eng._register = True
+    capturing[0] = True  # inside a graph capture: used where mapped, never published
+    other = numpy.zeros(6 << 20, numpy.uint8)
+    node.alloc(int(other.ctypes.data), other.nbytes, 2)
+    assert post(x).reg == 1 and post(other).reg == 0 and int(node.segs[0]["count"]) == 1
+    capturing[0] = False
+    # a large receive maps what its peers published since (the sender reads nothing of it)
+    node.regs[1].lookup_peer(int(other.ctypes.data), 0)
+    assert post(other, send=False).reg == 0
+    assert node.tables[0][(1, 0)] == int(other.ctypes.data) + (1 << 44)
