@@ -540,7 +540,7 @@ def rank_ipc_p2p_in_place(comm, lib, small):
         if lib == "torch-cuda":
             import torch
 
-            del x, out, xs, os_
+            del x, out, xs, os_, handles, h  # (a receive's handle holds its buffer)
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # the registered segments go back to CUDA
             x = torch.zeros(size, dtype=torch.uint8, device="cuda")
