@@ -180,11 +180,12 @@ _SINGLETON_EXIT: list[str] = []
 
 
 def remove_singleton_segment_at_exit(MPI: Any, folder: str = SHM_DIR) -> list[str]:
-    """Where this process is an Open MPI singleton (a world of one, no launcher), remove the
-    shared-memory segment it maps when it exits, which Open MPI 5.0 never does; the segments so
-    registered (once a process; none in a larger job or under another MPI). Safe early: only the
-    name goes, and no other process attaches to a singleton's segment. A child forked later
-    inherits the exit handler and leaves the segment alone (it is its parent's)."""
+    """Where this process is an Open MPI world of one (a singleton; ``mpirun -n 1``'s session
+    cleanup would remove it anyway), remove the shared-memory segment it maps when it exits,
+    which an Open MPI 5.0 singleton never does; the segments so registered (once a process; none
+    in a larger job or under another MPI). The handler may run before MPI_Finalize: only the name
+    goes, and nothing attaches to the segment of a process that is exiting. A child forked later
+    inherits the handler and leaves the segment alone (it is its parent's)."""
     if _SINGLETON_EXIT or MPI.COMM_WORLD.Get_size() != 1:
         return []
     if not MPI.Get_library_version().startswith("Open MPI"):
