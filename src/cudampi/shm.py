@@ -37,8 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 SHM_DIR = "/dev/shm"
-_PREFIXES = ("mpich_shm_", "mpich_vci_")
-MPI_PREFIXES = (*_PREFIXES, "sm_segment.")
+MPICH_PREFIXES = ("mpich_shm_", "mpich_vci_")
+"""Names of MPICH's segments."""
+OPEN_MPI_PREFIX = "sm_segment."
+"""Name of an Open MPI 5 process's segment."""
+MPI_PREFIXES = (*MPICH_PREFIXES, OPEN_MPI_PREFIX)
 """Names of MPI shared-memory files: MPICH's, and Open MPI 5's shared-memory transport's."""
 
 
@@ -59,7 +62,7 @@ def unique_kvsname(pid: int | None = None) -> str:
 
 def mpich_segments(kvsname: str, folder: str = SHM_DIR) -> list[str]:
     """Paths of the MPICH segments of the job named ``kvsname`` present in ``folder``."""
-    tags = tuple(f"{prefix}{mpich_world_id(kvsname):x}_" for prefix in _PREFIXES)
+    tags = tuple(f"{prefix}{mpich_world_id(kvsname):x}_" for prefix in MPICH_PREFIXES)
     try:
         names = os.listdir(folder)
     except OSError:
@@ -75,7 +78,7 @@ def orphaned_mpich_segments(since: float, folder: str = SHM_DIR) -> list[str]:
     """MPICH segments in ``folder`` made at or after ``since`` (a ``time.time()``) by this user
     that no process maps: a job's that ended then without removing them. A live job's segment
     is mapped by its ranks from the moment it is made (``MPL_initshm_open``)."""
-    return _unmapped(folder, _PREFIXES, since)
+    return _unmapped(folder, MPICH_PREFIXES, since)
 
 
 def stale_segments(folder: str = SHM_DIR) -> list[str]:
@@ -191,7 +194,7 @@ def remove_singleton_segment_at_exit(MPI: Any, folder: str = SHM_DIR) -> list[st
     if not MPI.Get_library_version().startswith("Open MPI"):
         return []
     mine = sorted(
-        p for p in _mapped_files(folder, "self") if os.path.basename(p).startswith("sm_segment.")
+        p for p in _mapped_files(folder, "self") if os.path.basename(p).startswith(OPEN_MPI_PREFIX)
     )
     if mine:
         _SINGLETON_EXIT[:] = mine

@@ -11,7 +11,7 @@ from cudampi.probe.gpu import gpu_for_local_rank, visible_devices
 from cudampi.probe.interfaces import Interface, nccl_ifname_matches, nccl_ifname_missing
 from cudampi.probe.ompi import OmpiInfo
 from cudampi.rankenv import LauncherInfo
-from cudampi.shm import ShmState
+from cudampi.shm import MPICH_PREFIXES, ShmState
 
 
 def check_launcher(info: LauncherInfo) -> Check:
@@ -231,7 +231,7 @@ def check_shm(state: ShmState | None) -> Check:
             "an emptyDir of medium Memory at /dev/shm (cudampi env k8s writes one)"
         )
     if state.stale:
-        mpich = any(os.path.basename(p).startswith("mpich_") for p in state.stale)
+        mpich = any(os.path.basename(p).startswith(MPICH_PREFIXES) for p in state.stale)
         n = len(state.stale)
         held = f"{n} stale MPI segment{'s' if n != 1 else ''}, {_size(state.stale_bytes)}"
         if not mpich and state.stale_bytes * 10 < state.size:
