@@ -1,5 +1,5 @@
-"""Names that cross packages, each written once: collective paths, reduce ops, launchers and
-MPI flavours.
+"""Names that cross packages, each written once: the calls, collective paths, reduce ops,
+launchers and MPI flavours.
 
 The ground floor (beside :mod:`cudampi.config` and :mod:`cudampi.errors`): it imports nothing,
 and every package that speaks one of these names imports it from here instead of spelling its
@@ -7,6 +7,66 @@ own copy (docs/ARCHITECTURE.md, "one fact, one place").
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call a Communicator makes: every list of calls in cudampi is read from :data:`CALLS`
+    (the cross-rank check's codes, the ipc kernels' signatures, path choice, torch's and the
+    benchmarks' names), so a new collective is one row here plus the engines that run it."""
+
+    name: str
+    code: int
+    """Its number in call signatures (the cross-rank check, the ipc kernels' signature words);
+    one byte, unique, never reused for another call."""
+    reduces: bool = False
+    """It takes a reduce op and combines the ranks' data."""
+    vector: bool = False
+    """Ranks may pass different numbers of elements (per-rank counts), so a rank cannot tell
+    from its own buffer what its peers pass."""
+    rooted: bool = False
+    """One rank (``root``) is the only source or the only destination."""
+    p2p: bool = False
+    """A message between two ranks (user point-to-point), not a collective."""
+    data: bool = True
+    """It moves array data (barrier and split move none)."""
+    form: str = "elementwise"
+    """How its output follows from its input (:mod:`cudampi.comm.calls` prepares each form):
+    ``elementwise`` (the input's shape: allreduce, reduce, broadcast in place), ``gather``
+    (every rank's input, stacked or concatenated), ``scatter`` (a block of the root's input),
+    ``reduce_scatter`` (a block of the reduction), ``exchange`` (blocks to and from every rank),
+    ``sync`` (no data), ``message`` (point-to-point)."""
+    engine: str = ""
+    """The engine method that runs it (:mod:`cudampi.comm.engines.base`; "" for none)."""
+
+
+CALLS: dict[str, Call] = {
+    c.name: c
+    for c in (
+        Call("allreduce", 1, reduces=True, engine="allreduce"),
+        Call("reduce", 2, reduces=True, rooted=True, engine="reduce"),
+        Call("broadcast", 3, rooted=True, engine="broadcast"),
+        Call("allgather", 4, form="gather", engine="allgatherv"),
+        Call("allgatherv", 5, vector=True, form="gather", engine="allgatherv"),
+        Call("gather", 6, rooted=True, form="gather", engine="gatherv"),
+        Call("scatter", 7, rooted=True, form="scatter", engine="scatterv"),
+        Call("reduce_scatter", 8, reduces=True, form="reduce_scatter", engine="reduce_scatterv"),
+        Call("alltoall", 9, vector=True, form="exchange", engine="alltoallv"),
+        Call("barrier", 10, data=False, form="sync"),
+        Call("split", 11, data=False, form="sync"),
+        Call("send", 16, p2p=True, form="message", engine="send"),
+        Call("recv", 17, p2p=True, form="message", engine="recv"),
+        Call("sendrecv", 18, p2p=True, form="message", engine="sendrecv"),
+        Call("isend", 19, p2p=True, form="message", engine="isend"),
+        Call("irecv", 20, p2p=True, form="message", engine="irecv"),
+    )
+}
+"""Every call, by name. Collectives first, in the order the benchmarks and docs list them."""
+
+COLLECTIVES = tuple(c.name for c in CALLS.values() if not c.p2p)
+"""The collective calls' names."""
 
 PATHS = ("auto", "ipc", "nccl", "gpu-ring", "staged", "native", "host")
 """The Communicator's collective paths (``path=``, CUDAMPI_PATH): ``auto`` picks per call from

@@ -102,9 +102,10 @@ def rank_auto_nccl(comm, case, cache):
     mod.local_gpu = lambda device: mod.RankGpu("node", gpu)
     with Communicator(comm) as c:
         s = c.device_support
+        v = s.verdict("nccl")
         if case == "usable":
-            assert s.nccl and s.nccl_span == (6_000_000, NO_LIMIT), s
-            assert "faster than ipc from 6000000 bytes up" in s.nccl_why
+            assert v.ok and v.span == (6_000_000, NO_LIMIT), s
+            assert "faster than ipc from 6000000 bytes up" in v.why
             pick = lambda n, call="allreduce", dtype="float32": choose(  # noqa: E731
                 call, "auto", True, dtype, n, s, mpi_reduces=True
             )
@@ -120,12 +121,12 @@ def rank_auto_nccl(comm, case, cache):
                 "shared-gpu": "ranks 0, 1 share the GPU at PCI 0000:01:00.0",
                 "across-nodes": "across nodes auto keeps ipc inside each node",
             }[case]
-            assert not s.nccl and want in s.nccl_why and s.nccl_span == (0, 0), s
+            assert not v.ok and want in v.why and v.span == (0, 0), s
     # the rule itself: one rank whose probe does not prove NCCL turns it off for all
     why = mod.ranks_can_use(comm, proven=comm.rank != 1)
     assert why == "not every rank's probe result proves the nccl engine", why
     if comm.rank == 0:
-        print(f"auto nccl {case}: {s.nccl_why}", flush=True)
+        print(f"auto nccl {case}: {v.why}", flush=True)
 
 
 @pytest.mark.parametrize("case", ["usable", "shared-gpu", "across-nodes"])

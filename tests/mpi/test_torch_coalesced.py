@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudampi.comm.validate import CALLS
+from cudampi.names import COLLECTIVES
 from tests.mpi.test_torch_backend import Checks, _init, _try_gloo, data, local_reduce
 from tests.mpi.test_torch_ddp import assert_same, batch, make_model
 from tests.mpirun import run_mpi
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
 pytest.importorskip("torch")
 
-COUNTED = tuple(c for c in CALLS if c != "split")  # the calls torch makes
+COUNTED = tuple(c for c in COLLECTIVES if c != "split")  # the calls torch makes
 
 # (shape, dtype): several dtypes interleaved, an empty tensor among them
 MIXED = [

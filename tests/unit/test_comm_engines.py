@@ -7,12 +7,12 @@ import itertools
 import subprocess
 import sys
 
-from cudampi.comm import validate
 from cudampi.comm.engines import KINDS, Engine
 from cudampi.comm.engines.mpi import can_reduce
-from cudampi.comm.paths import P2P, DeviceSupport, choose
+from cudampi.comm.paths import DeviceSupport, choose
 from cudampi.config import PATHS
 from cudampi.errors import DeviceError
+from cudampi.names import CALLS as TABLE
 
 METHODS = (
     "allreduce",
@@ -28,7 +28,7 @@ METHODS = (
     "isend",
     "irecv",
 )
-CALLS = (*(c for c in validate.CALLS if c not in ("barrier", "split")), *P2P)
+CALLS = tuple(name for name, c in TABLE.items() if c.data)
 
 
 def test_every_engine_has_the_whole_method_set():

@@ -135,7 +135,8 @@ def test_bad_path_names_are_config_errors():
 def test_auto_takes_ipc_only_where_the_probe_proved_it_and_it_wins():
     from dataclasses import replace
 
-    from cudampi.comm.paths import DeviceSupport, choose, ipc_support
+    from cudampi.comm.engines.ipc import ipc_support
+    from cudampi.comm.paths import DeviceSupport, Verdict, choose
     from cudampi.probe.capabilities import ProbeOutcome
 
     ok = ProbeOutcome("ok", "correct", 300.0)
@@ -155,7 +156,7 @@ def test_auto_takes_ipc_only_where_the_probe_proved_it_and_it_wins():
     assert why.endswith("(ranks sharing a GPU under MPS, 20 us at 4 KiB)")
     base = DeviceSupport(True, "p2p proven", False, "no")
     assert choose("allreduce", "auto", True, "float32", 4096, base, mpi_reduces=True) == "gpu-ring"
-    on = replace(base, ipc=True, ipc_why="the probe proved the ipc engine correct")
+    on = replace(base, verdicts={"ipc": Verdict(True, "the probe proved the ipc engine correct")})
     got = choose("allreduce", "auto", True, "float32", 4096, on, mpi_reduces=True)
     assert got == "ipc" and got.engine == "ipc" and got.inner == "alg"
     assert choose("allreduce", "auto", False, "float32", 4096, on, mpi_reduces=True) == "host"
@@ -168,9 +169,11 @@ def test_point_to_point_takes_the_ipc_kernels_only_when_asked_for():
     runs them as ipc kernels on device arrays; nccl moves collectives only."""
     from dataclasses import replace
 
-    from cudampi.comm.paths import DeviceSupport, choose
+    from cudampi.comm.paths import DeviceSupport, Verdict, choose
 
-    on = replace(DeviceSupport(True, "p2p proven", False, "no"), ipc=True, ipc_why="proven")
+    on = replace(
+        DeviceSupport(True, "p2p proven", False, "no"), verdicts={"ipc": Verdict(True, "proven")}
+    )
     for call in ("send", "recv", "isend", "irecv", "sendrecv"):
         auto = choose(call, "auto", True, "float32", 4096, on, mpi_reduces=True)
         assert (str(auto), auto.engine) == ("gpu-ring", "mpi"), call
@@ -185,16 +188,20 @@ def test_point_to_point_takes_the_ipc_kernels_only_when_asked_for():
     assert asked.engine == "ipc" and asked.inner == "staged"  # across nodes: staged between
 
 
-def test_auto_stages_small_device_calls_where_ranks_time_slice_one_gpu():
+def test_auto_stages_small_device_calls_where_ranks_time_slice_one_gpu(monkeypatch):
     from dataclasses import replace
 
-    from cudampi.comm.paths import SHARED_GPU_STAGED_BELOW, DeviceSupport, staged_below
+    import cudampi.probe.gpu
+    from cudampi.comm.engines.staged import SHARED_GPU_STAGED_BELOW, staged_below
+    from cudampi.comm.paths import DeviceSupport
 
     assert staged_below(True, False) == SHARED_GPU_STAGED_BELOW  # shared GPU, no MPS
     assert staged_below(True, True) == 0 and staged_below(False, False) == 0
     assert staged_below(None, False) == 0  # not probed: no claim
     base = DeviceSupport(True, "p2p proven", False, "no")
-    sliced = replace(base, staged_below=staged_below(True, False))
+    monkeypatch.setattr(cudampi.probe.gpu, "mps_active", lambda env=None: False)
+    sliced = device_support(cfg(), replace(H200_UCX, ipc_shared_gpu=True))
+    assert sliced.p2p and sliced.verdict("staged").span == (0, SHARED_GPU_STAGED_BELOW)
     for n in (8, 4096, 2 << 20):
         got = choose("allreduce", "auto", True, "float32", n, sliced, mpi_reduces=True)
         assert got == "staged" and "time-slicing" in got.reason, n
@@ -216,7 +223,7 @@ def test_auto_without_a_probe_result_says_so_once_for_device_arrays(monkeypatch)
 
     monkeypatch.setattr(ipc_engine, "available", lambda: None)  # CuPy importable
     fresh = device_support(cfg(), None)
-    assert fresh.unprobed and not fresh.ipc and not fresh.p2p
+    assert fresh.unprobed and not fresh.verdict("ipc").ok and not fresh.p2p
     staged = choose("allreduce", "auto", True, "float32", 1 << 20, fresh, mpi_reduces=True)
     note = unprobed_note(staged, "auto", True, fresh)
     assert "path 'staged'" in note and "no valid probe result" in note
@@ -241,7 +248,8 @@ def test_auto_without_a_probe_result_says_so_once_for_device_arrays(monkeypatch)
 
 
 def test_nccl_span_is_where_nccl_takes_less_time_than_ipc():
-    from cudampi.comm.paths import NO_LIMIT, nccl_span
+    from cudampi.comm.engines.nccl import nccl_span
+    from cudampi.comm.paths import NO_LIMIT
 
     # t(n) = latency + n / bandwidth: 20 us + n / 300 GB/s against 30 us + n / 600 GB/s cross at
     # 6 MB (both 40 us there); above it nccl's bandwidth wins
@@ -257,7 +265,8 @@ def test_nccl_span_is_where_nccl_takes_less_time_than_ipc():
 def test_auto_takes_nccl_for_the_sizes_the_probe_measured_it_faster():
     from dataclasses import replace
 
-    from cudampi.comm.paths import NO_LIMIT, nccl_support
+    from cudampi.comm.engines.nccl import nccl_support
+    from cudampi.comm.paths import NO_LIMIT, Verdict
 
     ipc_ok = ProbeOutcome("ok", "correct", gbps=300.0)
     caps = replace(
@@ -293,7 +302,9 @@ def test_auto_takes_nccl_for_the_sizes_the_probe_measured_it_faster():
     )
     # the choice: nccl inside the span for even reductions and broadcasts of NCCL's float types
     s = replace(
-        device_support(cfg(), caps), ipc=True, nccl=True, nccl_why=why, nccl_span=span, p2p=True
+        device_support(cfg(), caps),
+        verdicts={"ipc": Verdict(True, "ipc proven"), "nccl": Verdict(True, why, span)},
+        p2p=True,
     )
     big, small = 64 << 20, 1 << 20
     for call in ("allreduce", "reduce", "broadcast", "reduce_scatter"):
@@ -306,4 +317,5 @@ def test_auto_takes_nccl_for_the_sizes_the_probe_measured_it_faster():
     assert choose("allreduce", "ipc", True, "float32", big, s, mpi_reduces=True) == "ipc"
     assert choose("allreduce", "gpu-ring", True, "float32", big, s, mpi_reduces=True) == "gpu-ring"
     # a host whose probe did not prove nccl: auto never takes it
-    assert not device_support(cfg(), replace(caps, device_nccl=ProbeOutcome("skipped"))).nccl
+    unproven = device_support(cfg(), replace(caps, device_nccl=ProbeOutcome("skipped")))
+    assert not unproven.verdict("nccl").ok

@@ -171,14 +171,6 @@ def test_every_exception_is_still_needed():
         ), f"docs/ARCHITECTURE.md excuses {who} importing {what}, which it no longer does"
 
 
-KNOWN_CIRCLES = [
-    # comm/engines (the engine issue's room): the alg and mpi engines lend each other helpers, and
-    # the engines' registry and the ipc engine import each other.
-    {"cudampi.comm.engines.alg", "cudampi.comm.engines.mpi"},
-    {"cudampi.comm.engines", "cudampi.comm.engines.ipc"},
-]
-
-
 def test_no_import_circles():
     """Modules that import each other (even inside functions) are one job in two files: the map
     has no room for them. Found as the strongly connected parts of the import graph."""
@@ -213,4 +205,4 @@ def test_no_import_circles():
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert [c for c in circles if c not in KNOWN_CIRCLES] == []
+    assert circles == []

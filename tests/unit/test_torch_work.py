@@ -194,13 +194,15 @@ def test_auto_runs_host_synchronizing_cuda_calls_on_the_thread(monkeypatch):
     assert threaded(staged, "allreduce", ([t],))
     assert threaded(staged, "allreduce", ([t],)) and staged._comm.asks == 1
     assert threaded(staged, "all_gather_single", ([t], [t])) and staged._comm.asked == "allgather"
-    ipc = _group_stand_in(PathChoice("ipc", "", "ipc"), _Runner(), auto=True)
+    ipc = _group_stand_in(PathChoice("ipc", "", "ipc", stream_ordered=True), _Runner(), auto=True)
     assert not threaded(ipc, "allreduce", ([t],))
     ipc._runner.is_busy = True
     assert threaded(ipc, "allreduce", ([t],)), "an inline call must not overtake the thread"
     cuda[0] = None  # host tensors
     assert not threaded(staged, "allreduce", ([t],))
-    forced = _group_stand_in(PathChoice("ipc", "", "ipc"), _Runner(), auto=False)
+    forced = _group_stand_in(
+        PathChoice("ipc", "", "ipc", stream_ordered=True), _Runner(), auto=False
+    )
     assert threaded(forced, "allreduce", ([t],)), "async_ops=True: every call on the thread"
 
 
@@ -218,12 +220,18 @@ def test_capture_refuses_paths_that_block_the_host(monkeypatch):
     with pytest.raises(CommError, match=r"all_gather_single.*'staged'.*path 'ipc'"):
         check(staged, "all_gather_single", ([t], [t]))
     assert staged._comm.asked == "allgather"
-    ipc = _group_stand_in(PathChoice("ipc", "requested", "ipc"))
+    ipc = _group_stand_in(PathChoice("ipc", "requested", "ipc", stream_ordered=True))
     check(ipc, "reduce_scatter_single", ([t], [t]))  # stream-ordered: fine
     assert ipc._comm.asked == "reduce_scatter"
     with pytest.raises(CommError, match="async_ops"):
-        check(_group_stand_in(PathChoice("ipc", "", "ipc"), runner=_Runner()), "allreduce", ())
-    auto = _group_stand_in(PathChoice("ipc", "", "ipc"), runner=_Runner(), auto=True)
+        check(
+            _group_stand_in(PathChoice("ipc", "", "ipc", stream_ordered=True), runner=_Runner()),
+            "allreduce",
+            (),
+        )
+    auto = _group_stand_in(
+        PathChoice("ipc", "", "ipc", stream_ordered=True), runner=_Runner(), auto=True
+    )
     check(auto, "allreduce", ([t],))  # auto, stream-ordered path, nothing on the thread: fine
     auto._runner.is_busy = True
     with pytest.raises(CommError, match="still run on its thread"):

@@ -149,9 +149,8 @@ class CudampiPath(PathAdapter):
             from cudampi.comm import Communicator
         except ImportError as exc:
             raise Skip(f"cudampi.comm is not importable ({exc})") from None
-        self.nccl_version = 0
         if name == "nccl":
-            self.nccl_version = _nccl_version(session, lib)
+            _check_nccl(session, lib)
         self.comm = Communicator(session.world, path=name)
 
     def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
@@ -172,20 +171,9 @@ class CudampiPath(PathAdapter):
             return "nccl moves collectives; point-to-point goes through MPI (the gpu-ring row)"
         if self.name in ("ipc", "nccl") and self.choice != self.name:
             return f"{self.name} moves device arrays; here it would run {self.choice}"
-        if self.name == "ipc":
-            from cudampi.comm.engines.ipc import available
-
-            return available()
-        if (
-            self.name == "nccl"
-            and redop is not None
-            and op in ("allreduce", "reduce", "reduce_scatter")
-        ):
-            from cudampi.comm.engines.nccl import nccl_reduction
-
-            how = nccl_reduction(dtype, redop, self.nccl_version)
-            return how if isinstance(how, str) else None
-        return None
+        if op == "copy":
+            return None
+        return self.comm.refusal(op, probe, redop)
 
     def allreduce(self, send: Any, recv: Any, op: str) -> None:
         self.comm.allreduce(send, op, out=recv)
@@ -405,17 +393,13 @@ class MpiPath(PathAdapter):
         self.comm.Free()
 
 
-def _nccl_version(session: Session, lib: ArrayLib) -> int:
-    """NCCL's version code where cudampi's nccl engine can run this benchmark, else
-    :class:`Skip` with why."""
-    from cudampi.comm.engines.nccl import available
+def _check_nccl(session: Session, lib: ArrayLib) -> None:
+    """:class:`Skip`, with why, where cudampi's nccl engine cannot run this benchmark."""
+    from cudampi.comm.paths import unavailable
 
-    why = session.nccl_refusal(lib.device) or available()
+    why = session.nccl_refusal(lib.device) or unavailable().get("nccl")
     if why is not None:
         raise Skip(why)
-    from cupy.cuda import nccl
-
-    return int(nccl.get_version())
 
 
 class CopyPath(PathAdapter):

@@ -108,9 +108,9 @@ class _Cudampi(_P2P):
 
         self.name = path
         if path == "ipc":
-            from cudampi.comm.engines.ipc import available
+            from cudampi.comm.paths import unavailable
 
-            why = "ipc moves device arrays" if lib.device != "cuda" else available()
+            why = "ipc moves device arrays" if lib.device != "cuda" else unavailable().get("ipc")
             if why is not None:
                 raise Skip(why)
         self.comm = Communicator(session.world, path=None if path == "cudampi" else path)

@@ -11,50 +11,37 @@ separate duplicate of the communicator so it can never match a collective's inte
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from cudampi.comm import args
-from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, same_memory
+from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat
+from cudampi.comm.calls import Plan, Request, prepare
 from cudampi.comm.deadline import Watch
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
 from cudampi.comm.engines.mpi import can_reduce
 from cudampi.comm.handle import Handle, Worker, completed
-from cudampi.comm.ops import ArrayOps, check_op
 from cudampi.comm.paths import (
     DeviceSupport,
     PathChoice,
+    Ranks,
+    agreed,
     check_path,
     choose,
     device_support,
+    kinds,
     unprobed_note,
 )
 from cudampi.comm.repeat import Repeats
 from cudampi.comm.validate import Signature, agree, check
 from cudampi.config import Config
 from cudampi.errors import CommError, CommTimeoutError, CudampiError, DeviceError
+from cudampi.names import CALLS
 from cudampi.observe import QUIET, Observer
 from cudampi.shm import remove_singleton_segment_at_exit
-
-
-@dataclass
-class _Plan:
-    """One call, prepared in the caller's thread."""
-
-    sig: Signature
-    run: Callable[[], Any] | None = None
-    engine: Engine | None = None
-    token: Any = None
-    error: BaseException | None = None
-
-    @property
-    def ops(self) -> ArrayOps | None:
-        return self.engine.ops if self.engine is not None else None
 
 
 class Communicator:
@@ -100,12 +87,16 @@ class Communicator:
             remove_singleton_segment_at_exit(MPI)
         found = capmod.lookup(self.config.cache_dir, MPI.Get_library_version(), os.environ)
         self.capabilities: capmod.Capabilities | None = found.entry
-        self._support = device_support(self.config, found.entry, found.note)
         self._choices: dict[tuple[Any, ...], PathChoice] = {}
         """(call, path asked, on device, dtype, bytes) -> its choice (support is fixed)."""
         if found.ignored and self.rank == 0:
             warnings.warn(f"cudampi: {found.note}", RuntimeWarning, stacklevel=2)
         try:
+            shared = node_comm(self._coll, self.config)
+            one_node = shared.Get_size() == self.size
+            shared.Free()
+            ranks = Ranks(self._coll, one_node)
+            self._support = device_support(self.config, found.entry, found.note, ranks)
             agree(self._coll, self._agreed())
         except Exception:
             for c in (self._coll, self.mpi_comm):
@@ -113,10 +104,6 @@ class Communicator:
             raise
         self._watch = Watch(self._coll, self.config.timeout)
         self._seq = 0
-        shared = node_comm(self._coll, self.config)
-        one_node = shared.Get_size() == self.size
-        shared.Free()
-        self._support = _nccl_for_these_ranks(self._coll, self._support, one_node)
         self._engines = engines_for(
             Setting(self._coll, self.mpi_comm, self.rank, self.size, self.config, one_node)
         )
@@ -136,14 +123,7 @@ class Communicator:
 
     def _agreed(self) -> dict[str, Any]:
         """What every rank must share (see the class doc)."""
-        s = self._support
-        return {
-            **self.config.agreed(),
-            "path": self._path,
-            "device p2p": "proven" if s.p2p else "not proven",
-            "device collectives": "proven" if s.collectives else "not proven",
-            "staged below (bytes)": s.staged_below,
-        }
+        return {**self.config.agreed(), "path": self._path, **agreed(self._support)}
 
     def close(self) -> None:
         """Finish queued calls and free the duplicated communicators."""
@@ -176,15 +156,11 @@ class Communicator:
     def split(self, color: int, key: int = 0) -> Communicator | None:
         """A sub-communicator of the ranks passing the same ``color`` (None for MPI.UNDEFINED)."""
 
-        def build() -> _Plan:
+        def build() -> Plan:
             args.check_color(color, key)
+            return Plan(Signature("split"), lambda: self._coll.Split(color, key))
 
-            def run() -> Any:
-                return self._coll.Split(color, key)
-
-            return _Plan(Signature("split"), run)
-
-        new = self._collective(build, "split", False)
+        new = self._run(build, "split", False)
         from mpi4py import MPI
 
         if new == MPI.COMM_NULL:
@@ -207,6 +183,16 @@ class Communicator:
         b = adapt(x)
         n = b.nbytes if nbytes is None else nbytes
         return self._choose(op, b, None, n)
+
+    def refusal(
+        self, call: str, x: Any, op: str | None = None, *, path: str | None = None
+    ) -> str | None:
+        """Why ``call`` on ``x`` (reducing with ``op``) would not run on the path this
+        communicator takes for it (``path=`` as the call would pass it), or None: the engine's
+        library is missing, or it lacks that reduction. Path errors raise, as the call would."""
+        choice = self._choose(call, adapt(x), path)
+        kind = kinds()[choice.engine]
+        return kind.available() or kind.refuses(call, adapt(x).dtype, op)
 
     def _choose(self, call: str, b: Buf, path: str | None, nbytes: int | None = None) -> PathChoice:
         n = b.nbytes if nbytes is None else nbytes
@@ -262,7 +248,7 @@ class Communicator:
     def _engine(self, choice: PathChoice, b: Buf) -> Engine:
         return self._engines.get(choice.engine, choice.inner, b.lib, b.device)
 
-    def _collective(self, build: Callable[[], _Plan], what: str, async_op: bool) -> Any:
+    def _run(self, build: Callable[[], Plan], what: str, async_op: bool) -> Any:
         if self._closed:
             raise CommError(f"{what}: this Communicator was closed")
         self._chosen = None
@@ -281,7 +267,7 @@ class Communicator:
         except Exception as exc:
             if self._reject_ordered(what):
                 raise
-            plan, ordered = _Plan(Signature(what), error=exc), False
+            plan, ordered = Plan(Signature(what), error=exc), False
         # Every collective is observed here, whatever engine runs it: the log line (path and
         # why), the profiler/NVTX range and the timeline event (cudampi.observe).
         chosen = self._chosen
@@ -355,6 +341,26 @@ class Communicator:
 
     # ------------------------------------------------------------------ collectives
 
+    def _call(self, r: Request, async_op: bool) -> Any:
+        """Run one call: prepared (:func:`cudampi.comm.calls.prepare`) in the caller's order."""
+
+        def build() -> Plan:
+            r.seq = self._seq
+            return prepare(self, r)
+
+        return self._run(build, r.call.name, async_op)
+
+    def _remember(self, r: Request, engine: Engine, dtype: str, sig: Signature) -> None:
+        """After an allreduce's full path: let its repeats skip the front end (repeat.py)."""
+        if engine.stream_ordered:
+            self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype)
+        elif engine.ops.device is None:
+            self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype, sig)
+
+    def _check_counts(self, r: Request, error: BaseException | None) -> None:
+        """The cross-rank check of counts exchanged inside a call (alltoall's receive counts)."""
+        check(self._coll, Signature(r.call.name), error, debug=False, watch=self._watch, seq=r.seq)
+
     def allreduce(
         self,
         x: Any,
@@ -368,37 +374,10 @@ class Communicator:
         every rank gets the result (in ``out``; ``out=x`` is in place)."""
         if out is not None and not async_op and self._repeat(x, op, out, path):
             return out
-
-        def build() -> _Plan:
-            xb = self._buf(x, "x")
-            check_op(op, xb.dtype)
-            ob = self._out(xb, out, xb.shape)
-            choice = self._choose("allreduce", xb, path)
-            engine = self._engine(choice, xb)
-            inplace = ob is xb or same_memory(xb, ob)
-            sig = Signature(
-                "allreduce",
-                op,
-                xb.dtype,
-                count=xb.count,
-                path=choice.label,
-                algo=engine.algo,
-                shape=xb.shape,
-            )
-
-            def run() -> Any:
-                of = flat(ob)
-                engine.allreduce(of if inplace else flat(xb), of, op, xb.dtype)
-                if out is not None and not async_op:
-                    if engine.stream_ordered:
-                        self._repeats.remember(x, out, op, path, engine, xb.dtype)
-                    elif engine.ops.device is None:
-                        self._repeats.remember(x, out, op, path, engine, xb.dtype, sig)
-                return _result(out, ob)
-
-            return _Plan(sig, run, engine)
-
-        return self._collective(build, "allreduce", async_op)
+        remember = out is not None and not async_op
+        return self._call(
+            Request(CALLS["allreduce"], x, op, out=out, path=path, remember=remember), async_op
+        )
 
     def _repeat(self, x: Any, op: str, out: Any, path: str | None) -> bool:
         """Run an allreduce that the full path ran before on these very arrays, unchanged,
@@ -434,70 +413,19 @@ class Communicator:
         async_op: bool = False,
     ) -> Any:
         """Reduce ``x`` over all ranks onto ``root`` (the result is valid on ``root`` only)."""
-
-        def build() -> _Plan:
-            xb = self._buf(x, "x")
-            check_op(op, xb.dtype)
-            args.check_root(root, self.size)
-            ob = self._out(xb, out, xb.shape)
-            choice = self._choose("reduce", xb, path)
-            engine = self._engine(choice, xb)
-            inplace = same_memory(xb, ob)
-            sig = Signature(
-                "reduce",
-                op,
-                xb.dtype,
-                root=root,
-                count=xb.count,
-                path=choice.label,
-                algo=engine.algo,
-                shape=xb.shape,
-            )
-
-            def run() -> Any:
-                of = flat(ob)
-                engine.reduce(of if inplace else flat(xb), of, op, xb.dtype, root)
-                return _result(out, ob)
-
-            return _Plan(sig, run, engine)
-
-        return self._collective(build, "reduce", async_op)
+        return self._call(Request(CALLS["reduce"], x, op, root, out, path=path), async_op)
 
     def broadcast(
         self, x: Any, root: int = 0, *, path: str | None = None, async_op: bool = False
     ) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank (in place); returns ``x``."""
-
-        def build() -> _Plan:
-            xb = self._buf(x, "x")
-            args.check_root(root, self.size)
-            if self.rank != root:
-                args.check_writable(xb, "x")
-            choice = self._choose("broadcast", xb, path)
-            engine = self._engine(choice, xb)
-            sig = Signature(
-                "broadcast",
-                "",
-                xb.dtype,
-                root=root,
-                count=xb.count,
-                path=choice.label,
-                shape=xb.shape,
-            )
-
-            def run() -> Any:
-                engine.broadcast(flat(xb), root)
-                return x if xb.obj is xb.arr else xb.arr
-
-            return _Plan(sig, run, engine)
-
-        return self._collective(build, "broadcast", async_op)
+        return self._call(Request(CALLS["broadcast"], x, root=root, path=path), async_op)
 
     def allgather(
         self, x: Any, *, out: Any = None, path: str | None = None, async_op: bool = False
     ) -> Any:
         """Every rank's ``x`` stacked: ``out`` has shape ``(size, *x.shape)`` on every rank."""
-        return self._gather_like("allgather", x, None, None, out, path, async_op)
+        return self._call(Request(CALLS["allgather"], x, out=out, path=path), async_op)
 
     def allgatherv(
         self,
@@ -509,7 +437,9 @@ class Communicator:
         async_op: bool = False,
     ) -> Any:
         """Flat concatenation of every rank's ``x`` (``counts[i]`` elements from rank i)."""
-        return self._gather_like("allgatherv", x, counts, None, out, path, async_op)
+        return self._call(
+            Request(CALLS["allgatherv"], x, out=out, counts=counts, path=path), async_op
+        )
 
     def gather(
         self,
@@ -521,51 +451,7 @@ class Communicator:
         async_op: bool = False,
     ) -> Any:
         """Every rank's ``x`` stacked on ``root`` (shape ``(size, *x.shape)``); None elsewhere."""
-        return self._gather_like("gather", x, None, root, out, path, async_op)
-
-    def _gather_like(
-        self,
-        call: str,
-        x: Any,
-        counts: list[int] | None,
-        root: int | None,
-        out: Any,
-        path: str | None,
-        async_op: bool,
-    ) -> Any:
-        def build() -> _Plan:
-            xb = self._buf(x, "x")
-            if root is not None:
-                args.check_root(root, self.size)
-            cs, shape = args.gather_layout(xb, counts, self.size, self.rank)
-            receives = root is None or self.rank == root
-            ob = self._out(xb, out, shape) if receives else None
-            choice = self._choose(call, xb, path)
-            engine = self._engine(choice, xb)
-            sig = Signature(
-                call,
-                "",
-                xb.dtype,
-                root=-1 if root is None else root,
-                count=-1 if counts is not None else xb.count,
-                counts=tuple(cs) if counts is not None else (),
-                path=choice.label,
-                algo=engine.algo,
-                shape=xb.shape if counts is None else None,
-            )
-
-            def run() -> Any:
-                xf = flat(xb)
-                of = flat(ob) if ob is not None else None
-                if root is None:
-                    engine.allgatherv(xf, of, cs)
-                else:
-                    engine.gatherv(xf, of, cs, root)
-                return _result(out, ob) if ob is not None else None
-
-            return _Plan(sig, run, engine)
-
-        return self._collective(build, call, async_op)
+        return self._call(Request(CALLS["gather"], x, root=root, out=out, path=path), async_op)
 
     def scatter(
         self,
@@ -578,41 +464,7 @@ class Communicator:
     ) -> Any:
         """Block i of ``root``'s ``x`` (shape ``(size, *s)``) lands in rank i's ``out`` (shape
         ``s``). Other ranks pass ``out``, or an ``x`` of the same shape and dtype as a template."""
-
-        def build() -> _Plan:
-            args.check_root(root, self.size)
-            is_root = self.rank == root
-            if x is None and is_root:
-                raise CommError(f"scatter: the root (rank {root}) must pass x")
-            if x is None:
-                if out is None:
-                    raise CommError("scatter: a non-root rank must pass out (or an x template)")
-                tb = self._buf(out, "out")
-                block: tuple[int, ...] = tb.shape
-            else:
-                tb = self._buf(x, "x")
-                if not tb.shape or tb.shape[0] != self.size:
-                    raise CommError(
-                        f"scatter: x has shape {tb.shape}; its first axis must be the number of "
-                        f"ranks ({self.size})"
-                    )
-                block = tb.shape[1:]
-            ob = self._out(tb, out, block)
-            k = ob.count
-            choice = self._choose("scatter", tb, path)
-            engine = self._engine(choice, tb)
-            sig = Signature(
-                "scatter", "", tb.dtype, root=root, count=k, path=choice.label, shape=block
-            )
-
-            def run() -> Any:
-                xf = flat(tb) if (is_root and x is not None) else None
-                engine.scatterv(xf, flat(ob), [k] * self.size, root)
-                return _result(out, ob)
-
-            return _Plan(sig, run, engine)
-
-        return self._collective(build, "scatter", async_op)
+        return self._call(Request(CALLS["scatter"], x, root=root, out=out, path=path), async_op)
 
     def reduce_scatter(
         self,
@@ -627,34 +479,8 @@ class Communicator:
         """Reduce ``x`` over ranks and give rank i block i: ``x.shape[0] == size*k`` gives ``out``
         of shape ``(k, *x.shape[1:])``; with ``counts``, a flat ``x`` of ``sum(counts)`` elements
         gives rank i ``counts[i]`` elements."""
-
-        def build() -> _Plan:
-            xb = self._buf(x, "x")
-            check_op(op, xb.dtype)
-            cs, shape = args.reduce_scatter_layout(xb, counts, self.size, self.rank)
-            ob = self._out(xb, out, shape)
-            if same_memory(xb, ob) and self.size > 1 and xb.count:
-                raise CommError("reduce_scatter: out must not be x (the output is a block of x)")
-            choice = self._choose("reduce_scatter", xb, path)
-            engine = self._engine(choice, xb)
-            sig = Signature(
-                "reduce_scatter",
-                op,
-                xb.dtype,
-                count=xb.count,
-                counts=tuple(cs),
-                path=choice.label,
-                algo=engine.algo,
-                shape=xb.shape,
-            )
-
-            def run() -> Any:
-                engine.reduce_scatterv(flat(xb), flat(ob), cs, op, xb.dtype)
-                return _result(out, ob)
-
-            return _Plan(sig, run, engine)
-
-        return self._collective(build, "reduce_scatter", async_op)
+        r = Request(CALLS["reduce_scatter"], x, op, out=out, counts=counts, path=path)
+        return self._call(r, async_op)
 
     def alltoall(
         self,
@@ -669,51 +495,10 @@ class Communicator:
         """Block i of ``x`` goes to rank i and block j of the result comes from rank j. Blocks are
         the first axis split in ``size`` equal parts, or, with ``send_counts``, a flat ``x`` split
         by counts (``recv_counts`` may be omitted: then it is exchanged)."""
-        varying = send_counts is not None
-
-        def build() -> _Plan:
-            seq = self._seq
-            xb = self._buf(x, "x")
-            sc, rc = args.alltoall_counts(xb, send_counts, recv_counts, self.size)
-            shape = xb.shape if not varying else None if rc is None else (sum(rc),)
-            ob = None if shape is None else self._out(xb, out, shape)
-            if ob is not None and same_memory(xb, ob) and xb.count and self.size > 1:
-                raise CommError("alltoall: out must not be x")
-            choice = self._choose("alltoall", xb, path)
-            engine = self._engine(choice, xb)
-            sig = Signature(
-                "alltoall",
-                "",
-                xb.dtype,
-                count=-1 if varying else xb.count,
-                counts=(1,) if varying else (),
-                path=choice.label,
-                shape=None if varying else xb.shape,
-            )
-
-            def run() -> Any:
-                nonlocal rc, ob
-                if varying:
-                    got = [int(c) for c in self._coll.alltoall(sc)]
-                    err = args.recv_counts_error(self.rank, rc, got)
-                    check(
-                        self._coll,
-                        Signature("alltoall"),
-                        err,
-                        debug=False,
-                        watch=self._watch,
-                        seq=seq,
-                    )
-                    rc = got
-                    if ob is None:
-                        ob = self._out(xb, out, (sum(rc),))
-                assert rc is not None and ob is not None
-                engine.alltoallv(flat(xb), sc, flat(ob), rc)
-                return _result(out, ob)
-
-            return _Plan(sig, run, engine)
-
-        return self._collective(build, "alltoall", async_op)
+        r = Request(
+            CALLS["alltoall"], x, out=out, counts=send_counts, recv_counts=recv_counts, path=path
+        )
+        return self._call(r, async_op)
 
     def refuse(self, call: str, error: Exception) -> NoReturn:
         """Take part in the next collective as a rank whose arguments failed the caller's own
@@ -721,17 +506,15 @@ class Communicator:
         moving data (this one ``error``, the others an error naming this rank), so no rank is
         left waiting. ``call`` names the collective in the others' error."""
 
-        def build() -> _Plan:
+        def build() -> Plan:
             raise error
 
-        self._collective(build, call, False)
+        self._run(build, call, False)
         raise error  # (the cross-rank check raised it already)
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return once every rank has called barrier (in order with queued collectives)."""
-        return self._collective(
-            lambda: _Plan(Signature("barrier"), lambda: None), "barrier", async_op
-        )
+        return self._call(Request(CALLS["barrier"]), async_op)
 
     # ------------------------------------------------------------------ point-to-point
 
@@ -801,30 +584,8 @@ class Communicator:
         return out
 
 
-def _nccl_for_these_ranks(coll: Any, support: DeviceSupport, one_node: bool) -> DeviceSupport:
-    """``support`` with auto's nccl choice kept only where every rank of this communicator can
-    use it: one node (the doctor measured it against ipc there), a GPU of its own on every rank.
-    Collective over ``coll`` on one node (``one_node`` is the same on every rank)."""
-    why: str | None
-    if not one_node:
-        if not support.nccl:
-            return support
-        why = "across nodes auto keeps ipc inside each node (nccl was measured on one node only)"
-    else:
-        from cudampi.comm.engines.nccl import ranks_can_use
-
-        why = ranks_can_use(coll, support.nccl)
-        if why is None or not support.nccl:
-            return support
-    return dataclasses.replace(support, nccl=False, nccl_why=why, nccl_span=(0, 0))
-
-
 _TOLD = [False]
 """Whether this process already said that auto chose a device path without a probe result."""
-
-
-def _result(out: Any, ob: Buf) -> Any:
-    return out if out is not None else ob.arr
 
 
 def _inline(fn: Callable[[], Any], what: str, async_op: bool) -> Any:

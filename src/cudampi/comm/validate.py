@@ -18,21 +18,8 @@ from typing import Any
 from cudampi.comm.buffers import DTYPE_CODE
 from cudampi.comm.ops import REDUCE_OPS
 from cudampi.errors import CommError, DeviceError, MismatchError
-from cudampi.names import FORCED_PATHS
+from cudampi.names import CALLS, FORCED_PATHS
 
-CALLS = (
-    "allreduce",
-    "reduce",
-    "broadcast",
-    "allgather",
-    "allgatherv",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "alltoall",
-    "barrier",
-    "split",
-)
 PATH_LABELS = ("none", *FORCED_PATHS, "host-alg", "native-alg")
 """What a call's ``path`` may say: a path, or the algorithm cudampi runs where MPI cannot
 (:attr:`cudampi.comm.paths.PathChoice.label`)."""
@@ -56,7 +43,7 @@ class Signature:
 
     def codes(self) -> list[int]:
         return [
-            CALLS.index(self.call) + 1,
+            CALLS[self.call].code,
             REDUCE_OPS.index(self.op) + 1 if self.op else 0,
             DTYPE_CODE.get(self.dtype, 0),
             self.root,

@@ -206,12 +206,11 @@ def all_checks(f: Facts) -> list[Check]:
 
 
 def _nccl_choice(f: Facts) -> tuple[bool, str, tuple[int, int]]:
-    """What auto makes of this host's nccl probe (:func:`cudampi.comm.paths.nccl_support`)."""
-    from cudampi.comm.paths import ipc_support, nccl_support
+    """What auto makes of this host's nccl probe (:func:`cudampi.comm.paths.verdicts`)."""
+    from cudampi.comm.paths import mpi_support, verdicts
+    from cudampi.config import Config
 
     caps = f.capabilities
-    ipc = (
-        caps is not None
-        and ipc_support(caps.device_ipc, caps.ipc_shared_gpu, mps_active(f.env), None)[0]
-    )
-    return nccl_support(caps, ipc, None)
+    cfg = Config.load({}, env={})
+    v = verdicts(cfg, caps, mpi_support(cfg, caps), mps_active(f.env))[0]["nccl"]
+    return v.ok, v.why, v.span

@@ -204,7 +204,9 @@ def check_ipc(outcome: ProbeOutcome, run: ProbeRun | None, mps: bool) -> Check:
     """cudampi's ipc engine (GPU kernels over CUDA IPC; MPI only on the host): correct data,
     its 4 KiB latency and bandwidth, and whether `auto` takes it here (ranks sharing a GPU take
     it only under the MPS daemon: without it their contexts time-slice and it loses)."""
-    from cudampi.comm.paths import ipc_support
+    from cudampi.comm.paths import mpi_support, verdicts
+    from cudampi.config import Config
+    from cudampi.probe.capabilities import Capabilities
 
     name = "ipc engine"
     if outcome.status == "skipped":
@@ -225,7 +227,12 @@ def check_ipc(outcome: ProbeOutcome, run: ProbeRun | None, mps: bool) -> Check:
         ("ranks shared one GPU" if shared else "one GPU per rank")
         + (", MPS on" if rep.get("mps") else ", MPS off")
     )
-    taken, why = ipc_support(outcome, shared if isinstance(shared, bool) else None, mps, None)
+    caps = Capabilities(
+        "", "", device_ipc=outcome, ipc_shared_gpu=shared if isinstance(shared, bool) else None
+    )
+    cfg = Config.load({}, env={})
+    v = verdicts(cfg, caps, mpi_support(cfg, caps), mps)[0]["ipc"]
+    taken, why = v.ok, v.why
     if taken:
         return Check(name, "ok", f"{'; '.join(facts)}: auto takes it", "", CUDA)
     return Check(
@@ -243,7 +250,7 @@ def check_nccl_engine(
 ) -> Check:
     """cudampi's nccl engine (NCCL bootstrapped over MPI, a GPU per rank): correct data, its
     4 KiB latency and bandwidth, and the sizes where auto takes it over ipc
-    (``caps_support``: :func:`cudampi.comm.paths.nccl_support` of this host's probe)."""
+    (``caps_support``: :func:`cudampi.comm.paths.verdicts` of this host's probe)."""
     name = "nccl engine"
     if outcome.status == "skipped":
         no_lib = "finds no NCCL library" in outcome.detail

@@ -326,10 +326,10 @@ def _cannot_run(gpus: int) -> dict[str, str]:
     """The probe tests this machine cannot run, with why: the ipc engine needs CuPy; the nccl
     engine CuPy's NCCL and a GPU for each of the probe's 2 ranks (NCCL refuses two ranks on one
     GPU), so a host of ``gpus`` < 2 GPUs cannot probe it."""
-    from cudampi.comm.engines import ipc, nccl
+    from cudampi.comm.paths import kinds
 
     out = {}
-    why = ipc.available()
+    why = kinds()["ipc"].available()
     if why is not None:
         out["device_ipc"] = why
     if gpus < 2:  # (asked first: CuPy warns aloud on importing its NCCL module without one)
@@ -338,7 +338,7 @@ def _cannot_run(gpus: int) -> dict[str, str]:
             "two ranks on one GPU; ranks sharing a GPU keep ipc)"
         )
     else:
-        why = nccl.available()
+        why = kinds()["nccl"].available()
     if why is not None:
         out["device_nccl"] = why
     return out

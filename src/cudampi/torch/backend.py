@@ -292,24 +292,19 @@ class CudampiProcessGroup(_ProcessGroup):
         key = (name, tensor.dtype, tensor.numel(), tensor.device)
         known = self._host_path.get(key)
         if known is None:
-            from cudampi.comm.engines import KINDS
-
             try:
                 choice = self._comm.path_for(_CALL_OF.get(name, "allreduce"), tensor)
             except Exception:  # the call itself says what is wrong, in the caller's thread
                 return False
             if len(self._host_path) >= 4096:  # sizes that keep changing: forget, ask again
                 self._host_path.clear()
-            kind = KINDS.get(choice.engine)
-            known = self._host_path[key] = kind is None or not kind.stream_ordered
+            known = self._host_path[key] = not choice.stream_ordered
         return known
 
     def _check_capturable(self, name: str, args: Sequence[Any]) -> None:
         """Inside CUDA graph capture only a stream-ordered engine (ipc, nccl) can run a call:
         the others block the host on the caller's stream, which capture forbids (and which
         would invalidate the graph with an obscure CUDA error). Say so before running."""
-        from cudampi.comm.engines import KINDS
-
         tensor = first_cuda(args)
         if self._runner is not None and not self._auto:
             why = "Options(async_ops=True) runs it on a thread and a side stream of its own"
@@ -325,8 +320,7 @@ class CudampiProcessGroup(_ProcessGroup):
             )
         else:
             choice = self._comm.path_for(_CALL_OF.get(name, "allreduce"), tensor)
-            kind = KINDS.get(choice.engine)
-            if kind is not None and kind.stream_ordered:
+            if choice.stream_ordered:
                 return
             why = f"its path here is {str(choice)!r}, which synchronizes the host ({choice.reason})"
         raise CommError(

@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm import algorithms
+from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Setting
-from cudampi.comm.engines.mpi import DirectP2P, apart
+from cudampi.comm.engines.p2p import DirectP2P, apart, message_route
 from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import DirectTransport
+from cudampi.errors import DeviceError
 
 
 class AlgEngine(DirectP2P):
@@ -22,6 +24,49 @@ class AlgEngine(DirectP2P):
     user point-to-point straight on the arrays, as the ``mpi`` engine does it."""
 
     name = "alg"
+    paths = ("gpu-ring",)
+
+    @classmethod
+    def verdict(cls, facts: Facts) -> Verdict:
+        mpi = facts.mpi
+        return Verdict(mpi.p2p, mpi.p2p_why)
+
+    @classmethod
+    def route(cls, ask: Ask, support: DeviceSupport) -> PathChoice | None:
+        if ask.call.p2p:
+            return None  # messages: MPI's own matching (the mpi engine)
+        if not ask.on_device:
+            if not ask.no_mpi:
+                return None
+            return PathChoice(
+                "host",
+                f"host memory; MPI has no {ask.dtype} reduction, so cudampi's algorithm reduces it",
+                "alg",
+            )
+        if not support.p2p:
+            return None
+        return PathChoice(
+            "gpu-ring",
+            f"device memory, {support.p2p_why}: GPU reduction over device p2p "
+            f"({'ring' if ask.nbytes > 0 else 'no data'})",
+            "alg",
+        )
+
+    @classmethod
+    def forced(cls, ask: Ask, support: DeviceSupport) -> PathChoice:
+        if ask.call.p2p:
+            route = message_route(ask, support)
+            assert route is not None  # (None only for auto)
+            return route
+        if not ask.on_device:
+            return PathChoice("gpu-ring", "requested; host memory runs the same algorithm", "alg")
+        if not support.p2p:
+            raise DeviceError(
+                f"{ask.call.name}: path='gpu-ring' needs CUDA-aware MPI point-to-point, which is "
+                f"not proven here ({support.p2p_why}). Run `cudampi doctor`, set "
+                "CUDAMPI_CUDA_AWARE=yes if you know better, or use path='staged'."
+            )
+        return PathChoice("gpu-ring", f"requested; {support.p2p_why}", "alg")
 
     def __init__(self, setting: Setting, ops: ArrayOps) -> None:
         super().__init__(setting, ops)

@@ -28,7 +28,16 @@ communicator's p2p duplicate)::
 
 Engines are made once per communicator, engine name and (lib, device) by :class:`Engines`, and
 keep what they need between calls (streams, host buffers, workspaces) in themselves or, where
-engines share it, in :meth:`Engines.keep`. This package never imports the Communicator.
+engines share it, in :meth:`Engines.keep`. An engine that runs on another (the staged engine's
+host engine, the ipc engine's engine between nodes) asks its set for it by name
+(:meth:`Engine.peer`, :meth:`Engines.spawn`), never by importing it. This package never imports
+the Communicator.
+
+Each engine also declares itself to path choice (:mod:`cudampi.comm.paths` orders them, the
+records are :mod:`cudampi.comm.choice`): the calls it runs, the ``path=`` names that ask for it,
+whether it is stream-ordered, :meth:`Engine.available` (a library missing), :meth:`Engine.verdict`
+(may auto take it for device arrays here, why, for which sizes), :meth:`Engine.route` (auto's
+route through it for one call, or None) and :meth:`Engine.forced` (the route when asked for).
 """
 
 from __future__ import annotations
@@ -37,10 +46,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.handle import Handle
 from cudampi.comm.ops import ArrayOps, ops_for
 from cudampi.config import Config
 from cudampi.errors import CommError
+from cudampi.names import CALLS
+
+COLLECTIVE_CALLS = frozenset(name for name, c in CALLS.items() if not c.p2p)
+"""What an engine of collectives only runs (the calls of :data:`cudampi.names.CALLS` that are
+not messages)."""
+ALL_CALLS = frozenset(CALLS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,20 +128,80 @@ class Engine:
     """One way to run collectives and point-to-point (see the module doc for the method set)."""
 
     name: ClassVar[str] = ""
+    calls: ClassVar[frozenset[str]] = ALL_CALLS
+    """The calls (:data:`cudampi.names.CALLS`) this engine runs; auto passes it over for others."""
+    paths: ClassVar[tuple[str, ...]] = ()
+    """The ``path=`` names (:data:`cudampi.names.PATHS`) that ask for this engine."""
+    device_only: ClassVar[bool] = False
+    """It moves device arrays only: asked for on host arrays, the host's own choice runs."""
+    agreed: ClassVar[bool] = False
+    """Its verdict must be the same on every rank: a communicator refuses to start otherwise
+    (auto would take it on some ranks only)."""
+    last_resort: ClassVar[bool] = False
+    """auto's route where no engine took a call (:meth:`fallback`): one engine says so."""
     stream_ordered: ClassVar[bool] = False
     """True: the engine orders its work on the caller's CUDA stream itself; the Communicator then
     neither captures/fences the stream nor runs the host-side check. Its calls run in the
     caller's thread (with the caller's current device and stream), after the calls queued on the
     communicator's worker have finished; an ``async_op`` call returns a finished handle."""
 
+    made_by: Engines | None = None
+    """The set that made this engine (:meth:`peer` asks it for other engines)."""
+
     def __init__(self, setting: Setting, ops: ArrayOps) -> None:
         self.setting = setting
         self.ops = ops
+
+    # ------------------------------------------------------------------ declarations
+
+    @classmethod
+    def available(cls) -> str | None:
+        """None where this engine can run in this process, else why not (a library missing)."""
+        return None
+
+    @classmethod
+    def verdict(cls, facts: Facts) -> Verdict:
+        """May auto take this engine for device arrays here, why, and for which sizes."""
+        return Verdict(False, f"auto does not take the {cls.name} engine")
+
+    @classmethod
+    def refuses(cls, call: str, dtype: str, op: str | None) -> str | None:
+        """Why this engine would refuse ``call`` on ``dtype`` with reduce ``op`` (a reduction
+        its library lacks), or None; asked before running, it saves a failed call."""
+        return None
+
+    @classmethod
+    def unprobed(cls, facts: Facts) -> str:
+        """Why auto decides for this engine without the probe's word ("" where it has it)."""
+        return ""
+
+    @classmethod
+    def route(cls, ask: Ask, support: DeviceSupport) -> PathChoice | None:
+        """auto's route through this engine for ``ask``, or None: auto asks the next engine."""
+        return None
+
+    @classmethod
+    def fallback(cls, ask: Ask, support: DeviceSupport) -> PathChoice:
+        """auto's route where no engine took the call (the :attr:`last_resort` engine's)."""
+        raise NotImplementedError
+
+    @classmethod
+    def forced(cls, ask: Ask, support: DeviceSupport) -> PathChoice:
+        """The route where ``ask.requested`` is one of :attr:`paths`; a
+        :class:`~cudampi.errors.DeviceError` that says why and what to do where it cannot run."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ making
 
     @classmethod
     def make(cls, engines: Engines, ops: ArrayOps, inner: str) -> Engine:
         """The engine for ``ops`` in ``engines``' communicator (``inner``: PathChoice.inner)."""
         return cls(engines.setting, ops)
+
+    def peer(self, name: str, inner: str = "") -> Engine:
+        """The ``name`` engine of this engine's set on the same arrays (library and device)."""
+        assert self.made_by is not None, "an engine made outside an Engines set has no peers"
+        return self.made_by.get(name, inner, self.ops.lib, self.ops.device)
 
     @property
     def algo(self) -> int:
@@ -209,6 +285,8 @@ class CollectivesOnly(Engine):
     """An engine of collectives only (nccl): user point-to-point goes through MPI's engines
     (paths choose them for p2p), and a direct call says so."""
 
+    calls = COLLECTIVE_CALLS
+
     def _no_p2p(self) -> CommError:
         return CommError(
             f"the {self.name} engine moves collectives; point-to-point goes through MPI"
@@ -264,7 +342,13 @@ class Engines:
                     f"no engine {name!r}; this communicator has {', '.join(self._kinds)}"
                 )
             engine = self._made[key] = kind.make(self, self.ops(lib, device), inner)
+            engine.made_by = self
         return engine
+
+    def spawn(self, setting: Setting) -> Engines:
+        """A set of the same engines for another communicator (the ipc engine's node and
+        cross-node communicators); the caller closes it."""
+        return Engines(setting, self._kinds)
 
     def keep(self, key: Any, make: Callable[[], Any]) -> Any:
         """Per-communicator state that several engines share (made once by ``make``); the key

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm.buffers import DTYPE_CODE, adapt
+from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import (
     Engine,
     Engines,
@@ -37,6 +38,7 @@ from cudampi.comm.ipc import plan
 from cudampi.comm.ipc.workspace import Workspace
 from cudampi.comm.ops import REDUCE_OPS, ArrayOps
 from cudampi.errors import CommError, DeviceError
+from cudampi.probe.capabilities import ProbeOutcome
 
 
 def _workspace(comm: Any, s: Setting, device: int) -> Workspace:
@@ -59,9 +61,96 @@ def available() -> str | None:
     return None
 
 
+def ipc_support(
+    probed: ProbeOutcome | None,
+    shared_gpu: bool | None,
+    mps: bool,
+    missing: str | None,
+    *,
+    latency_us: float | None = None,
+    probed_mps: bool | None = None,
+) -> tuple[bool, str]:
+    """Whether ``auto`` takes the ipc engine, and why: the probe ran it correctly
+    (``probed``), CuPy is there (``missing`` is None), and the ranks do not share a GPU without
+    the MPS daemon. On the H200 with two ranks on one GPU, ipc was the fastest cudampi path at
+    every size with MPS and the slowest at every size without it (docs/benchmarks.md), so the
+    rule is per setting, not per size."""
+    if missing is not None:
+        return False, f"the ipc engine is unavailable: {missing}"
+    if probed is None or probed.status == "skipped":
+        return False, "the ipc engine was not probed (run `cudampi doctor`)"
+    if not probed.ok:
+        return False, f"the probe found the ipc engine {probed.status}: {probed.detail}"
+    if shared_gpu and not mps:
+        return False, (
+            "the ranks share a GPU and the MPS daemon is not running: their contexts time-slice "
+            "the GPU and ipc's kernels wait a time slice for each other (slower than gpu-ring "
+            "there); start nvidia-cuda-mps-control -d, or use one GPU per rank"
+        )
+    speed = f", {latency_us:.0f} us at 4 KiB" if latency_us else ""
+    if speed and probed_mps is not None and probed_mps != mps:
+        speed += f" when probed with MPS {'on' if probed_mps else 'off'}"
+    where = "ranks sharing a GPU under MPS" if shared_gpu else "one GPU per rank"
+    return True, f"the probe proved the ipc engine correct ({where}{speed})"
+
+
+def _inner(support: DeviceSupport) -> str:
+    """What joins the nodes where a communicator spans several: gpu-ring where device p2p is
+    proven, else staged."""
+    return "alg" if support.p2p else "staged"
+
+
 class IpcEngine(Engine):
+    """Whole collectives (and, asked for, messages) as GPU kernels over CUDA IPC on the caller's
+    stream, between the ranks of one node (:class:`HierEngine` joins nodes)."""
+
     name = "ipc"
+    paths = ("ipc",)
+    device_only = True
     stream_ordered = True
+
+    @classmethod
+    def available(cls) -> str | None:
+        return available()
+
+    @classmethod
+    def verdict(cls, facts: Facts) -> Verdict:
+        caps = facts.caps
+        ok, why = ipc_support(
+            caps.device_ipc if caps is not None else None,
+            caps.ipc_shared_gpu if caps is not None else None,
+            facts.mps,
+            cls.available(),
+            latency_us=caps.ipc_latency_us if caps is not None else None,
+            probed_mps=caps.ipc_mps if caps is not None else None,
+        )
+        return Verdict(ok, why)
+
+    @classmethod
+    def unprobed(cls, facts: Facts) -> str:
+        caps = facts.caps
+        if caps is not None and caps.device_ipc.status == "skipped" and cls.available() is None:
+            return "the cached probe result has no result for the ipc engine"
+        return ""
+
+    @classmethod
+    def route(cls, ask: Ask, support: DeviceSupport) -> PathChoice | None:
+        v = support.verdict(cls.name)
+        if ask.call.p2p or not v.ok:
+            return None  # messages stay on MPI: they match any MPI message, which ipc's do not
+        why = f"device memory, {v.why}: GPU kernels over CUDA IPC"
+        return PathChoice("ipc", why, "ipc", _inner(support))
+
+    @classmethod
+    def forced(cls, ask: Ask, support: DeviceSupport) -> PathChoice:
+        if ask.call.p2p:
+            why = (
+                "requested: a GPU kernel over CUDA IPC on the caller's stream (messages between "
+                "two ranks match in order; the peer must use path='ipc' too)"
+            )
+        else:
+            why = "requested: GPU kernels over CUDA IPC on the caller's stream"
+        return PathChoice("ipc", why, "ipc", _inner(support))
 
     def __init__(
         self, setting: Any, ops: ArrayOps, ws: Workspace, stream: int | None = None
@@ -82,7 +171,7 @@ class IpcEngine(Engine):
 
     @classmethod
     def make(cls, engines: Engines, ops: ArrayOps, inner: str) -> Engine:
-        why = available()
+        why = cls.available()
         if why is not None:
             raise DeviceError(f"path='ipc' needs CuPy: {why}")
         if ops.device is None:
@@ -217,7 +306,7 @@ class IpcEngine(Engine):
 
     def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
         isz, code = self._kind(xf)
-        call = "gather" if len(set(counts)) == 1 else "gatherv"
+        call = "gather"  # (uneven counts differ in the signature's counts word)
         x, out = self._ptr(xf), self._ptr(of)
         launches = self._planned(
             (call, tuple(counts), isz, x, out, code, root),
@@ -342,10 +431,6 @@ class HierEngine(Engine):
 
     @classmethod
     def make(cls, engines: Engines, ops: ArrayOps, inner: str) -> Engine:
-        from cudampi.comm.engines import Engines as Set
-        from cudampi.comm.engines import engines_for
-        from cudampi.comm.engines.mpi import MpiEngine
-
         s = engines.setting
 
         def build() -> tuple[Any, Any, int, int, int]:
@@ -371,16 +456,17 @@ class HierEngine(Engine):
 
         nc, cc, local, per_node, nodes = engines.keep(("ipc", "hier"), build)
         dev = ops.device
+        node_setting = Setting(nc, nc, local, per_node, s.config, True)
         if dev is None:
-            node_set = Setting(nc, nc, local, per_node, s.config, True)
-            node: Engine = MpiEngine(node_set, ops)
+            node_set = engines.keep(("ipc", "node"), lambda: engines.spawn(node_setting))
+            node: Engine = node_set.get("mpi", "", ops.lib, None)
         else:
             stream = _stream_ptr(ops)
             ws = engines.keep(("ipc", dev), lambda: _workspace(nc.Dup(), s, dev))
-            node = IpcEngine(Setting(nc, nc, local, per_node, s.config, True), ops, ws, stream)
-        cross_set: Set = engines.keep(
+            node = IpcEngine(node_setting, ops, ws, stream)
+        cross_set = engines.keep(
             ("ipc", "cross"),
-            lambda: engines_for(Setting(cc, cc, cc.Get_rank(), nodes, s.config, False)),
+            lambda: engines.spawn(Setting(cc, cc, cc.Get_rank(), nodes, s.config, False)),
         )
         if dev is None:
             cross = cross_set.get("mpi", "", ops.lib, None)

@@ -14,15 +14,15 @@ whose messages are chunked (:data:`COUNT_LIMIT`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
-from cudampi.comm.deadline import wait_request
+from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Engine
-from cudampi.comm.handle import Handle
+from cudampi.comm.engines.p2p import DirectP2P, apart, bytes_spec, message_route, overlap
 from cudampi.comm.ops import ArrayOps
-from cudampi.comm.transport import finish_recv, mem, mpi, typed_mem
+from cudampi.comm.transport import mem, typed_mem
+from cudampi.errors import DeviceError
 
 NO_MPI_TYPE = ("float16", "bfloat16")
 COUNT_LIMIT = 2**31 - 1
@@ -102,39 +102,12 @@ def _typed(ops: ArrayOps, a: Any, dtype: str) -> Any:
     return typed_mem(ops.ptr(a), n, int(a.shape[0]), mpi_type(dtype))
 
 
-def _bytes(ops: ArrayOps, a: Any) -> Any:
-    if ops.lib == "numpy":  # as in _typed (half the cost of a small message's spec by address)
-        return [a, mpi().BYTE]
-    return mem(ops.ptr(a), ops.nbytes(a))
-
-
 def _vec(ops: ArrayOps, a: Any, counts: list[int], itemsize: int) -> Any:
     from mpi4py import MPI
 
     b = [c * itemsize for c in counts]
     buf = mem(ops.ptr(a), ops.nbytes(a))[0]
     return [buf, (b, offsets(b)), MPI.BYTE]
-
-
-def overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
-    """Do the flat arrays ``a`` and ``b`` share any byte?"""
-    na, nb = ops.nbytes(a), ops.nbytes(b)
-    if not na or not nb:
-        return False
-    pa, pb = ops.ptr(a), ops.ptr(b)
-    return pa < pb + nb and pb < pa + na
-
-
-def apart(ops: ArrayOps, a: Any, b: Any) -> Any:
-    """``a``, or a copy of it where it overlaps ``b``: MPI forbids aliased send and receive
-    buffers (MPICH checks: "Buffers must not be aliased"; FSDP2 all-gathers a shard that lives
-    inside the output)."""
-    if not overlap(ops, a, b):
-        return a
-    tmp = ops.empty(max(1, int(a.shape[0])), a)[: int(a.shape[0])]
-    ops.copy(tmp, a)
-    ops.fence()
-    return tmp
 
 
 def _gather_send(
@@ -145,11 +118,11 @@ def _gather_send(
     from mpi4py import MPI
 
     if not overlap(ops, send, out):
-        return _bytes(ops, send)
+        return bytes_spec(ops, send)
     b = [c * itemsize for c in counts]
     if ops.ptr(send) == ops.ptr(out) + offsets(b)[rank] and ops.nbytes(send) == b[rank]:
         return MPI.IN_PLACE
-    return _bytes(ops, apart(ops, send, out))
+    return bytes_spec(ops, apart(ops, send, out))
 
 
 def allreduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str) -> None:
@@ -176,7 +149,7 @@ def reduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str, r
 
 def broadcast(comm: Any, ops: ArrayOps, data: Any, root: int) -> None:
     if ops.nbytes(data):
-        comm.Bcast(_bytes(ops, data), root)
+        comm.Bcast(bytes_spec(ops, data), root)
 
 
 def allgatherv(
@@ -190,7 +163,7 @@ def gatherv(
     comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
 ) -> None:
     if comm.rank != root:
-        comm.Gatherv(_bytes(ops, send), None, root)
+        comm.Gatherv(bytes_spec(ops, send), None, root)
         return
     sbuf = _gather_send(ops, send, out, counts, itemsize, root)
     comm.Gatherv(sbuf, _vec(ops, out, counts, itemsize), root)
@@ -200,7 +173,7 @@ def scatterv(
     comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
 ) -> None:
     sbuf = _vec(ops, apart(ops, send, out), counts, itemsize) if comm.rank == root else None
-    comm.Scatterv(sbuf, _bytes(ops, out), root)
+    comm.Scatterv(sbuf, bytes_spec(ops, out), root)
 
 
 def reduce_scatterv(
@@ -229,125 +202,84 @@ def alltoallv(
     comm.Alltoallv(sbuf, _vec(ops, out, rcounts, itemsize))
 
 
-# ---------------------------------------------------------------------------- point-to-point
-
-
-def request_handle(
-    what: str | Callable[[], str], req: Any, keep: Any = None, timeout: float | None = None
-) -> Handle:
-    """A handle over one MPI request; ``keep`` (a staging buffer) lives until it completes;
-    ``timeout``: its wait's deadline; ``what``: as :class:`Handle` takes it."""
-
-    def poll(block: bool) -> bool:
-        _ = keep
-        if block:
-            req.Wait()
-            return True
-        return bool(req.Test())
-
-    return Handle(what, poll, timeout)
-
-
-def irecv_handle(
-    comm: Any,
-    buf: Any,
-    nbytes: int,
-    ptr: Callable[[], int],
-    source: int,
-    tag: int,
-    chunk_bytes: int,
-    then: Callable[[int], None] | None = None,
-    timeout: float | None = None,
-) -> Handle:
-    """A non-blocking receive into ``buf`` (an mpi4py buffer spec of up to ``nbytes`` bytes at
-    the address ``ptr()``) that also accepts a staged sender's chunk sequence; ``then(got)`` runs
-    once the bytes are in (the staged engine copies them to the device there)."""
-    status = mpi().Status()
-    req = comm.Irecv(buf, source, tag)
-
-    def poll(block: bool) -> bool:
-        if block:
-            req.Wait(status)
-        elif not req.Test(status):
-            return False
-        got = finish_recv(comm, status, nbytes, tag, chunk_bytes, ptr)
-        if then is not None:
-            then(got)
-        return True
-
-    return Handle(lambda: f"irecv from rank {source} (tag {tag})", poll, timeout)
-
-
 # ---------------------------------------------------------------------------- the engine
 
 
-class DirectP2P(Engine):
-    """User point-to-point straight on the arrays' memory (the ``mpi`` and ``alg`` engines);
-    every wait has the communicator's deadline. The text that names a message (rank, tag) is
-    made only when it times out: a small message's whole MPI call is about a microsecond."""
-
-    def _ptr(self, f: Any) -> Callable[[], int]:
-        return lambda: self.ops.ptr(f)
-
-    def send(self, f: Any, dest: int, tag: int) -> None:
-        req = self.setting.p2p.Isend(_bytes(self.ops, f), dest, tag)
-        wait_request(req, self.setting.config.timeout, lambda: f"send to rank {dest} (tag {tag})")
-
-    def recv(self, f: Any, source: int, tag: int) -> None:
-        s = self.setting
-        status = mpi().Status()
-        req = s.p2p.Irecv(_bytes(self.ops, f), source, tag)
-        wait_request(req, s.config.timeout, lambda: f"recv from rank {source} (tag {tag})", status)
-        finish_recv(s.p2p, status, self.ops.nbytes(f), tag, s.config.chunk_bytes, self._ptr(f))
-
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
-        req = self.setting.p2p.Isend(_bytes(self.ops, f), dest, tag)
-        return request_handle(
-            lambda: f"isend to rank {dest} (tag {tag})", req, timeout=self.setting.config.timeout
-        )
-
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
-        s = self.setting
-        return irecv_handle(
-            s.p2p,
-            _bytes(self.ops, f),
-            self.ops.nbytes(f),
-            self._ptr(f),
-            source,
-            tag,
-            s.config.chunk_bytes,
-            timeout=s.config.timeout,
-        )
-
-    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
-        """As the base's (the receive posted first; each wait with the deadline), without the
-        two handles."""
-        s = self.setting
-        status = mpi().Status()
-        rreq = s.p2p.Irecv(_bytes(self.ops, of), source, tag)
-        sreq = s.p2p.Isend(_bytes(self.ops, xf), dest, tag)
-        timeout = s.config.timeout
-        wait_request(sreq, timeout, lambda: f"isend to rank {dest} (tag {tag})")
-        wait_request(rreq, timeout, lambda: f"irecv from rank {source} (tag {tag})", status)
-        finish_recv(s.p2p, status, self.ops.nbytes(of), tag, s.config.chunk_bytes, self._ptr(of))
-
-
 class MpiEngine(DirectP2P):
-    """MPI's own collectives on the arrays (see :mod:`cudampi.comm.engines.base`)."""
+    """MPI's own collectives on the arrays (see :mod:`cudampi.comm.engines.base`): the ``host``
+    path, and ``native`` on device arrays where the probe proved MPI's device collectives."""
 
     name = "mpi"
-    _alg: Engine | None = None
+    paths = ("host", "native")
+
+    @classmethod
+    def verdict(cls, facts: Facts) -> Verdict:
+        mpi = facts.mpi
+        return Verdict(mpi.collectives, mpi.collectives_why)
+
+    @classmethod
+    def route(cls, ask: Ask, support: DeviceSupport) -> PathChoice | None:
+        if ask.call.p2p:
+            return message_route(ask, support)
+        if not ask.on_device:
+            if ask.no_mpi:
+                return None  # the alg engine reduces what MPI cannot
+            return PathChoice("host", "host memory: MPI's own collective", "mpi")
+        if support.collectives and not ask.no_mpi:
+            return PathChoice("native", f"device memory, {support.collectives_why}", "mpi")
+        return None
+
+    @classmethod
+    def forced(cls, ask: Ask, support: DeviceSupport) -> PathChoice:
+        asked = ask.requested
+        if ask.call.p2p:
+            route = message_route(ask, support)
+            assert route is not None  # (None only for auto)
+            return route
+        if not ask.on_device:
+            if ask.no_mpi:
+                return PathChoice(
+                    asked,
+                    f"host memory; MPI has no {ask.dtype} reduction, so cudampi's algorithm "
+                    "reduces it",
+                    "alg",
+                )
+            return PathChoice(asked, "host memory: MPI's own collective", "mpi")
+        call = ask.call.name
+        if asked == "host":
+            raise DeviceError(
+                f"{call}: path='host' takes host arrays, got a device array. Use path='staged' "
+                "(or auto) for device arrays, or pass a host array."
+            )
+        if not support.collectives:
+            raise DeviceError(
+                f"{call}: path='native' hands device buffers to MPI's own collectives, which is "
+                f"not proven here ({support.collectives_why}); on stacks that fail this probe it "
+                "segfaults. Use path='gpu-ring' or 'staged', or set CUDAMPI_NATIVE_COLLECTIVES=yes."
+            )
+        if not ask.no_mpi:
+            return PathChoice("native", f"requested; {support.collectives_why}", "mpi")
+        if support.p2p:
+            return PathChoice(
+                "native",
+                f"requested; MPI has no {ask.dtype} reduction, so cudampi's algorithm runs over "
+                "device p2p",
+                "alg",
+            )
+        return PathChoice(
+            "staged",
+            f"requested native, but MPI has no {ask.dtype} reduction and device p2p is not "
+            f"proven ({support.p2p_why}): staged",
+            "staged",
+            "alg",
+        )
 
     def _isz(self, a: Any) -> int:
         return self.ops.itemsize(a)
 
     def _large(self) -> Engine:
         """cudampi's algorithms on the same arrays, for vector collectives over the limit."""
-        if self._alg is None:
-            from cudampi.comm.engines.alg import AlgEngine
-
-            self._alg = AlgEngine(self.setting, self.ops)
-        return self._alg
+        return self.peer("alg")
 
     @staticmethod
     def _pieces(n: int) -> list[tuple[int, int]]:

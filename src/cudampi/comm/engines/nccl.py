@@ -27,6 +27,7 @@ Point-to-point stays MPI's.
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -34,9 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
+from cudampi.comm.choice import NO_LIMIT, Ask, DeviceSupport, Facts, PathChoice, Ranks, Verdict
 from cudampi.comm.engines.base import CollectivesOnly, Engine, Engines, Setting, caller_stream
 from cudampi.comm.ops import COMPLEX, FLOAT, ArrayOps
 from cudampi.errors import CommError, DeviceError
+from cudampi.names import CALLS, Call
+from cudampi.probe.capabilities import Capabilities
 
 AVG_SINCE = 21000
 """``ncclGetVersion`` code of NCCL 2.10.0, the first with ``ncclAvg``."""
@@ -110,6 +114,106 @@ def nccl_reduction(dtype: str, op: str, version: int) -> Reduction | str:
             return Reduction(_INT[dtype], "NCCL_SUM", divide=True)
         return Reduction(_INT[dtype], _OPS[op])
     return f"NCCL has no {dtype} datatype to reduce in. {_ELSEWHERE}"
+
+
+# ------------------------------------------------------------------ where auto takes it
+
+NCCL_AUTO_DTYPES = ("float16", "bfloat16", "float32", "float64")
+"""NCCL reduces these with every op cudampi takes for them (integers' bitwise ops, int16 and
+complex products it lacks): auto gives it nothing it would refuse."""
+
+
+def auto_takes(call: Call) -> bool:
+    """The calls auto may give the nccl engine: reductions and broadcast, where every rank
+    passes the same number of bytes (a per-size choice is then the same on every rank) and the
+    probe's latency and bandwidth (measured on allreduce) say what they cost."""
+    return not call.vector and not call.p2p and (call.reduces or call.name == "broadcast")
+
+
+def nccl_span(
+    ipc_latency_us: float | None,
+    ipc_gbps: float | None,
+    nccl_latency_us: float | None,
+    nccl_gbps: float | None,
+) -> tuple[int, int]:
+    """The sizes [lo, hi) in bytes where ``auto`` takes the nccl engine over ipc, from what the
+    doctor measured of each on this host (a 4 KiB allreduce's latency and an allreduce's
+    bandwidth at the probe's size): each engine taken as ``t(n) = latency + n / bandwidth``,
+    nccl where its ``t`` is lower. No nccl figures: never (0, 0); no ipc figures (ipc not
+    proven): every size."""
+    if not nccl_latency_us or not nccl_gbps:
+        return (0, 0)
+    if not ipc_latency_us or not ipc_gbps:
+        return (0, NO_LIMIT)
+    dl = nccl_latency_us - ipc_latency_us  # us
+    slope = 1e-3 / nccl_gbps - 1e-3 / ipc_gbps  # us per byte: nccl's minus ipc's
+    if slope == 0:
+        return (0, NO_LIMIT) if dl < 0 else (0, 0)
+    cross = -dl / slope  # bytes where both take as long
+    if slope < 0:  # nccl moves bytes faster: it wins above the crossing
+        return (max(0, math.ceil(cross)), NO_LIMIT) if cross < NO_LIMIT else (0, 0)
+    return (0, min(NO_LIMIT, math.ceil(cross))) if cross > 0 else (0, 0)
+
+
+def nccl_support(
+    caps: Capabilities | None, ipc: bool, missing: str | None
+) -> tuple[bool, str, tuple[int, int]]:
+    """Whether auto may take the nccl engine on this host, why, and for which sizes: the probe
+    proved it (2 ranks, a GPU each) and NCCL imports (``missing`` is None)."""
+    if missing is not None:
+        return False, f"the nccl engine is unavailable: {missing}", (0, 0)
+    probed = caps.device_nccl if caps is not None else None
+    if probed is None or probed.status == "skipped":
+        detail = f" ({probed.detail})" if probed is not None and probed.detail else ""
+        return False, f"the nccl engine was not probed here{detail}", (0, 0)
+    if not probed.ok:
+        return False, f"the probe found the nccl engine {probed.status}: {probed.detail}", (0, 0)
+    assert caps is not None
+    if not caps.nccl_latency_us or not probed.gbps:
+        return False, "the nccl probe passed but measured no latency or bandwidth", (0, 0)
+    span = nccl_span(
+        caps.ipc_latency_us if ipc else None,
+        caps.device_ipc.gbps if ipc else None,
+        caps.nccl_latency_us,
+        probed.gbps,
+    )
+    if span == (0, 0):
+        return False, "the probe found ipc faster than nccl at every size", span
+    lo, hi = span
+    if not ipc:
+        return True, "the probe proved the nccl engine correct (auto does not take ipc here)", span
+    if span == (0, NO_LIMIT):
+        sizes = "at every size"
+    elif hi == NO_LIMIT:
+        sizes = f"from {lo} bytes up"
+    elif lo == 0:
+        sizes = f"below {hi} bytes"
+    else:
+        sizes = f"from {lo} to {hi} bytes"
+    return True, f"the probe proved the nccl engine correct and faster than ipc {sizes}", span
+
+
+def _nccl_missing(caps: Capabilities | None) -> str | None:
+    """Why NCCL cannot be imported here, asked only where the probe proved the nccl engine
+    (CuPy warns aloud on importing its NCCL module where there is no libnccl)."""
+    if caps is None or not caps.device_nccl.ok:
+        return None
+    return available()
+
+
+def for_these_ranks(ranks: Ranks, v: Verdict) -> Verdict:
+    """``v`` kept only where every rank of the communicator can use the nccl engine: one node
+    (the doctor measured it against ipc there), a GPU of its own on every rank. Collective over
+    ``ranks.coll`` on one node (``one_node`` is the same on every rank)."""
+    if not ranks.one_node:
+        if not v.ok:
+            return v
+        why = "across nodes auto keeps ipc inside each node (nccl was measured on one node only)"
+        return Verdict(False, why, (0, 0))
+    why = ranks_can_use(ranks.coll, v.ok)
+    if why is None or not v.ok:
+        return v
+    return Verdict(False, why, (0, 0))
 
 
 # ------------------------------------------------------------------ where it can run
@@ -293,8 +397,45 @@ class NcclComm:
 
 
 class NcclEngine(CollectivesOnly):
+    """NVIDIA's NCCL on the caller's stream, one NCCL communicator per device (module doc)."""
+
     name = "nccl"
+    paths = ("nccl",)
+    device_only = True
     stream_ordered = True
+
+    @classmethod
+    def available(cls) -> str | None:
+        return available()
+
+    @classmethod
+    def verdict(cls, facts: Facts) -> Verdict:
+        caps = facts.caps
+        ok, why, span = nccl_support(caps, facts.verdict("ipc").ok, _nccl_missing(caps))
+        v = Verdict(ok, why, span)
+        return v if facts.ranks is None else for_these_ranks(facts.ranks, v)
+
+    @classmethod
+    def refuses(cls, call: str, dtype: str, op: str | None) -> str | None:
+        if op is None or not CALLS[call].reduces:
+            return None
+        from cupy.cuda import nccl
+
+        how = nccl_reduction(dtype, op, int(nccl.get_version()))
+        return how if isinstance(how, str) else None
+
+    @classmethod
+    def route(cls, ask: Ask, support: DeviceSupport) -> PathChoice | None:
+        v = support.verdict(cls.name)
+        if auto_takes(ask.call) and ask.dtype in NCCL_AUTO_DTYPES and v.takes(ask.nbytes):
+            return PathChoice("nccl", f"device memory, {v.why}", "nccl")
+        return None
+
+    @classmethod
+    def forced(cls, ask: Ask, support: DeviceSupport) -> PathChoice:
+        return PathChoice(
+            "nccl", "requested: NCCL on the caller's stream, bootstrapped over MPI", "nccl"
+        )
 
     def __init__(self, setting: Setting, ops: ArrayOps, nc: NcclComm) -> None:
         super().__init__(setting, ops)

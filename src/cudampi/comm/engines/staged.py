@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Engine, Engines, Setting, core_op
-from cudampi.comm.engines.mpi import irecv_handle, request_handle
+from cudampi.comm.engines.p2p import irecv_handle, request_handle
 from cudampi.comm.handle import Handle
 from cudampi.comm.ops import ArrayOps
 from cudampi.comm.pinned import stager_for
@@ -100,10 +101,74 @@ def _raw(v: Any) -> Any:
     return v.view(torch.uint8)
 
 
+SHARED_GPU_STAGED_BELOW = 4 << 20
+"""Ranks time-slicing one GPU (no MPS daemon): below this size staging through host memory
+beat gpu-ring on the reference GPU, and gpu-ring won above it (docs/benchmarks.md)."""
+
+
+def staged_below(shared_gpu: bool | None, mps: bool) -> int:
+    """The size under which ``auto`` stages device collectives rather than run gpu-ring: where
+    the ranks share a GPU without MPS, each device-to-device MPI message waits for the other
+    context's time slice, and a copy to host and back costs less up to a few MiB."""
+    return SHARED_GPU_STAGED_BELOW if shared_gpu and not mps else 0
+
+
+def _inner(ask: Ask) -> str:
+    """The engine that runs the call on the host buffers: MPI's, or cudampi's algorithm for a
+    reduction MPI has no type for."""
+    return "alg" if ask.no_mpi else "mpi"
+
+
 class StagedEngine(Engine):
     """Stages through host buffers around ``inner``, an engine over the host buffers' ops."""
 
     name = "staged"
+    paths = ("staged",)
+    agreed = True
+    last_resort = True
+
+    @classmethod
+    def verdict(cls, facts: Facts) -> Verdict:
+        """Small device collectives where the ranks time-slice one GPU (no MPS daemon)."""
+        caps = facts.caps
+        hi = staged_below(caps.ipc_shared_gpu if caps is not None else None, facts.mps)
+        if not hi:
+            return Verdict(False, "auto stages device collectives only where nothing else runs")
+        return Verdict(
+            True,
+            f"device memory under {hi >> 20} MiB on ranks time-slicing one GPU (no MPS daemon): "
+            "staged through pinned host buffers beats gpu-ring there (measured)",
+            (0, hi),
+        )
+
+    @classmethod
+    def route(cls, ask: Ask, support: DeviceSupport) -> PathChoice | None:
+        if not ask.on_device:
+            return None
+        if ask.call.p2p:
+            return None if support.p2p else cls.fallback(ask, support)
+        small = support.verdict(cls.name)
+        if support.p2p and small.takes(ask.nbytes):
+            return PathChoice("staged", small.why, "staged", _inner(ask))
+        return None
+
+    @classmethod
+    def fallback(cls, ask: Ask, support: DeviceSupport) -> PathChoice:
+        why = f"device memory, {support.p2p_why}: staged through pinned host buffers"
+        return PathChoice("staged", why, "staged", "" if ask.call.p2p else _inner(ask))
+
+    @classmethod
+    def forced(cls, ask: Ask, support: DeviceSupport) -> PathChoice:
+        inner = "" if ask.call.p2p else _inner(ask)
+        if not ask.on_device:
+            return PathChoice(
+                "staged", "requested; host memory staged through host buffers", "staged", inner
+            )
+        if ask.call.p2p:
+            return cls.fallback(ask, support)
+        return PathChoice(
+            "staged", "requested: staged through pinned host buffers", "staged", inner
+        )
 
     def __init__(self, setting: Setting, ops: ArrayOps, inner: Engine, stager: Any) -> None:
         super().__init__(setting, ops)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
+from cudampi.names import CALLS
+
 MAX_RANKS = 16
 """Ranks of one node that one ipc communicator can join (the size of the per-rank tables)."""
 MAX_BLOCKS = 64
@@ -66,9 +68,9 @@ XMODE_SHARED, XMODE_EACH = 0, 1
 # ErrorRecord.code
 ERR_OK, ERR_MISMATCH, ERR_TIMEOUT, ERR_ABORTED, ERR_HOST, ERR_RECV, ERR_SEND, ERR_MESSAGE = range(8)
 
-# p2p ops' directions, and the signature call codes of send and receive (plan.CALL_IDS)
+# p2p ops' directions, and the signature call codes of send and receive (the call table's)
 P2P_SEND, P2P_RECV = 1, 2
-CALL_SEND, CALL_RECV = 16, 17
+CALL_SEND, CALL_RECV = CALLS["send"].code, CALLS["recv"].code
 
 KINDS = {
     "float16": "KF16",

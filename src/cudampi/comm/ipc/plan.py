@@ -22,27 +22,20 @@ import numpy
 
 from cudampi.comm.algorithms import offsets
 from cudampi.comm.ipc import layout as L
+from cudampi.names import CALLS
 
-CALL_IDS = {
-    "allreduce": 1,
-    "reduce": 2,
-    "broadcast": 3,
-    "allgather": 4,
-    "allgatherv": 5,
-    "gather": 6,
-    "scatter": 7,
-    "reduce_scatter": 8,
-    "alltoall": 9,
-    "gatherv": 10,
-    "scatterv": 11,
-    "reduce_scatterv": 12,
-    "alltoallv": 13,
-    "rejected": 15,
-    "send": L.CALL_SEND,
-    "recv": L.CALL_RECV,
-}
-"""Signature call codes; ``rejected``: the rank refused its own arguments (see reject())."""
-CALL_NAMES = {v: k for k, v in CALL_IDS.items()}
+REJECTED = 15
+"""The signature code of a launch that says its rank refused its own arguments (reject()); no
+call of :data:`cudampi.names.CALLS` has it."""
+CALL_NAMES = {c.code: name for name, c in CALLS.items()}
+"""Signature code -> call name (codes are the call table's)."""
+assert REJECTED not in CALL_NAMES
+
+
+def call_code(call: str) -> int:
+    """A launch's signature code: its call's, or :data:`REJECTED`."""
+    return REJECTED if call == "rejected" else CALLS[call].code
+
 
 PARAM_DTYPE = numpy.dtype([("v", numpy.int64, (L.NPARAM,))])
 """The kernels' ``struct Params`` as a NumPy structured dtype (a CuPy RawKernel call takes it
@@ -105,7 +98,7 @@ def signature(
     launches: int,
 ) -> list[int]:
     """The signature words of one launch (each a uint64)."""
-    w0 = (CALL_IDS[call] << 56) | (op_code << 48) | (dtype_code << 40) | ((root + 1) & 0xFFFF)
+    w0 = (call_code(call) << 56) | (op_code << 48) | (dtype_code << 40) | ((root + 1) & 0xFFFF)
     w1 = count & 0xFFFFFFFFFFFFFFFF
     w2 = (index << 32) | launches
     w3 = zlib.crc32(repr(counts).encode()) if counts else 0
@@ -286,6 +279,7 @@ def gather_like(
     displ = offsets(nbytes)
     if call == "broadcast":
         displ = [0] * n
+    uneven = len(set(counts)) > 1  # the counts go into the signature (gather(v), allgatherv)
     rounds = max(1, -(-max(nbytes, default=0) // window))
     launches = []
     for j in range(rounds):
@@ -305,8 +299,8 @@ def gather_like(
             )
             if from_d:
                 p[L.P_C + d], p[L.P_D + d] = displ[d] + j * window, win[d]
-        tup = tuple(counts) if call.endswith("v") else ()
-        total = sum(counts) if call.endswith("v") else counts[0]
+        tup = tuple(counts) if uneven else ()
+        total = sum(counts) if uneven else counts[0]
         _set_sig(p, signature(call, dtype_code, 0, root, total, tup, j, rounds))
         launches.append(Launch("exchange", p))
     return launches

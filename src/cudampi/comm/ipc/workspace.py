@@ -424,7 +424,7 @@ class Workspace:
         where = f"rank {self.rank} of the node's ipc group ({self.calls} calls so far)"
         if code == L.ERR_MISMATCH:
             words = [int(w) for w in e["theirs"]]
-            if words[0] >> 56 == plan.CALL_IDS["rejected"]:
+            if words[0] >> 56 == plan.REJECTED:
                 return CommError(
                     f"[{mine}]: rank {peer} rejected its arguments for this call (its error says "
                     "why), so no rank ran it; this communicator is unusable now."

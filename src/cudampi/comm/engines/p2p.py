@@ -1,0 +1,161 @@
+"""What the engines that move messages with MPI share, below all of them: MPI buffer specs of a
+flat array, copying an input apart from an output it overlaps, handles over MPI requests, and
+user point-to-point straight on the arrays' memory (:class:`DirectP2P`, the ``mpi`` and ``alg``
+engines' messages; the ``staged`` engine's handles)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cudampi.comm.choice import Ask, DeviceSupport, PathChoice
+from cudampi.comm.deadline import wait_request
+from cudampi.comm.engines.base import Engine
+from cudampi.comm.handle import Handle
+from cudampi.comm.ops import ArrayOps
+from cudampi.comm.transport import finish_recv, mem, mpi
+from cudampi.errors import DeviceError
+
+
+def bytes_spec(ops: ArrayOps, a: Any) -> Any:
+    if ops.lib == "numpy":  # as in _typed (half the cost of a small message's spec by address)
+        return [a, mpi().BYTE]
+    return mem(ops.ptr(a), ops.nbytes(a))
+
+
+def overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
+    """Do the flat arrays ``a`` and ``b`` share any byte?"""
+    na, nb = ops.nbytes(a), ops.nbytes(b)
+    if not na or not nb:
+        return False
+    pa, pb = ops.ptr(a), ops.ptr(b)
+    return pa < pb + nb and pb < pa + na
+
+
+def apart(ops: ArrayOps, a: Any, b: Any) -> Any:
+    """``a``, or a copy of it where it overlaps ``b``: MPI forbids aliased send and receive
+    buffers (MPICH checks: "Buffers must not be aliased"; FSDP2 all-gathers a shard that lives
+    inside the output)."""
+    if not overlap(ops, a, b):
+        return a
+    tmp = ops.empty(max(1, int(a.shape[0])), a)[: int(a.shape[0])]
+    ops.copy(tmp, a)
+    ops.fence()
+    return tmp
+
+
+def request_handle(
+    what: str | Callable[[], str], req: Any, keep: Any = None, timeout: float | None = None
+) -> Handle:
+    """A handle over one MPI request; ``keep`` (a staging buffer) lives until it completes;
+    ``timeout``: its wait's deadline; ``what``: as :class:`Handle` takes it."""
+
+    def poll(block: bool) -> bool:
+        _ = keep
+        if block:
+            req.Wait()
+            return True
+        return bool(req.Test())
+
+    return Handle(what, poll, timeout)
+
+
+def irecv_handle(
+    comm: Any,
+    buf: Any,
+    nbytes: int,
+    ptr: Callable[[], int],
+    source: int,
+    tag: int,
+    chunk_bytes: int,
+    then: Callable[[int], None] | None = None,
+    timeout: float | None = None,
+) -> Handle:
+    """A non-blocking receive into ``buf`` (an mpi4py buffer spec of up to ``nbytes`` bytes at
+    the address ``ptr()``) that also accepts a staged sender's chunk sequence; ``then(got)`` runs
+    once the bytes are in (the staged engine copies them to the device there)."""
+    status = mpi().Status()
+    req = comm.Irecv(buf, source, tag)
+
+    def poll(block: bool) -> bool:
+        if block:
+            req.Wait(status)
+        elif not req.Test(status):
+            return False
+        got = finish_recv(comm, status, nbytes, tag, chunk_bytes, ptr)
+        if then is not None:
+            then(got)
+        return True
+
+    return Handle(lambda: f"irecv from rank {source} (tag {tag})", poll, timeout)
+
+
+class DirectP2P(Engine):
+    """User point-to-point straight on the arrays' memory (the ``mpi`` and ``alg`` engines);
+    every wait has the communicator's deadline. The text that names a message (rank, tag) is
+    made only when it times out: a small message's whole MPI call is about a microsecond."""
+
+    def _ptr(self, f: Any) -> Callable[[], int]:
+        return lambda: self.ops.ptr(f)
+
+    def send(self, f: Any, dest: int, tag: int) -> None:
+        req = self.setting.p2p.Isend(bytes_spec(self.ops, f), dest, tag)
+        wait_request(req, self.setting.config.timeout, lambda: f"send to rank {dest} (tag {tag})")
+
+    def recv(self, f: Any, source: int, tag: int) -> None:
+        s = self.setting
+        status = mpi().Status()
+        req = s.p2p.Irecv(bytes_spec(self.ops, f), source, tag)
+        wait_request(req, s.config.timeout, lambda: f"recv from rank {source} (tag {tag})", status)
+        finish_recv(s.p2p, status, self.ops.nbytes(f), tag, s.config.chunk_bytes, self._ptr(f))
+
+    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+        req = self.setting.p2p.Isend(bytes_spec(self.ops, f), dest, tag)
+        return request_handle(
+            lambda: f"isend to rank {dest} (tag {tag})", req, timeout=self.setting.config.timeout
+        )
+
+    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+        s = self.setting
+        return irecv_handle(
+            s.p2p,
+            bytes_spec(self.ops, f),
+            self.ops.nbytes(f),
+            self._ptr(f),
+            source,
+            tag,
+            s.config.chunk_bytes,
+            timeout=s.config.timeout,
+        )
+
+    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+        """As the base's (the receive posted first; each wait with the deadline), without the
+        two handles."""
+        s = self.setting
+        status = mpi().Status()
+        rreq = s.p2p.Irecv(bytes_spec(self.ops, of), source, tag)
+        sreq = s.p2p.Isend(bytes_spec(self.ops, xf), dest, tag)
+        timeout = s.config.timeout
+        wait_request(sreq, timeout, lambda: f"isend to rank {dest} (tag {tag})")
+        wait_request(rreq, timeout, lambda: f"irecv from rank {source} (tag {tag})", status)
+        finish_recv(s.p2p, status, self.ops.nbytes(of), tag, s.config.chunk_bytes, self._ptr(of))
+
+
+def message_route(ask: Ask, support: DeviceSupport) -> PathChoice | None:
+    """A message that MPI moves on the array itself (the ``mpi`` engine): host memory, or device
+    memory where device point-to-point is proven; None where auto should stage it instead. A
+    path asked for by name that cannot run raises a :class:`DeviceError` that says why."""
+    if not ask.on_device:
+        return PathChoice("host", "host memory: MPI point-to-point on the array", "mpi")
+    if ask.requested == "host":
+        raise DeviceError(
+            "path='host' takes host arrays, got a device array. Use path='staged' or auto."
+        )
+    if support.p2p:
+        return PathChoice("gpu-ring", f"device memory, {support.p2p_why}: direct device p2p", "mpi")
+    if ask.requested != "auto":
+        raise DeviceError(
+            f"path={ask.requested!r} needs CUDA-aware MPI point-to-point, which is not proven "
+            f"here ({support.p2p_why}). Run `cudampi doctor` or use path='staged'."
+        )
+    return None
