@@ -208,8 +208,8 @@ def for_these_ranks(ranks: Ranks, v: Verdict) -> Verdict:
     if not ranks.one_node:
         if not v.ok:
             return v
-        why = "across nodes auto keeps ipc inside each node (nccl was measured on one node only)"
-        return Verdict(False, why, (0, 0))
+        across = "across nodes auto keeps ipc inside each node (nccl was measured on one node only)"
+        return Verdict(False, across, (0, 0))
     why = ranks_can_use(ranks.coll, v.ok)
     if why is None or not v.ok:
         return v
