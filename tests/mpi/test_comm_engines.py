@@ -101,13 +101,13 @@ def test_stream_ordered_engine_runs_inline_unchecked_after_queued_calls():
 def _count_full_paths(c):
     """A one-item list counting the calls of Communicator ``c`` that take the full path."""
     full = [0]
-    real = c._collective
+    real = c._run
 
     def counting(build, what, async_op):
         full[0] += 1
         return real(build, what, async_op)
 
-    c._collective = counting
+    c._run = counting
     return full
 
 

@@ -167,7 +167,7 @@ def _group_stand_in(choice, runner=None, auto=False):
             return choice
 
     return SimpleNamespace(
-        _runner=runner, _auto=auto, _comm=Comm(), _rank=0, _size=2, _host_path={}
+        _runner=runner, _auto=auto, _comm=Comm(), _rank=0, _size=2
     )
 
 
@@ -182,17 +182,18 @@ class _Runner:
 def test_auto_runs_host_synchronizing_cuda_calls_on_the_thread(monkeypatch):
     """Options(async_ops=None): a CUDA call whose path synchronizes the host goes to the
     group's thread, a stream-ordered one and a host call stay in the caller's thread, unless
-    a call is still on the thread (call order); the path is asked once per call shape."""
+    a call is still on the thread (call order); the Communicator's choice decides (it keeps
+    one per call shape)."""
     from cudampi.comm.paths import PathChoice
-    from cudampi.torch import backend
+    from cudampi.torch import backend, dispatch
 
     t = torch.ones(2)
     cuda: list = [t]
-    monkeypatch.setattr(backend, "first_cuda", lambda args: cuda[0])
+    monkeypatch.setattr(dispatch, "first_cuda", lambda args: cuda[0])
     threaded = backend.CudampiProcessGroup._threaded
     staged = _group_stand_in(PathChoice("staged", "", "staged"), _Runner(), auto=True)
     assert threaded(staged, "allreduce", ([t],))
-    assert threaded(staged, "allreduce", ([t],)) and staged._comm.asks == 1
+    assert threaded(staged, "allreduce", ([t],))
     assert threaded(staged, "all_gather_single", ([t], [t])) and staged._comm.asked == "allgather"
     ipc = _group_stand_in(PathChoice("ipc", "", "ipc", stream_ordered=True), _Runner(), auto=True)
     assert not threaded(ipc, "allreduce", ([t],))
@@ -211,10 +212,10 @@ def test_capture_refuses_paths_that_block_the_host(monkeypatch):
     path that synchronizes the host raises a CommError naming it, before anything runs."""
     from cudampi.comm.paths import PathChoice
     from cudampi.errors import CommError
-    from cudampi.torch import backend
+    from cudampi.torch import backend, dispatch
 
     t = torch.ones(2)
-    monkeypatch.setattr(backend, "first_cuda", lambda args: t)
+    monkeypatch.setattr(dispatch, "first_cuda", lambda args: t)
     check = backend.CudampiProcessGroup._check_capturable
     staged = _group_stand_in(PathChoice("staged", "device memory, not proven", "staged"))
     with pytest.raises(CommError, match=r"all_gather_single.*'staged'.*path 'ipc'"):
@@ -236,6 +237,6 @@ def test_capture_refuses_paths_that_block_the_host(monkeypatch):
     auto._runner.is_busy = True
     with pytest.raises(CommError, match="still run on its thread"):
         check(auto, "allreduce", ([t],))
-    monkeypatch.setattr(backend, "first_cuda", lambda args: None)
+    monkeypatch.setattr(dispatch, "first_cuda", lambda args: None)
     with pytest.raises(CommError, match="no CUDA tensor"):
         check(ipc, "barrier", ())

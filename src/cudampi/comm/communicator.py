@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from cudampi.comm import args
 from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat
 from cudampi.comm.calls import Plan, Request, prepare
-from cudampi.comm.deadline import Watch
+from cudampi.comm.deadline import Watch, spin
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
 from cudampi.comm.engines.mpi import can_reduce
@@ -562,6 +562,30 @@ class Communicator:
         h = engine.irecv(f, source, tag)
         h._result = x
         return h
+
+    def probe_any(self, x: Any, tag: int = 0, *, path: str | None = None) -> int:
+        """The rank whose message with ``tag`` (for a receive into ``x``) is first to arrive
+        from any rank, waiting up to the deadline; a receive from that rank then takes exactly
+        its message. Raises a :class:`CommError` where ``x``'s path matches messages per pair of
+        ranks (ipc: name the source), a :class:`CommTimeoutError` where no rank sent in time."""
+        from mpi4py import MPI
+
+        try:
+            choice: PathChoice | None = self._choose("recv", adapt(x), path)
+        except CudampiError:
+            choice = None  # the receive itself says why
+        refused = kinds()[choice.engine].any_source if choice is not None else ""
+        if refused:
+            raise CommError(f"recv (tag {tag}, path {str(choice)!r}): {refused} (src=)")
+        status, limit = MPI.Status(), self.config.timeout
+        spin(
+            lambda: bool(self.mpi_comm.Iprobe(MPI.ANY_SOURCE, int(tag), status)),
+            limit,
+            lambda: CommTimeoutError(
+                f"recv from any rank (tag {tag}) did not start within {limit:g} s: no rank sent"
+            ),
+        )
+        return int(status.Get_source())
 
     def flush(self) -> None:
         """Launch the sends and receives the ipc path holds back to run as one group (a blocking

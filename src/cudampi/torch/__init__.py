@@ -18,7 +18,8 @@ traceback of torch's errors for ``init_process_group("mpi")`` (:mod:`cudampi.tor
 
 from __future__ import annotations
 
-from cudampi.torch.backend import CudampiProcessGroup, register
+from cudampi.torch.backend import CudampiProcessGroup
+from cudampi.torch.groups import register
 from cudampi.torch.hints import install_excepthook
 from cudampi.torch.options import BACKEND_NAME, Options
 from cudampi.torch.rendezvous import INIT_METHOD, mpi_launcher

@@ -1,12 +1,9 @@
 """The ``cudampi`` torch.distributed backend: a Python ``ProcessGroup`` on a cudampi Communicator.
 
-torch creates one :class:`CudampiProcessGroup` per group (``init_process_group`` and every
-``new_group``) through :func:`create_process_group`, registered with
-``torch.distributed.Backend.register_backend(..., extended_api=True, devices=["cpu", "cuda"])``.
-The world group runs on ``MPI.COMM_WORLD`` (or the communicator in :class:`Options`; under
-torchrun, the job :mod:`cudampi.pmi.join` makes of torch's processes); subgroups
-are ``MPI_Comm_create_group`` over the world, made only by their members, as torch calls the
-creator only on members.
+torch creates one :class:`CudampiProcessGroup` per group through
+:func:`cudampi.torch.groups.create_process_group`. Each c10d method (:data:`cudampi.torch.methods.
+METHODS` names them all, torch 2.4 to 2.13) gets its options decoded once and turns tensors into
+the Communicator's calls, using its public API only.
 
 Collectives run in call order. Those on host tensors, and those on CUDA tensors whose path is
 stream-ordered (ipc, nccl: kernels queued on the caller's stream), run in the calling thread and
@@ -21,8 +18,6 @@ False none). ``isend``/``irecv`` are truly non-blocking either way.
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,22 +25,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from cudampi.config import Config
-from cudampi.errors import (
-    CommError,
-    CommTimeoutError,
-    ConfigError,
-    CudampiError,
-    MismatchError,
-)
-from cudampi.torch.convert import check_dtype, element_counts, reduce_spec
-from cudampi.torch.debug import DetailChecker, detail_enabled
-from cudampi.torch.options import BACKEND_NAME, Options
+from cudampi.errors import CommError
+from cudampi.torch.convert import check_dtype, element_counts
+from cudampi.torch.debug import DetailChecker
+from cudampi.torch.dispatch import check_capturable, threaded
+from cudampi.torch.dispatch import collective as _collective
+from cudampi.torch.methods import Opts
+from cudampi.torch.options import BACKEND_NAME
+from cudampi.torch.sparse import allreduce_sparse
 from cudampi.torch.tensors import (
     check_gather_sizes,
     check_scatter_sizes,
     contiguous,
-    first_cuda,
     flatten,
     kinds,
     premul,
@@ -57,122 +48,12 @@ from cudampi.torch.work import (
     AsyncRunner,
     as_dist_error,
     completed_work,
-    finished_work,
     handle_work,
 )
-from cudampi.torch.world import (
-    GROUPS_MADE,
-    WORLD,
-    open_subgroup_world,
-    open_world,
-    timeout_of,
-    where,
-)
+from cudampi.torch.world import WORLD
 
 if TYPE_CHECKING:
-    from cudampi.comm.communicator import Communicator
-
-
-def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProcessGroup:
-    """The creator torch calls (``extended_api=True``) for the world group and each subgroup."""
-    GROUPS_MADE[:] = [True]
-    if pg_options is None:
-        options = WORLD[0].options if WORLD and dist_opts.global_ranks_in_group else Options()
-    elif isinstance(pg_options, Options):
-        options = pg_options
-    else:
-        raise ConfigError(
-            f"pg_options={pg_options!r} is not a cudampi.torch.Options. Fix: pass "
-            "cudampi.torch.Options(path=..., comm=...) or nothing."
-        )
-    rank, size = int(dist_opts.group_rank), int(dist_opts.group_size)
-    ranks = [int(r) for r in dist_opts.global_ranks_in_group]
-    group_id = str(getattr(dist_opts, "group_id", ""))
-    if not ranks:
-        world = open_world(options, rank, size, dist_opts)
-        mpi_comm = world.mpi_comm.Dup()
-    else:
-        if not WORLD:
-            open_subgroup_world(options, ranks, dist_opts.store, timeout_of(dist_opts))
-        parent = WORLD[0].mpi_comm
-        mpi_group = parent.Get_group()
-        sub_group = mpi_group.Incl(ranks)
-        try:
-            mpi_comm = parent.Create_group(sub_group)
-        finally:
-            sub_group.Free()
-            mpi_group.Free()
-        if mpi_comm.rank != rank or mpi_comm.size != size:
-            raise CommError(
-                f"cudampi: the MPI subgroup of world ranks {ranks} puts this process at rank "
-                f"{mpi_comm.rank} of {mpi_comm.size}, torch at {rank} of {size}. This is a bug."
-            )
     from cudampi.comm import Communicator
-
-    runner = None
-    from mpi4py import MPI
-
-    threads = MPI.Query_thread() == MPI.THREAD_MULTIPLE
-    if options.async_ops or (options.async_ops is None and threads):
-        if not threads:
-            raise ConfigError(
-                f"Options(async_ops=True) needs MPI_THREAD_MULTIPLE, but MPI was initialized at "
-                f"thread level {MPI.Query_thread()!r}. Fix: leave mpi4py.rc.thread_level at its "
-                "default ('multiple'), or use async_ops=False."
-            )
-        runner = AsyncRunner(f"cudampi-torch-{group_id or 'world'}")
-    config = options.config if options.config is not None else Config.load()
-    timeout = timeout_of(dist_opts)
-    if timeout is not None and timeout.total_seconds() > 0:
-        # torch's timeout= (init_process_group / new_group) is this group's deadline
-        config = config.replace(timeout=timeout.total_seconds())
-    comm = Communicator(mpi_comm, path=options.path, config=config)
-    pg = CudampiProcessGroup(
-        comm, mpi_comm, rank, size, ranks, group_id, runner=runner, auto=options.async_ops is None
-    )
-    if detail_enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch's wrapper skips Python groups
-        pg._detail = DetailChecker(mpi_comm, ranks or list(range(size)))
-        weakref.finalize(pg, pg._detail.close)
-    return pg
-
-
-def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a collective body now (a finished Work: stream-ordered for CUDA tensors, see
-    :func:`~cudampi.torch.work.finished_work`) or on the group's AsyncRunner."""
-
-    @functools.wraps(method)
-    def run(self: CudampiProcessGroup, *args: Any, **kwargs: Any) -> Any:
-        self._check_open()
-        if self._detail is not None:
-            self._detail.check(method.__name__, args, kwargs)
-        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
-            self._check_capturable(method.__name__, args)
-        if self._runner is None or not self._threaded(method.__name__, args):
-            try:
-                return finished_work(method(self, *args, **kwargs))
-            except CommTimeoutError as exc:
-                raise as_dist_error(exc) from exc  # what torch's own backends raise
-        return self._runner.submit(lambda: method(self, *args, **kwargs), args)
-
-    return run
-
-
-_CALL_OF = {
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "allgather": "allgather",
-    "allgather_coalesced": "allgather",
-    "all_gather_single": "allgather",
-    "all_gather_single_coalesced": "allgather",
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_single": "reduce_scatter",
-    "reduce_scatter_single_coalesced": "reduce_scatter",
-    "all_to_all_single": "alltoall",
-    "alltoall": "alltoall",
-    "gather": "gather",
-    "scatter": "scatter",
-}
-"""The Communicator call behind a group method (the others: allreduce)."""
 
 
 # Typed as Any: the Python overrides follow c10d's (untyped, version-dependent) call convention
@@ -207,7 +88,6 @@ class CudampiProcessGroup(_ProcessGroup):
         super().__init__(rank, size)
         self._runner = runner
         self._auto = auto and runner is not None
-        self._host_path: dict[tuple[str, Any, int, Any], bool] = {}
         self._comm = comm
         self._mpi_comm = mpi_comm
         self._rank = rank
@@ -278,57 +158,8 @@ class CudampiProcessGroup(_ProcessGroup):
     def abort(self) -> None:
         self.shutdown()
 
-    def _threaded(self, name: str, args: Sequence[Any]) -> bool:
-        """Whether this call runs on the group's thread: every call with ``async_ops=True``;
-        under auto, a call behind one still on the thread (call order), or one of CUDA
-        tensors whose path synchronizes the host (remembered per call, dtype, size, device:
-        ``path_for`` is the same for them, and DDP repeats its buckets)."""
-        assert self._runner is not None
-        if not self._auto or self._runner.busy():
-            return True
-        tensor = first_cuda(args)
-        if tensor is None:
-            return False
-        key = (name, tensor.dtype, tensor.numel(), tensor.device)
-        known = self._host_path.get(key)
-        if known is None:
-            try:
-                choice = self._comm.path_for(_CALL_OF.get(name, "allreduce"), tensor)
-            except Exception:  # the call itself says what is wrong, in the caller's thread
-                return False
-            if len(self._host_path) >= 4096:  # sizes that keep changing: forget, ask again
-                self._host_path.clear()
-            known = self._host_path[key] = not choice.stream_ordered
-        return known
-
-    def _check_capturable(self, name: str, args: Sequence[Any]) -> None:
-        """Inside CUDA graph capture only a stream-ordered engine (ipc, nccl) can run a call:
-        the others block the host on the caller's stream, which capture forbids (and which
-        would invalidate the graph with an obscure CUDA error). Say so before running."""
-        tensor = first_cuda(args)
-        if self._runner is not None and not self._auto:
-            why = "Options(async_ops=True) runs it on a thread and a side stream of its own"
-        elif self._runner is not None and self._runner.busy():
-            why = (
-                "earlier collectives of this group still run on its thread (the path of their "
-                "tensors synchronizes the host); wait for them (torch.cuda.synchronize and "
-                "their Work.wait()) before capturing"
-            )
-        elif tensor is None:
-            why = (
-                "it moves no CUDA tensor (a host-side call runs once, at capture, never at replay)"
-            )
-        else:
-            choice = self._comm.path_for(_CALL_OF.get(name, "allreduce"), tensor)
-            if choice.stream_ordered:
-                return
-            why = f"its path here is {str(choice)!r}, which synchronizes the host ({choice.reason})"
-        raise CommError(
-            f"cudampi: {name} inside CUDA graph capture on {where(self._rank, self._size)}: "
-            f"{why}. Fix: capture with the default Options and path 'ipc' (CUDAMPI_PATH=ipc, "
-            "ranks of one node) so collectives are kernel launches on the capturing stream, and "
-            "run host-side calls before the capture."
-        )
+    _threaded = threaded
+    _check_capturable = check_capturable
 
     def _check_open(self) -> None:
         if self._closed:
@@ -350,11 +181,18 @@ class CudampiProcessGroup(_ProcessGroup):
 
     # --- collectives ------------------------------------------------------------------------
     @_collective
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+    def allreduce(self, tensors: list[torch.Tensor], o: Opts) -> Any:
+        spec = o.spec
         for t in tensors:
             if t.layout == torch.sparse_coo:
-                self._allreduce_sparse(t, spec)
+                with self._checks("allgather"):
+                    if spec.torch_name != "SUM":
+                        raise CommError(
+                            f"all_reduce of a sparse tensor with ReduceOp.{spec.torch_name}: "
+                            "sparse all_reduce supports ReduceOp.SUM only (as gloo). Fix: use "
+                            "SUM, or reduce t.to_dense()."
+                        )
+                allreduce_sparse(self._comm, t)
                 continue
             with self._checks("allreduce"):
                 check_dtype(spec, t.dtype)
@@ -364,48 +202,9 @@ class CudampiProcessGroup(_ProcessGroup):
             write_back(t, buf)
         return tensors
 
-    def _allreduce_sparse(self, t: torch.Tensor, spec: Any) -> None:
-        """Sum sparse COO tensors as gloo does: gather every rank's indices and values, add them
-        up (``coalesce``) and put the result, coalesced, in ``t`` on every rank. SUM only."""
-        with self._checks("allgather"):
-            if spec.torch_name != "SUM":
-                raise CommError(
-                    f"all_reduce of a sparse tensor with ReduceOp.{spec.torch_name}: sparse "
-                    "all_reduce supports ReduceOp.SUM only (as gloo). Fix: use SUM, or reduce "
-                    "t.to_dense()."
-                )
-        x = t.coalesce()
-        nnz, sparse_dim = x._nnz(), x.sparse_dim()
-        mine = [sparse_dim, *x.shape]
-        metas = self._comm.allgather(torch.tensor([nnz, *mine], dtype=torch.int64))
-        if any(m[1:].tolist() != mine for m in metas):
-            odd = next(i for i, m in enumerate(metas) if m[1:].tolist() != mine)
-            raise MismatchError(
-                f"all_reduce of sparse tensors: rank {self._rank} has shape {list(x.shape)} "
-                f"with {sparse_dim} sparse dims, rank {odd} shape {metas[odd][2:].tolist()} "
-                f"with {int(metas[odd][1])}. Every rank must pass a sparse tensor of the same "
-                "shape and sparse dims."
-            )
-        nnzs = [int(m[0]) for m in metas]
-        row = math.prod(x.shape[sparse_dim:])  # elements per entry (dense dims of a hybrid)
-        # Every rank's entries, one after another (nnz-major, so allgatherv concatenates them).
-        idx = self._comm.allgatherv(
-            x.indices().t().contiguous().view(-1), [n * sparse_dim for n in nnzs]
-        )
-        vals = self._comm.allgatherv(x.values().contiguous().view(-1), [n * row for n in nnzs])
-        total = sum(nnzs)
-        summed = torch.sparse_coo_tensor(
-            idx.view(total, sparse_dim).t(),
-            vals.view(total, *x.shape[sparse_dim:]),
-            x.shape,
-            dtype=x.dtype,
-            device=x.device,
-        ).coalesce()
-        t.copy_(summed)
-
     @_collective
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], o: Opts) -> Any:
+        spec = o.spec
         with self._checks("allreduce"):
             for t in tensors:
                 if t.layout == torch.sparse_coo:
@@ -423,18 +222,16 @@ class CudampiProcessGroup(_ProcessGroup):
         return tensors
 
     @_collective
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        root = int(opts.rootRank) if opts is not None else 0
+    def broadcast(self, tensors: list[torch.Tensor], o: Opts) -> Any:
         for t in tensors:
             buf = contiguous(t)
-            self._comm.broadcast(buf, root=root)
+            self._comm.broadcast(buf, root=o.root)
             write_back(t, buf)
         return tensors
 
     @_collective
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        root = int(opts.rootRank) if opts is not None else 0
+    def reduce(self, tensors: list[torch.Tensor], o: Opts) -> Any:
+        spec, root = o.spec, o.root
         for t in tensors:
             with self._checks("reduce"):
                 check_dtype(spec, t.dtype)
@@ -453,7 +250,7 @@ class CudampiProcessGroup(_ProcessGroup):
         self,
         output_tensors: list[list[torch.Tensor]],
         input_tensors: list[torch.Tensor],
-        opts: Any = None,
+        o: Opts,
     ) -> Any:
         for outs, inp in zip(output_tensors, input_tensors):
             self._allgather_list(outs, inp)
@@ -467,16 +264,16 @@ class CudampiProcessGroup(_ProcessGroup):
                     "pass one output tensor per rank."
                 )
         src = contiguous(inp)
-        counts = [o.numel() for o in outs]
+        counts = [dst.numel() for dst in outs]
         if all(c == src.numel() for c in counts):
             gathered = self._comm.allgather(src)
-            for o, g in zip(outs, gathered):
-                o.copy_(g.view(o.shape))
+            for dst, g in zip(outs, gathered):
+                dst.copy_(g.view(dst.shape))
         else:
             flat = self._comm.allgatherv(src.reshape(-1), counts)
             offset = 0
-            for o, c in zip(outs, counts):
-                o.copy_(flat[offset : offset + c].view(o.shape))
+            for dst, c in zip(outs, counts):
+                dst.copy_(flat[offset : offset + c].view(dst.shape))
                 offset += c
 
     @_collective
@@ -484,7 +281,7 @@ class CudampiProcessGroup(_ProcessGroup):
         self,
         output_lists: list[list[torch.Tensor]],
         input_list: list[torch.Tensor],
-        opts: Any = None,
+        o: Opts,
     ) -> Any:
         # torch's layout is by rank, then tensor: output_lists[r][i] receives rank r's
         # input_list[i] (allgather's is by tensor, then rank).
@@ -503,7 +300,7 @@ class CudampiProcessGroup(_ProcessGroup):
         return output_lists
 
     @_collective
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, o: Opts) -> Any:
         self._allgather_into(output, input)
         return [output]
 
@@ -519,7 +316,7 @@ class CudampiProcessGroup(_ProcessGroup):
 
     @_collective
     def all_gather_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], o: Opts
     ) -> Any:
         with self._checks("allgather"):
             if len(outputs) != len(inputs):
@@ -550,9 +347,9 @@ class CudampiProcessGroup(_ProcessGroup):
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[list[torch.Tensor]],
-        opts: Any = None,
+        o: Opts,
     ) -> Any:
-        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        spec = o.spec
         for out, ins in zip(output_tensors, input_tensors):
             with self._checks("reduce_scatter"):
                 check_dtype(spec, out.dtype)
@@ -574,11 +371,8 @@ class CudampiProcessGroup(_ProcessGroup):
         return output_tensors
 
     @_collective
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> Any:
-        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        self._reduce_scatter_into(output, input, spec)
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, o: Opts) -> Any:
+        self._reduce_scatter_into(output, input, o.spec)
         return [output]
 
     _reduce_scatter_base = reduce_scatter_single
@@ -594,9 +388,9 @@ class CudampiProcessGroup(_ProcessGroup):
 
     @_collective
     def reduce_scatter_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], o: Opts
     ) -> Any:
-        spec = reduce_spec(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        spec = o.spec
         with self._checks("reduce_scatter"):
             if len(outputs) != len(inputs):
                 raise CommError(
@@ -630,7 +424,7 @@ class CudampiProcessGroup(_ProcessGroup):
         input: torch.Tensor,
         output_split_sizes: Sequence[int],
         input_split_sizes: Sequence[int],
-        opts: Any = None,
+        o: Opts,
     ) -> Any:
         with self._checks("alltoall"):
             send = element_counts(input_split_sizes, list(input.shape), self._size, "input")
@@ -651,7 +445,7 @@ class CudampiProcessGroup(_ProcessGroup):
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[torch.Tensor],
-        opts: Any = None,
+        o: Opts,
     ) -> Any:
         with self._checks("alltoall"):
             if len(output_tensors) != self._size or len(input_tensors) != self._size:
@@ -665,8 +459,8 @@ class CudampiProcessGroup(_ProcessGroup):
         flat_out = torch.empty(sum(recv), dtype=flat_in.dtype, device=flat_in.device)
         self._comm.alltoall(flat_in, out=flat_out, send_counts=send, recv_counts=recv)
         offset = 0
-        for o, c in zip(output_tensors, recv):
-            o.copy_(flat_out[offset : offset + c].view(o.shape))
+        for dst, c in zip(output_tensors, recv):
+            dst.copy_(flat_out[offset : offset + c].view(dst.shape))
             offset += c
         return output_tensors
 
@@ -675,9 +469,9 @@ class CudampiProcessGroup(_ProcessGroup):
         self,
         output_tensors: list[list[torch.Tensor]],
         input_tensors: list[torch.Tensor],
-        opts: Any = None,
+        o: Opts,
     ) -> Any:
-        root = int(opts.rootRank) if opts is not None else 0
+        root = o.root
         src = contiguous(input_tensors[0])
         with self._checks("gather"):
             if self._rank == root and len(output_tensors[0]) != self._size:
@@ -688,8 +482,8 @@ class CudampiProcessGroup(_ProcessGroup):
         gathered = self._comm.gather(src, root=root)
         if self._rank == root:
             outs = output_tensors[0]
-            for o, g in zip(outs, gathered):
-                o.copy_(g.view(o.shape))
+            for dst, g in zip(outs, gathered):
+                dst.copy_(g.view(dst.shape))
         return output_tensors
 
     @_collective
@@ -697,9 +491,9 @@ class CudampiProcessGroup(_ProcessGroup):
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[list[torch.Tensor]],
-        opts: Any = None,
+        o: Opts,
     ) -> Any:
-        root = int(opts.rootRank) if opts is not None else 0
+        root = o.root
         out = contiguous(output_tensors[0])
         if self._rank == root:
             ins = input_tensors[0]
@@ -717,7 +511,7 @@ class CudampiProcessGroup(_ProcessGroup):
         return output_tensors
 
     @_collective
-    def barrier(self, opts: Any = None) -> Any:
+    def barrier(self, o: Opts) -> Any:
         self._comm.barrier()
         return []
 
@@ -747,37 +541,15 @@ class CudampiProcessGroup(_ProcessGroup):
         return handle_work(handle, tensors, source=int(srcRank), after=after)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
-        # Probe (blocking) for the first matching message on the Communicator's point-to-point
-        # communicator, then receive exactly that sender's message: a chunked (staged) message
-        # then arrives whole from one rank, and the Work can tell torch the source.
-        from mpi4py import MPI
-
-        from cudampi.comm.deadline import spin
-        from cudampi.comm.engines.ipc import ANY_SOURCE_REFUSED
-
+        # Wait for the first matching message from any rank, then receive exactly that sender's
+        # message: a chunked (staged) message then arrives whole from one rank, and the Work can
+        # tell torch the source.
         self._check_open()
         try:
-            on_ipc = self._comm.path_for("recv", tensors[0]).engine == "ipc"
-        except CudampiError:
-            on_ipc = False  # the receive itself says why
-        if on_ipc:  # its sends are kernels no MPI probe sees: say so now, not at the deadline
-            raise as_dist_error(
-                CommError(f"recv (tag {tag}, CUDAMPI_PATH=ipc): {ANY_SOURCE_REFUSED} (src=)")
-            )
-        status = MPI.Status()
-        limit = self._comm.config.timeout
-        late = CommTimeoutError(
-            f"recv from any rank (tag {tag}) did not start within {limit:g} s: no rank sent"
-        )
-        try:
-            spin(
-                lambda: bool(self._comm.mpi_comm.Iprobe(MPI.ANY_SOURCE, int(tag), status)),
-                limit,
-                lambda: late,
-            )
-        except CommTimeoutError as exc:
+            source = self._comm.probe_any(tensors[0], tag)
+        except CommError as exc:  # no rank sent in time, or a path whose messages MPI never sees
             raise as_dist_error(exc) from exc
-        return self.recv(tensors, status.Get_source(), tag)
+        return self.recv(tensors, source, tag)
 
     # --- coalescing (ops already ran; nothing is pending at the end) ------------------------
     def _start_coalescing(self, device: Any) -> None:
@@ -803,29 +575,3 @@ def _close(comm: Communicator, mpi_comm: Any, runner: AsyncRunner | None = None)
                 mpi_comm.Free()
         except Exception:  # freeing at teardown must not mask the real error
             pass
-
-
-def register() -> None:
-    """Register the ``cudampi`` backend and the ``cudampi://`` rendezvous with torch (idempotent).
-
-    Also lets the default ``env://`` take rank and size from MPI where its variables are missing
-    under an MPI launcher, so a plain ``init_process_group("cudampi")`` works under mpirun.
-    """
-    import importlib
-
-    from cudampi.torch import rendezvous as ours
-
-    # (``torch.distributed.rendezvous`` the attribute is a function; the module is this one.)
-    rdzv = importlib.import_module("torch.distributed.rendezvous")
-
-    if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        kwargs: dict[str, Any] = {"extended_api": True}
-        try:
-            dist.Backend.register_backend(
-                BACKEND_NAME, create_process_group, devices=["cpu", "cuda"], **kwargs
-            )
-        except TypeError:  # a wheel without devices= (older than cudampi supports)
-            dist.Backend.register_backend(BACKEND_NAME, create_process_group, **kwargs)
-    if ours.SCHEME not in rdzv._rendezvous_handlers:
-        rdzv.register_rendezvous_handler(ours.SCHEME, ours.mpi_rendezvous)
-    ours.wrap_env_handler(rdzv._rendezvous_handlers)

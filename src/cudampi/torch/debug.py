@@ -19,27 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.errors import MismatchError
-
-# method name -> (torch's name, argument positions whose shapes must agree, position of opts)
-# Every tensor argument's dtype, layout and device type must agree.
-SPECS: dict[str, tuple[str, tuple[int, ...], int]] = {
-    "allreduce": ("all_reduce", (0,), 1),
-    "allreduce_coalesced": ("all_reduce_coalesced", (0,), 1),
-    "broadcast": ("broadcast", (0,), 1),
-    "reduce": ("reduce", (0,), 1),
-    "allgather": ("all_gather", (0,), 2),
-    "allgather_coalesced": ("all_gather_coalesced", (0,), 2),
-    "all_gather_single": ("all_gather_into_tensor", (0, 1), 2),
-    "all_gather_single_coalesced": ("all_gather_into_tensor_coalesced", (0, 1), 2),
-    "reduce_scatter": ("reduce_scatter", (1,), 2),
-    "reduce_scatter_single": ("reduce_scatter_tensor", (0, 1), 2),
-    "reduce_scatter_single_coalesced": ("reduce_scatter_tensor_coalesced", (0, 1), 2),
-    "all_to_all_single": ("all_to_all_single", (), 4),
-    "alltoall": ("all_to_all", (), 2),
-    "gather": ("gather", (1,), 2),
-    "scatter": ("scatter", (0,), 2),
-    "barrier": ("barrier", (), 0),
-}
+from cudampi.torch.methods import METHODS, Method, opts_of
 
 
 @dataclass(frozen=True)
@@ -92,8 +72,9 @@ def _reduce_op(opts: Any) -> str:
 
 def fingerprint(seq: int, method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Fingerprint:
     """What ``method(*args)`` of a cudampi group must share with the other ranks' call."""
-    name, shaped, opts_at = SPECS.get(method, (method, (), -1))
-    opts = kwargs.get("opts", args[opts_at] if 0 <= opts_at < len(args) else None)
+    m = METHODS.get(method) or Method(method, method)
+    name, shaped, opts_at = m.torch_name, m.shaped, m.opts_at
+    opts = opts_of(method, tuple(args), kwargs)
     tensors = _tensors([a for i, a in enumerate(args) if i != opts_at])
     shapes = tuple(tuple(int(d) for d in t.shape) for i in shaped for t in _tensors(args[i]))
     root = getattr(opts, "rootRank", -1)

@@ -139,6 +139,8 @@ class Engine:
     (auto would take it on some ranks only)."""
     last_resort: ClassVar[bool] = False
     """auto's route where no engine took a call (:meth:`fallback`): one engine says so."""
+    any_source: ClassVar[str] = ""
+    """Why a receive from any rank cannot match this engine's messages ("": it can)."""
     stream_ordered: ClassVar[bool] = False
     """True: the engine orders its work on the caller's CUDA stream itself; the Communicator then
     neither captures/fences the stream nor runs the host-side check. Its calls run in the

@@ -108,6 +108,7 @@ class IpcEngine(Engine):
     paths = ("ipc",)
     device_only = True
     stream_ordered = True
+    any_source = ANY_SOURCE_REFUSED
 
     @classmethod
     def available(cls) -> str | None:

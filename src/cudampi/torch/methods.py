@@ -1,0 +1,96 @@
+"""The c10d methods of a cudampi process group, in one table, and their options decoded once.
+
+torch calls a Python process group's methods by c10d's names (which changed between torch 2.4
+and 2.13: ``_allgather_base`` became ``all_gather_single``, ``_reduce_scatter_base``
+``reduce_scatter_single``, ``alltoall_base`` ``all_to_all_single``; the group keeps both as
+aliases). :data:`METHODS` says, for each, the Communicator call behind it (a name of
+:data:`cudampi.names.CALLS`), torch's public name, which arguments' shapes every rank must share
+(``TORCH_DISTRIBUTED_DEBUG=DETAIL``) and where its options argument is; :func:`decode` turns a
+c10d options object into the :class:`Opts` every method reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cudampi.names import CALLS
+from cudampi.torch.convert import ReduceSpec, reduce_spec
+
+
+@dataclass(frozen=True)
+class Method:
+    """One c10d method of the process group."""
+
+    call: str
+    """The Communicator call that runs it (:data:`cudampi.names.CALLS`)."""
+    torch_name: str
+    """What torch.distributed calls it (``dist.all_reduce`` -> ``all_reduce``)."""
+    shaped: tuple[int, ...] = ()
+    """The argument positions whose tensors' shapes every rank must share."""
+    opts_at: int = -1
+    """The position of the c10d options argument (-1: none)."""
+
+
+METHODS: dict[str, Method] = {
+    "allreduce": Method("allreduce", "all_reduce", (0,), 1),
+    "allreduce_coalesced": Method("allreduce", "all_reduce_coalesced", (0,), 1),
+    "broadcast": Method("broadcast", "broadcast", (0,), 1),
+    "reduce": Method("reduce", "reduce", (0,), 1),
+    "allgather": Method("allgather", "all_gather", (0,), 2),
+    "allgather_coalesced": Method("allgather", "all_gather_coalesced", (0,), 2),
+    "all_gather_single": Method("allgather", "all_gather_into_tensor", (0, 1), 2),
+    "all_gather_single_coalesced": Method(
+        "allgather", "all_gather_into_tensor_coalesced", (0, 1), 2
+    ),
+    "reduce_scatter": Method("reduce_scatter", "reduce_scatter", (1,), 2),
+    "reduce_scatter_single": Method("reduce_scatter", "reduce_scatter_tensor", (0, 1), 2),
+    "reduce_scatter_single_coalesced": Method(
+        "reduce_scatter", "reduce_scatter_tensor_coalesced", (0, 1), 2
+    ),
+    "all_to_all_single": Method("alltoall", "all_to_all_single", (), 4),
+    "alltoall": Method("alltoall", "all_to_all", (), 2),
+    "gather": Method("gather", "gather", (1,), 2),
+    "scatter": Method("scatter", "scatter", (0,), 2),
+    "barrier": Method("barrier", "barrier", (), 0),
+}
+"""Every collective method of the group by its c10d name (aliases excluded)."""
+assert all(m.call in CALLS for m in METHODS.values())
+
+
+@dataclass(frozen=True)
+class Opts:
+    """A c10d options object (``AllreduceOptions``, ``BroadcastOptions``...), decoded once."""
+
+    spec: ReduceSpec
+    """The reduction (SUM where the options have none)."""
+    root: int
+    """The root rank (0 where the options have none)."""
+
+
+_DEFAULT: list[Opts] = []
+
+
+def decode(opts: Any) -> Opts:
+    """``opts`` (None, or any c10d options object) as an :class:`Opts`."""
+    if opts is None:
+        if not _DEFAULT:
+            import torch.distributed as dist
+
+            _DEFAULT.append(Opts(reduce_spec(dist.ReduceOp.SUM), 0))
+        return _DEFAULT[0]
+    red = getattr(opts, "reduceOp", None)
+    if red is None:
+        import torch.distributed as dist
+
+        red = dist.ReduceOp.SUM
+    return Opts(reduce_spec(red), int(getattr(opts, "rootRank", 0)))
+
+
+def opts_of(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The raw c10d options object of a call of ``method`` (None where it has none)."""
+    at = METHODS[method].opts_at if method in METHODS else -1
+    return kwargs.get("opts", args[at] if 0 <= at < len(args) else None)
+
+
+__all__ = ["METHODS", "Method", "Opts", "decode", "opts_of"]
