@@ -18,7 +18,7 @@ from cudampi.errors import (
     ProbeError,
 )
 
-__version__ = "0.1.0"
+from cudampi._version import __version__
 
 __all__ = [
     "CommError",

@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from cudampi import __version__
+from cudampi._version import __version__
 from cudampi.errors import ConfigError, CudampiError
 
 SUBCOMMANDS = {

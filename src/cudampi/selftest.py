@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cudampi import __version__, names
+from cudampi import names
+from cudampi._version import __version__
 
 PATHS = tuple(p for p in names.PATHS if p not in ("ipc", "nccl"))
 """Every path but ``ipc`` and ``nccl``, which need CuPy (and NCCL) that the selftest does not

@@ -38,7 +38,7 @@ def test_no_placeholder_urls_and_package_data_that_exists():
 def test_one_version():
     assert "version" not in PROJECT["project"] and PROJECT["project"]["dynamic"] == ["version"]
     dyn = PROJECT["tool"]["setuptools"]["dynamic"]["version"]
-    assert dyn == {"attr": "cudampi.__version__"}
+    assert dyn == {"attr": "cudampi._version.__version__"}
     from importlib import metadata
 
     assert metadata.version("cudampi") == cudampi.__version__

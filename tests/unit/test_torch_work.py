@@ -166,9 +166,7 @@ def _group_stand_in(choice, runner=None, auto=False):
             self.asks += 1
             return choice
 
-    return SimpleNamespace(
-        _runner=runner, _auto=auto, _comm=Comm(), _rank=0, _size=2
-    )
+    return SimpleNamespace(_runner=runner, _auto=auto, _comm=Comm(), _rank=0, _size=2)
 
 
 class _Runner:

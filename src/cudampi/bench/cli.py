@@ -102,7 +102,7 @@ def _meta(session: Any, o: opts.Options) -> dict[str, Any]:
 
     from mpi4py import MPI
 
-    from cudampi import __version__
+    from cudampi._version import __version__
     from cudampi.probe.gpu import mps_active
 
     meta: dict[str, Any] = {

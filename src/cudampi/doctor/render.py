@@ -8,7 +8,7 @@ import shutil
 import textwrap
 from typing import Any
 
-from cudampi import __version__
+from cudampi._version import __version__
 from cudampi.doctor.report import Check, Report
 
 _MARK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "n/a": "n/a"}

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from cudampi import __version__
+from cudampi._version import __version__
 from cudampi.env.spec import EnvSpec
 from cudampi.errors import EnvGenError
 

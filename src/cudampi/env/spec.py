@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudampi import __version__
+from cudampi._version import __version__
 from cudampi.errors import EnvGenError
 from cudampi.names import MPI_FLAVOURS
 
