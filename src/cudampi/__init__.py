@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cudampi._version import __version__
 from cudampi.errors import (
     CommError,
     ConfigError,
@@ -17,8 +18,6 @@ from cudampi.errors import (
     MismatchError,
     ProbeError,
 )
-
-from cudampi._version import __version__
 
 __all__ = [
     "CommError",
