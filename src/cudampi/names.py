@@ -34,26 +34,49 @@ class Call:
     """It moves array data (barrier and split move none)."""
     form: str = "elementwise"
     """How its output follows from its input (:mod:`cudampi.comm.calls` prepares each form):
-    ``elementwise`` (the input's shape: allreduce, reduce, broadcast in place), ``gather``
-    (every rank's input, stacked or concatenated), ``scatter`` (a block of the root's input),
-    ``reduce_scatter`` (a block of the reduction), ``exchange`` (blocks to and from every rank),
-    ``sync`` (no data), ``message`` (point-to-point)."""
+    ``elementwise`` (the input's shape: allreduce, reduce, broadcast in place), ``gathering``
+    (every rank's input, stacked or concatenated), ``scattering`` (a block of the root's
+    input), ``block_reduction`` (a block of the reduction), ``exchange`` (blocks to and from
+    every rank), ``sync`` (no data), ``message`` (point-to-point)."""
     engine: str = ""
     """The engine method that runs it (:mod:`cudampi.comm.engines.base`; "" for none)."""
+    bus: str = "1"
+    """How many bytes cross each rank's links per byte of the call's size in an optimal
+    algorithm, for ``n`` ranks: ``2(n-1)/n``, ``(n-1)/n`` or ``1`` (nccl-tests' bus-bandwidth
+    factor)."""
+    blocked: bool = False
+    """Its sized buffer holds one block per rank (reduce_scatter's input, allgather's output,
+    alltoall's): benchmarks round a rank's block as nccl-tests does."""
 
 
 CALLS: dict[str, Call] = {
     c.name: c
     for c in (
-        Call("allreduce", 1, reduces=True, engine="allreduce"),
+        Call("allreduce", 1, reduces=True, engine="allreduce", bus="2(n-1)/n"),
         Call("reduce", 2, reduces=True, rooted=True, engine="reduce"),
         Call("broadcast", 3, rooted=True, engine="broadcast"),
-        Call("allgather", 4, form="gather", engine="allgatherv"),
-        Call("allgatherv", 5, vector=True, form="gather", engine="allgatherv"),
-        Call("gather", 6, rooted=True, form="gather", engine="gatherv"),
-        Call("scatter", 7, rooted=True, form="scatter", engine="scatterv"),
-        Call("reduce_scatter", 8, reduces=True, form="reduce_scatter", engine="reduce_scatterv"),
-        Call("alltoall", 9, vector=True, form="exchange", engine="alltoallv"),
+        Call("allgather", 4, form="gathering", engine="allgatherv", bus="(n-1)/n", blocked=True),
+        Call("allgatherv", 5, vector=True, form="gathering", engine="allgatherv", bus="(n-1)/n"),
+        Call("gather", 6, rooted=True, form="gathering", engine="gatherv"),
+        Call("scatter", 7, rooted=True, form="scattering", engine="scatterv"),
+        Call(
+            "reduce_scatter",
+            8,
+            reduces=True,
+            form="block_reduction",
+            engine="reduce_scatterv",
+            bus="(n-1)/n",
+            blocked=True,
+        ),
+        Call(
+            "alltoall",
+            9,
+            vector=True,
+            form="exchange",
+            engine="alltoallv",
+            bus="(n-1)/n",
+            blocked=True,
+        ),
         Call("barrier", 10, data=False, form="sync"),
         Call("split", 11, data=False, form="sync"),
         Call("send", 16, p2p=True, form="message", engine="send"),

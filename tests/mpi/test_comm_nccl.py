@@ -18,7 +18,7 @@ def rank_nccl_refused(comm, case):
     import numpy as np
 
     from cudampi.comm import Communicator
-    from cudampi.comm.engines import nccl as mod
+    from cudampi.comm.engines import nccl_support as mod
     from cudampi.errors import DeviceError
 
     last = comm.rank == comm.size - 1
@@ -68,7 +68,7 @@ def rank_auto_nccl(comm, case, cache):
     from mpi4py import MPI
 
     from cudampi.comm import Communicator
-    from cudampi.comm.engines import nccl as mod
+    from cudampi.comm.engines import nccl_support as mod
     from cudampi.comm.paths import NO_LIMIT, choose
     from cudampi.probe import capabilities as capmod
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cudampi.bench.metrics import COLLECTIVES, algbw, busbw, busbw_factor, collective_layout
+from cudampi.bench.metrics import algbw, busbw, busbw_factor, collective_layout
+from cudampi.bench.registry import COLLECTIVES
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8, 16])

@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from cudampi.comm.engines import KINDS
-from cudampi.comm.engines.nccl import (
+from cudampi.comm.engines.nccl_support import (
     AVG_SINCE,
     RankGpu,
     Reduction,

@@ -248,7 +248,7 @@ def test_auto_without_a_probe_result_says_so_once_for_device_arrays(monkeypatch)
 
 
 def test_nccl_span_is_where_nccl_takes_less_time_than_ipc():
-    from cudampi.comm.engines.nccl import nccl_span
+    from cudampi.comm.engines.nccl_support import nccl_span
     from cudampi.comm.paths import NO_LIMIT
 
     # t(n) = latency + n / bandwidth: 20 us + n / 300 GB/s against 30 us + n / 600 GB/s cross at
@@ -265,7 +265,7 @@ def test_nccl_span_is_where_nccl_takes_less_time_than_ipc():
 def test_auto_takes_nccl_for_the_sizes_the_probe_measured_it_faster():
     from dataclasses import replace
 
-    from cudampi.comm.engines.nccl import nccl_support
+    from cudampi.comm.engines.nccl_support import nccl_support
     from cudampi.comm.paths import NO_LIMIT, Verdict
 
     ipc_ok = ProbeOutcome("ok", "correct", gbps=300.0)

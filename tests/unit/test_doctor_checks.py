@@ -308,7 +308,7 @@ def test_ipc_engine_row():
 
 
 def test_nccl_engine_row_and_when_the_doctor_cannot_probe_it(monkeypatch):
-    from cudampi.comm.engines import nccl
+    from cudampi.comm.engines import nccl_support as nccl
     from cudampi.doctor.checks_cuda import check_nccl_engine
     from cudampi.doctor.gather import _cannot_run
     from cudampi.probe.runtime import ProbeRun

@@ -22,34 +22,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COLLECTIVES = (
-    "allreduce",
-    "reduce_scatter",
-    "allgather",
-    "alltoall",
-    "broadcast",
-    "reduce",
-    "sendrecv",
-)
-"""Every collective ``cudampi bench`` measures, in the order ``all`` runs them."""
+from cudampi.names import CALLS
 
-# Collectives whose per-rank block is a slice of the sized buffer: nccl-tests rounds the
-# per-rank count down to a multiple of 16 bytes (``(count/nranks) & ~(16/eltSize - 1)``).
-_BLOCKED = frozenset({"reduce_scatter", "allgather", "alltoall"})
+_FACTORS = {
+    "2(n-1)/n": lambda n: 2.0 * (n - 1.0) / n,
+    "(n-1)/n": lambda n: (n - 1.0) / n,
+    "1": lambda n: 1.0,
+}
 
 
 def busbw_factor(op: str, nranks: int) -> float:
-    """nccl-tests' bus-bandwidth correction factor for ``op`` on ``nranks`` ranks."""
+    """nccl-tests' bus-bandwidth correction factor for ``op`` on ``nranks`` ranks (the call
+    table's :attr:`~cudampi.names.Call.bus`; ``copy``, the raw-copy peer: 1)."""
     if nranks < 1:
         raise ValueError(f"nranks must be >= 1, got {nranks!r}")
-    n = float(nranks)
-    if op == "allreduce":
-        return 2.0 * (n - 1.0) / n
-    if op in ("reduce_scatter", "allgather", "alltoall"):
-        return (n - 1.0) / n
-    if op in ("broadcast", "reduce", "sendrecv", "copy"):
-        return 1.0  # copy: the raw-copy peer, bytes copied per second
-    raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(COLLECTIVES)}")
+    if op == "copy":
+        return 1.0  # the raw-copy peer, bytes copied per second
+    call = CALLS.get(op)
+    if call is None or not call.data:
+        known = ", ".join(n for n, c in CALLS.items() if c.data)
+        raise ValueError(f"unknown collective {op!r}; expected one of {known}, or copy")
+    return float(_FACTORS[call.bus](float(nranks)))
 
 
 def algbw(size_bytes: int, seconds: float) -> float:
@@ -98,7 +91,7 @@ def collective_layout(op: str, nbytes: int, itemsize: int, nranks: int) -> Layou
     if itemsize < 1:
         raise ValueError(f"itemsize must be >= 1, got {itemsize!r}")
     count = nbytes // itemsize
-    if op in _BLOCKED:
+    if op != "copy" and CALLS[op].blocked:
         align = max(16 // itemsize, 1)
         base = (count // nranks) & ~(align - 1)
         if op == "allgather":

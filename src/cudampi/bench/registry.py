@@ -237,4 +237,8 @@ UNITS: dict[str, Unit] = {
         Copy(),
     )
 }
-"""Every unit by name; ``copy`` is the raw-copy peer, measured once per dtype."""
+"""Every unit by name, in the order ``all`` runs them (nccl-tests'); ``copy`` is the raw-copy
+peer, measured once per dtype."""
+
+COLLECTIVES = tuple(name for name in UNITS if name != "copy")
+"""Every collective ``cudampi bench`` measures, in the order ``all`` runs them."""

@@ -284,9 +284,9 @@ def _sync(f: Front, r: Request) -> Plan:
 
 _FORMS: dict[str, Callable[[Front, Request], Plan]] = {
     "elementwise": _elementwise,
-    "gather": _gather,
-    "scatter": _scatter,
-    "reduce_scatter": _reduce_scatter,
+    "gathering": _gather,
+    "scattering": _scatter,
+    "block_reduction": _reduce_scatter,
     "exchange": _exchange,
     "sync": _sync,
 }

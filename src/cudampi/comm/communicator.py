@@ -22,18 +22,16 @@ from cudampi.comm.calls import Plan, Request, prepare
 from cudampi.comm.deadline import Watch, spin
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
-from cudampi.comm.engines.mpi import can_reduce
 from cudampi.comm.handle import Handle, Worker, completed
 from cudampi.comm.paths import (
+    Decisions,
     DeviceSupport,
     PathChoice,
     Ranks,
     agreed,
     check_path,
-    choose,
     device_support,
     kinds,
-    unprobed_note,
 )
 from cudampi.comm.repeat import Repeats
 from cudampi.comm.validate import Signature, agree, check
@@ -87,8 +85,6 @@ class Communicator:
             remove_singleton_segment_at_exit(MPI)
         found = capmod.lookup(self.config.cache_dir, MPI.Get_library_version(), os.environ)
         self.capabilities: capmod.Capabilities | None = found.entry
-        self._choices: dict[tuple[Any, ...], PathChoice] = {}
-        """(call, path asked, on device, dtype, bytes) -> its choice (support is fixed)."""
         if found.ignored and self.rank == 0:
             warnings.warn(f"cudampi: {found.note}", RuntimeWarning, stacklevel=2)
         try:
@@ -102,6 +98,7 @@ class Communicator:
             for c in (self._coll, self.mpi_comm):
                 c.Free()
             raise
+        self._decisions = Decisions(self._support, self._path, self.rank)
         self._watch = Watch(self._coll, self.config.timeout)
         self._seq = 0
         self._engines = engines_for(
@@ -196,26 +193,7 @@ class Communicator:
 
     def _choose(self, call: str, b: Buf, path: str | None, nbytes: int | None = None) -> PathChoice:
         n = b.nbytes if nbytes is None else nbytes
-        key = (call, path, b.device is not None, b.dtype, n)
-        choice = self._choices.get(key)
-        if choice is None:  # a training loop repeats a few calls: each is chosen once
-            requested = check_path(path, "path") or self._path
-            choice = choose(
-                call,
-                requested,
-                b.on_device,
-                b.dtype,
-                n,
-                self._support,
-                mpi_reduces=can_reduce(b.dtype),
-            )
-            if len(self._choices) >= 4096:
-                self._choices.clear()
-            self._choices[key] = choice
-            note = unprobed_note(choice, requested, b.on_device, self._support)
-            if note and self.rank == 0 and not _TOLD[0]:
-                _TOLD[0] = True
-                warnings.warn(f"cudampi: {note}", RuntimeWarning, stacklevel=3)
+        choice = self._decisions.choose(call, path, b.on_device, b.dtype, n)
         self._chosen = (choice, n, b.dtype)
         return choice
 
@@ -606,10 +584,6 @@ class Communicator:
         sender.isend(xf, dest, tag).wait()
         r.wait()
         return out
-
-
-_TOLD = [False]
-"""Whether this process already said that auto chose a device path without a probe result."""
 
 
 def _inline(fn: Callable[[], Any], what: str, async_op: bool) -> Any:

@@ -14,6 +14,7 @@ segfaults even where device point-to-point is fine.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NO_LIMIT",
+    "Decisions",
     "DeviceSupport",
     "PathChoice",
     "Ranks",
@@ -239,3 +241,46 @@ def _auto(ask: Ask, support: DeviceSupport) -> PathChoice:
             return route
     assert last is not None, "no engine declares itself the last resort"
     return last.fallback(ask, support)
+
+
+class Decisions:
+    """A communicator's path choices, each made once per call, path asked, memory kind, dtype
+    and size (the one cache of path decisions: a training loop repeats a few calls)."""
+
+    def __init__(self, support: DeviceSupport, default: str, rank: int) -> None:
+        self.support = support
+        self.default = default
+        self.rank = rank
+        self._made: dict[tuple[str, str | None, bool, str, int], PathChoice] = {}
+
+    def choose(
+        self, call: str, path: str | None, on_device: bool, dtype: str, nbytes: int
+    ) -> PathChoice:
+        """The choice for one call (``path``: what the call asked for; None: the default)."""
+        key = (call, path, on_device, dtype, nbytes)
+        choice = self._made.get(key)
+        if choice is None:
+            choice = self._decide(call, path, on_device, dtype, nbytes)
+            if len(self._made) >= 4096:  # sizes that keep changing: forget, decide again
+                self._made.clear()
+            self._made[key] = choice
+        return choice
+
+    def _decide(
+        self, call: str, path: str | None, on_device: bool, dtype: str, nbytes: int
+    ) -> PathChoice:
+        from cudampi.comm.engines.mpi import can_reduce
+
+        requested = check_path(path, "path") or self.default
+        choice = choose(
+            call, requested, on_device, dtype, nbytes, self.support, mpi_reduces=can_reduce(dtype)
+        )
+        note = unprobed_note(choice, requested, on_device, self.support)
+        if note and self.rank == 0 and not _TOLD[0]:
+            _TOLD[0] = True
+            warnings.warn(f"cudampi: {note}", RuntimeWarning, stacklevel=5)
+        return choice
+
+
+_TOLD = [False]
+"""Whether this process already said that auto chose a device path without a probe result."""

@@ -113,7 +113,7 @@ def describe(words: list[int]) -> str:
     w0, w1, w2, w3 = (int(w) for w in words)
     call = CALL_NAMES.get(w0 >> 56, f"call#{w0 >> 56}")
     op, dt, root = (w0 >> 48) & 0xFF, (w0 >> 40) & 0xFF, (w0 & 0xFFFF) - 1
-    if call in ("send", "recv"):
+    if w0 >> 56 in (L.CALL_SEND, L.CALL_RECV):
         tag = w2 - (1 << 64) if w2 >= 1 << 63 else w2
         peer = f"{'to' if call == 'send' else 'from'} rank {root}"
         return f"{call} {peer}, {w1} bytes, tag {tag if tag >= 0 else 'any'}"
