@@ -7,7 +7,15 @@ import pytest
 from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch.argv import build_command
 from cudampi.launch.hosts import Host, hostfile_text, parse_hostfile, parse_hosts
-from cudampi.launch.plan import Launcher, LaunchPlan, Machine, PlanRequest, UcxRecipe, make_plan
+from cudampi.launch.plan import (
+    Allocation,
+    Launcher,
+    LaunchPlan,
+    Machine,
+    PlanRequest,
+    UcxRecipe,
+    make_plan,
+)
 
 OMPI = Launcher("openmpi", "/v/bin/mpiexec", "5.0.11", "Open MPI")
 MPICH = Launcher("mpich", "/m/bin/mpiexec", "5.0.2", "MPICH")
@@ -18,6 +26,11 @@ UCX = UcxRecipe(
     tuple(f"{U}/lib/{n}" for n in ("libucs.so.0", "libucm.so.0", "libuct.so.0", "libucp.so.0")),
     f"{U}/lib/ucx",
 )
+
+
+def job(*nodes: str) -> Allocation:
+    """A Slurm allocation of ``nodes``, as srun's family reads it."""
+    return Allocation("slurm", "77", nodes=nodes)
 
 
 def plan(launcher=OMPI, machine=None, mpi="openmpi", **kw):
@@ -45,7 +58,7 @@ def test_parse_hosts_and_hostfiles_in_both_formats():
 
 
 def test_expand_slurm_nodelist():
-    from cudampi.launch.detect import expand_nodelist
+    from cudampi.launch.launchers.slurm import expand_nodelist
 
     outside = {"PATH": "/nonexistent"}  # no scontrol, no allocation: python-hostlist
     assert expand_nodelist("gpu[01-03,7],login1", outside) == [
@@ -207,7 +220,7 @@ def test_mpich_argv_is_exact():
 
 
 def test_srun_argv_puts_the_rank_env_in_srun_environment():
-    m = Machine(cores=8, gpus=4, ucx=UCX, is_root=True, slurm_nodes=("gpu01", "gpu02"))
+    m = Machine(cores=8, gpus=4, ucx=UCX, is_root=True, allocation=job("gpu01", "gpu02"))
     p = plan(launcher=SRUN, machine=m, gpus_per_node=4)
     cmd = build_command(p)
     assert p.nprocs == 8
@@ -320,7 +333,7 @@ def test_torchrun_nnodes_and_nproc_per_node():
         plan(gpus_per_node=4, nnodes=2)
     one = plan(gpus_per_node=2, nnodes=1)
     assert one.nprocs == 2
-    srun = plan(SRUN, Machine(cores=8, slurm_nodes=("a", "b", "c")), gpus_per_node=2, nnodes=2)
+    srun = plan(SRUN, Machine(cores=8, allocation=job("a", "b", "c")), gpus_per_node=2, nnodes=2)
     assert srun.nprocs == 4 and "-N 2" in " ".join(build_command(srun).argv)
     with pytest.raises(ConfigError, match="allocation has 3 node"):
-        plan(SRUN, Machine(cores=8, slurm_nodes=("a", "b", "c")), gpus_per_node=2, nnodes=4)
+        plan(SRUN, Machine(cores=8, allocation=job("a", "b", "c")), gpus_per_node=2, nnodes=4)

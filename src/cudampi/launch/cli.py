@@ -15,19 +15,17 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
 
-from cudampi import net
 from cudampi.config import seconds_arg
-from cudampi.errors import ConfigError, LaunchError
-from cudampi.launch import detect
+from cudampi.errors import ConfigError
 from cudampi.launch.hosts import Host, parse_hostfile, parse_hosts
-from cudampi.launch.plan import BINDS, GPU_BINDS, LaunchPlan, Machine, PlanRequest, make_plan
+from cudampi.launch.plan import BINDS, GPU_BINDS, LaunchPlan, PlanRequest
+from cudampi.launch.prepare import BOOTSTRAP, plan_launch, rank_command
 
-BOOTSTRAP = ("-m", "cudampi.launch.rank")
+__all__ = ["BOOTSTRAP", "EXEC", "add_arguments", "prepare", "run", "split_target"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -282,19 +280,9 @@ def _ssh(text: str | None) -> tuple[str, ...]:
         raise ConfigError(f"--ssh {text!r}: {exc} (quote it as a shell would)") from None
 
 
-def _check_resolves(hosts: tuple[Host, ...]) -> None:
-    for h in hosts:
-        try:
-            socket.getaddrinfo(h.name, None)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise LaunchError(
-                f"host {h.name!r} cannot be reached: its name does not resolve ({exc}). Fix the "
-                f"name in --hosts/--hostfile or add it to /etc/hosts or DNS"
-            ) from None
-
-
-def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
-    """Detect the launcher and the machine, and decide the plan (runs nothing)."""
+def request(args: argparse.Namespace) -> PlanRequest:
+    """The flags as one :class:`PlanRequest` (the hosts read, the command wrapped in the rank
+    bootstrap)."""
     command, raw = split_target(args.module, args.target)
     hosts: tuple[Host, ...] = ()
     if args.hosts:
@@ -304,47 +292,8 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
             hosts = parse_hostfile(Path(args.hostfile).read_text())
         except OSError as exc:
             raise ConfigError(f"--hostfile {args.hostfile!r}: {exc.strerror}") from None
-    launcher = detect.find_launcher(args.launcher)
-    beside = detect.mpi_flavour()
-    mpi = beside[0] if beside else launcher.flavour
-    if launcher.flavour != "slurm" and mpi != launcher.flavour:
-        raise LaunchError(
-            f"{launcher.path!r} is {launcher.name} {launcher.version} but this python's MPI "
-            f"(beside {sys.executable!r}) is {beside[1] if beside else '?'}: ranks would not "
-            f"join one job. Use --launcher with the matching mpiexec"
-        )
-    ifaces = net.interfaces()
-    names = net.local_names(ifaces)
-    local = names | {h.name for h in hosts if net.is_local(h.name, names)}
-    remote = [h for h in hosts if h.name not in local]
-    subnet = ifname = None
-    if remote:
-        _check_resolves(tuple(remote))
-        iface = net.route_interface(remote[0].name, ifaces)
-        if iface is not None and not iface.loopback:
-            subnet, ifname = iface.network, iface.name
-    slurm_nodes: tuple[str, ...] = ()
-    slurm_ntasks = None
-    if launcher.flavour == "slurm":
-        nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-        slurm_nodes = tuple(detect.expand_nodelist(nodelist))
-        ntasks = os.environ.get("SLURM_NTASKS", "")
-        slurm_ntasks = int(ntasks) if ntasks.isdigit() else None
-    machine = Machine(
-        cores=detect.query_physical_cores(),
-        gpus=len(detect.query_gpus()),
-        is_root=os.geteuid() == 0,
-        ucx=detect.find_ucx_recipe(),
-        local_names=local,
-        subnet=subnet,
-        ifname=ifname,
-        slurm_nodes=slurm_nodes,
-        slurm_ntasks=slurm_ntasks,
-        report_dir=os.path.join(workdir, "reports"),
-        env_names=frozenset(os.environ),
-    )
-    req = PlanRequest(
-        command=(sys.executable, *BOOTSTRAP, *command),
+    return PlanRequest(
+        command=rank_command(command),
         nprocs=args.nprocs,
         hosts=hosts,
         gpus_per_node=args.gpus_per_node,
@@ -355,13 +304,17 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         cuda_aware=args.cuda_aware,
         oversubscribe=args.oversubscribe,
         master_addr=args.master_addr,
-        master_port=args.master_port if args.master_port is not None else net.free_port(),
+        master_port=args.master_port,
         ifname=args.ifname,
         rsh_agent=_ssh(args.ssh),
         extra=raw,
         env=_exports(args.export),
     )
-    return make_plan(req, launcher, machine, mpi)
+
+
+def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
+    """Detect the launcher and the machine, and decide the plan (runs nothing)."""
+    return plan_launch(request(args), workdir, launcher=args.launcher)
 
 
 def _emit_json(data: object, args: argparse.Namespace, *, dry_run: bool) -> None:

@@ -54,6 +54,7 @@ from cudampi.launch.faults import (
     build_result,
     parse_launcher_output,
 )
+from cudampi.launch.launchers import LauncherFamily, family
 from cudampi.launch.plan import LaunchPlan
 from cudampi.launch.rankreport import (
     TOKEN_ENV,
@@ -65,7 +66,6 @@ from cudampi.launch.rankreport import (
     report_prefix,
 )
 from cudampi.mpiexec import launcher_never_started
-from cudampi.shm import orphaned_mpich_segments, remove
 
 STOP_STEPS = (3.0, 3.0)
 """Seconds to wait after the launcher's interrupt, then after SIGTERM, before SIGKILL."""
@@ -134,6 +134,7 @@ class _Supervisor:
     ) -> None:
         self.proc = proc
         self.flavour = flavour
+        self.family: LauncherFamily = family(flavour)
         self.remote = remote
         self.token = token
         self.prefix = report_prefix(token)
@@ -200,10 +201,7 @@ class _Supervisor:
 
     def stop(self) -> None:
         """End the job: the launcher's interrupt, SIGTERM, then SIGKILL of its group."""
-        self.send(signal.SIGINT)
-        if self.flavour == "slurm":
-            time.sleep(0.2)
-            self.send(signal.SIGINT)  # srun: a second Ctrl-C within 1 s kills the step
+        self.family.interrupt(self.send)
         for wait_s, sig in zip(STOP_STEPS, (signal.SIGTERM, signal.SIGKILL)):
             try:
                 self.proc.wait(timeout=wait_s)
@@ -382,9 +380,7 @@ def _run_once(
     # Whatever the launcher left in its process group (a wrapper's children, a rank it lost
     # track of) goes with it. Its pid cannot have been reused while the group has members.
     sup.kill_group(signal.SIGKILL)
-    if plan.launcher.flavour == "mpich" and proc.returncode != 0:
-        # Ranks Hydra killed leave their MPICH segment on this host (cudampi.shm).
-        remove(orphaned_mpich_segments(since))
+    sup.family.after_run(proc.returncode, since)
     for reader in readers:
         reader.join(timeout=10)
     return proc, sup, watch
