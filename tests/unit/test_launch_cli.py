@@ -32,6 +32,10 @@ def parse(*argv: str) -> argparse.Namespace:
         (["--nproc-per-node", "2", "--nnodes", "1", "t.py"], {"gpus_per_node": 2, "nnodes": 1}),
         (["--nproc_per_node=8", "t.py"], {"gpus_per_node": 8}),
         (["--tag-output", "--json-file", "out.json", "t.py"], {"tag_output": True}),
+        (["--np", "4", "t.py"], {"nprocs": 4}),
+        (["-N", "2", "t.py"], {"gpus_per_node": 2}),
+        (["--map-by", "ppr:2:node", "t.py"], {"gpus_per_node": 2}),
+        (["--standalone", "t.py"], {"standalone": True}),
     ],
 )
 def test_habitual_flags_mean_what_they_mean_elsewhere(argv, want):

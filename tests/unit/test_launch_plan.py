@@ -165,6 +165,18 @@ def test_too_many_ranks_for_the_hosts_slots_is_a_usage_error():
         plan(nprocs=3, gpus_per_node=2)
 
 
+@pytest.mark.parametrize("launcher", [OMPI, MPICH, SRUN], ids=["openmpi", "mpich", "srun"])
+def test_more_ranks_than_slots_on_one_host_is_refused_unless_asked(launcher):
+    """mpirun refuses ``-n 3 -H localhost:2``; every launcher of cudampi does, the same way."""
+    m = Machine(cores=8, local_names=frozenset({"localhost"}))
+    with pytest.raises(ConfigError, match=r"-n 3 is more than the 2 slots .*--oversubscribe"):
+        plan(launcher, m, nprocs=3, hosts=(Host("localhost", 2),))
+    assert (
+        plan(launcher, m, nprocs=3, hosts=(Host("localhost", 2),), oversubscribe=True).nprocs == 3
+    )
+    assert not plan(launcher, m, nprocs=3, hosts=(Host("localhost"),)).oversubscribe
+
+
 def test_cuda_aware_wheel_recipe_is_exactly_the_device_wheels_one():
     p = plan(nprocs=2, machine=Machine(cores=8, gpus=2, ucx=UCX))
     argv = list(build_command(p).argv)

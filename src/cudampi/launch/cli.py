@@ -3,9 +3,11 @@
     cudampi launch [-n N] [--hosts h1:4,h2:4 | --hostfile F] [--gpus-per-node G]
                    [options] (script.py | -m module | program) [args...] [-- raw launcher flags...]
 
-The flags people type from habit work too: mpirun's ``-np`` and ``-H``/``--host``, Hydra's
-``-f`` and ``-ppn``, torchrun's ``--nproc-per-node`` and ``--nnodes``. Everything after the first
-``--`` that follows the command goes to the launcher unchanged.
+The flags people type from habit work too: mpirun's ``-np``/``--np``, ``-H``/``--host``,
+``-N``/``--npernode`` and ``--map-by ppr:N:node``, Hydra's ``-f`` and ``-ppn``, torchrun's
+``--nproc-per-node``, ``--nnodes`` and ``--standalone``. Everything after the first ``--`` that
+follows the command goes to the launcher unchanged; any other flag before the command is refused
+with that hint.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from cudampi.config import seconds_arg
 from cudampi.errors import ConfigError
@@ -34,7 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(script.py | -m module | program) [args...] [-- launcher flags...]"
     )
     parser.add_argument(
-        "-n", "-np", "--nprocs", dest="nprocs", type=int, default=None, help="number of ranks"
+        "-n",
+        "-np",
+        "--np",
+        "--nprocs",
+        dest="nprocs",
+        type=int,
+        default=None,
+        help="number of ranks (mpirun's -n/-np/--np)",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -57,10 +68,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         "--nproc_per_node",
         "-ppn",
+        "-N",
+        "--npernode",
         dest="gpus_per_node",
         type=int,
         default=None,
-        help="ranks per node, one per GPU (torchrun's --nproc-per-node, Hydra's -ppn)",
+        help="ranks per node, one per GPU (torchrun's --nproc-per-node, Hydra's -ppn, "
+        "mpirun's -N/--npernode)",
+    )
+    parser.add_argument(
+        "--map-by",
+        dest="gpus_per_node",
+        type=_map_by,
+        metavar="ppr:N:node",
+        help="mpirun's spelling of N ranks per node (other mappings: pass them after --)",
+    )
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="torchrun's single-node job: every rank on this machine (no hosts, no batch job's "
+        "nodes)",
     )
     parser.add_argument(
         "--nnodes",
@@ -165,6 +192,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="script.py, or any program (python train.py, ./a.out, cudampi bench ...), and its "
         "arguments",
     )
+    _refuse_unknown_flags(parser)
+
+
+def _refuse_unknown_flags(parser: argparse.ArgumentParser) -> None:
+    """argparse hands a subcommand's unknown flags to the top-level parser, which then prints
+    the top-level usage and nothing about them: refuse them here, saying where launcher flags
+    go."""
+    known = parser.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
+        ns, extra = known(args, namespace)
+        flags = [a for a in extra if a.startswith("-")]
+        if flags:
+            parser.error(
+                f"{parser.prog} does not take {', '.join(map(repr, flags))}. A launcher's own "
+                f"flags go after the command and --, unchanged: {parser.prog} -n 2 script.py "
+                f"-- {' '.join(shlex.quote(f) for f in flags)} [their values]"
+            )
+        return ns, extra
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def _map_by(text: str) -> int:
+    """mpirun's ``--map-by ppr:N:node`` (N ranks per node); other mappings are the launcher's."""
+    m = re.fullmatch(r"ppr:([0-9]+):node", text.strip().lower())
+    if m is None or int(m.group(1)) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--map-by {text!r}: cudampi launch takes ppr:N:node (N ranks per node, like "
+            f"--gpus-per-node N); for Open MPI's other mappings pass them after the command and "
+            f"--: cudampi launch -n 2 script.py -- --map-by {shlex.quote(text)}"
+        )
+    return int(m.group(1))
 
 
 def _nnodes(text: str) -> int:
@@ -292,6 +352,10 @@ def request(args: argparse.Namespace) -> PlanRequest:
             hosts = parse_hostfile(Path(args.hostfile).read_text())
         except OSError as exc:
             raise ConfigError(f"--hostfile {args.hostfile!r}: {exc.strerror}") from None
+    if args.standalone and (hosts or (args.nnodes or 1) > 1):
+        raise ConfigError(
+            "--standalone runs every rank on this machine: drop --hosts/--hostfile and --nnodes"
+        )
     return PlanRequest(
         command=rank_command(command),
         nprocs=args.nprocs,
@@ -313,8 +377,15 @@ def request(args: argparse.Namespace) -> PlanRequest:
 
 
 def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
-    """Detect the launcher and the machine, and decide the plan (runs nothing)."""
-    return plan_launch(request(args), workdir, launcher=args.launcher)
+    """Detect the launcher and the machine, and decide the plan (runs nothing; a dry run looks
+    up no host name)."""
+    return plan_launch(
+        request(args),
+        workdir,
+        launcher=args.launcher,
+        resolve_hosts=not args.dry_run,
+        use_job=not args.standalone,
+    )
 
 
 def _emit_json(data: object, args: argparse.Namespace, *, dry_run: bool) -> None:

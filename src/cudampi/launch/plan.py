@@ -228,24 +228,21 @@ def _oversubscribe(
     spans: bool,
     notes: list[str],
 ) -> bool:
-    """A launcher that refuses more ranks than slots (Open MPI's): on one host cudampi allows it
-    (and says so); across hosts it is a usage error unless asked for."""
+    """More ranks than the hosts' slots is a usage error unless asked for (as mpirun says); on
+    one host without slots, a launcher that refuses more ranks than cores (Open MPI's) is told
+    to allow it (and the plan says so)."""
     slots = total_slots(req.hosts)
-    if req.oversubscribe is not None or not fam.refuses_oversubscription:
+    if req.oversubscribe is not None:
         return bool(req.oversubscribe)
-    capacity = slots if slots is not None else machine.cores
-    if not spans and nprocs > capacity:
-        notes.append(
-            f"--oversubscribe: {nprocs} ranks on one host with "
-            + (f"{slots} slot(s)" if slots is not None else f"{machine.cores} core(s)")
-        )
-        return True
-    if spans and slots is not None and nprocs > slots:
+    if slots is not None and nprocs > slots:
         raise ConfigError(
             f"-n {nprocs} is more than the {slots} slots of the hosts "
-            f"({', '.join(slot_name(h, ':') for h in req.hosts)}); add slots or pass "
+            f"({', '.join(slot_name(h, ':') for h in req.hosts)}); add slots, lower -n or pass "
             f"--oversubscribe"
         )
+    if fam.refuses_oversubscription and not spans and slots is None and nprocs > machine.cores:
+        notes.append(f"--oversubscribe: {nprocs} ranks on one host with {machine.cores} core(s)")
+        return True
     return False
 
 

@@ -10,6 +10,7 @@ is :func:`rank_command`, call :func:`plan_launch`, then run it with
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import socket
 import sys
@@ -36,9 +37,17 @@ def plan_launch(
     workdir: str,
     *,
     launcher: str = "auto",
+    resolve_hosts: bool = True,
+    use_job: bool = True,
 ) -> LaunchPlan:
     """Detect the launcher (``--launcher``'s choice) and the machine, and decide the plan of
-    ``req`` (runs nothing). The ranks write their fault files under ``workdir``."""
+    ``req`` (runs nothing). The ranks write their fault files under ``workdir``.
+
+    ``resolve_hosts`` False (a dry run): host names are not looked up (no DNS); a host is this
+    machine only by one of its own names, and the network toward the others is decided only
+    for hosts given by address. ``use_job`` False: the batch job this process may run in is
+    ignored (``--standalone``).
+    """
     found = detect.find_launcher(launcher)
     fam = launchers.family(found.flavour)
     beside = detect.mpi_flavour()
@@ -49,18 +58,27 @@ def plan_launch(
             f"(beside {sys.executable!r}) is {beside[1]}: ranks would not join one job. Use "
             f"--launcher with the matching mpiexec"
         )
-    alloc = launchers.allocation(os.environ, found)
+    alloc = launchers.allocation(os.environ, found) if use_job else None
     hosts = req.hosts or (alloc.hosts if alloc is not None else ())
     ifaces = net.interfaces()
     names = net.local_names(ifaces)
-    local = names | {h.name for h in hosts if net.is_local(h.name, names)}
+    local = names
+    if resolve_hosts:
+        local = names | {h.name for h in hosts if net.is_local(h.name, names)}
     remote = [h for h in hosts if h.name not in local]
     subnet = ifname = None
-    if remote:
+    notes: list[str] = []
+    if remote and resolve_hosts:
         _check_resolves(tuple(remote))
+    if remote and (resolve_hosts or _is_address(remote[0].name)):
         iface = net.route_interface(remote[0].name, ifaces)
         if iface is not None and not iface.loopback:
             subnet, ifname = iface.network, iface.name
+    elif remote:
+        notes.append(
+            "dry run: host names were not looked up; a run decides which hosts are this "
+            "machine and the network that reaches the others"
+        )
     machine = Machine(
         cores=detect.query_physical_cores(),
         gpus=len(detect.query_gpus()),
@@ -75,7 +93,16 @@ def plan_launch(
     )
     if req.master_port is None:
         req = dataclasses.replace(req, master_port=net.free_port())
-    return make_plan(req, found, machine, mpi)
+    plan = make_plan(req, found, machine, mpi)
+    return dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_resolves(hosts: tuple[Host, ...]) -> None:
