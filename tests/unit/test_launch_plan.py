@@ -6,7 +6,13 @@ import pytest
 
 from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch.argv import build_command
-from cudampi.launch.hosts import Host, hostfile_text, parse_hostfile, parse_hosts
+from cudampi.launch.hosts import (
+    Host,
+    hostfile_text,
+    parse_hostfile,
+    parse_hosts,
+    parse_slot_lines,
+)
 from cudampi.launch.plan import (
     Allocation,
     Launcher,
@@ -55,6 +61,13 @@ def test_parse_hosts_and_hostfiles_in_both_formats():
         parse_hosts(",")
     with pytest.raises(ConfigError, match="at least 1"):
         parse_hosts("h1:0")
+    with pytest.raises(ConfigError, match="more than a launcher can count"):
+        parse_hosts(f"h1:{2**31}")
+    with pytest.raises(ConfigError, match="more than a launcher can count"):
+        parse_hostfile(f"h1 slots={2**31}\n")
+    with pytest.raises(ConfigError, match="'h1:²' is not a host name"):
+        parse_hosts("h1:²")  # a digit to str.isdigit, not to int()
+    assert parse_slot_lines("a\nb\na\n\n") == (Host("a", 2), Host("b", 1))
 
 
 def test_expand_slurm_nodelist():

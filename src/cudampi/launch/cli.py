@@ -25,7 +25,7 @@ from typing import Any
 
 from cudampi.config import seconds_arg
 from cudampi.errors import ConfigError
-from cudampi.launch.hosts import Host, parse_hostfile, parse_hosts
+from cudampi.launch.hosts import Host, parse_hostfile, parse_hosts, read_hostfile
 from cudampi.launch.plan import BINDS, GPU_BINDS, LaunchPlan, PlanRequest
 from cudampi.launch.prepare import BOOTSTRAP, plan_launch, rank_command
 
@@ -345,13 +345,10 @@ def request(args: argparse.Namespace) -> PlanRequest:
     bootstrap)."""
     command, raw = split_target(args.module, args.target)
     hosts: tuple[Host, ...] = ()
-    if args.hosts:
+    if args.hosts is not None:
         hosts = parse_hosts(args.hosts)
-    elif args.hostfile:
-        try:
-            hosts = parse_hostfile(Path(args.hostfile).read_text())
-        except OSError as exc:
-            raise ConfigError(f"--hostfile {args.hostfile!r}: {exc.strerror}") from None
+    elif args.hostfile is not None:
+        hosts = parse_hostfile(read_hostfile(args.hostfile))
     if args.standalone and (hosts or (args.nnodes or 1) > 1):
         raise ConfigError(
             "--standalone runs every rank on this machine: drop --hosts/--hostfile and --nnodes"

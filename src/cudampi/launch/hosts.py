@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from cudampi.errors import ConfigError
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:%]+$")
+_COUNT = re.compile(r"[0-9]+")
+
+MAX_SLOTS = 2**31 - 1
+"""The most slots (and ranks) a launcher counts: Open MPI's are 32-bit integers (prterun takes
+``--host h:2147483648`` for a full host: "All nodes ... are already filled")."""
 
 HOSTFILE_LIMIT = 1 << 20
 """The most bytes a hostfile may have (a million lines of hosts is no hostfile: /dev/zero is)."""
@@ -38,7 +43,7 @@ def parse_hosts(text: str) -> tuple[Host, ...]:
         if not item:
             continue
         name, sep, slots = item.rpartition(":")
-        if not sep or not slots.isdigit():
+        if not sep or not _COUNT.fullmatch(slots):
             name, slots = item, ""
         hosts.append(_host(name, int(slots) if slots else None, where=f"--hosts {text!r}"))
     if not hosts:
@@ -58,12 +63,12 @@ def parse_hostfile(text: str) -> tuple[Host, ...]:
             continue
         words = line.split()
         name, count = words[0], None
-        if ":" in name and name.rsplit(":", 1)[1].isdigit():
+        if ":" in name and _COUNT.fullmatch(name.rsplit(":", 1)[1]):
             name, n = name.rsplit(":", 1)
             count = int(n)
         for w in words[1:]:
             key, _, value = w.partition("=")
-            if key in ("slots", "max_slots", "max-slots") and value.isdigit():
+            if key in ("slots", "max_slots", "max-slots") and _COUNT.fullmatch(value):
                 if key == "slots":
                     count = int(value)
             else:
@@ -87,6 +92,11 @@ def _host(name: str, slots: int | None, *, where: str) -> Host:
         raise ConfigError(f"{where}: {name!r} is not a host name")
     if slots is not None and slots < 1:
         raise ConfigError(f"{where}: host {name!r} has {slots} slots; give at least 1")
+    if slots is not None and slots > MAX_SLOTS:
+        raise ConfigError(
+            f"{where}: host {name!r} has {slots} slots, more than a launcher can count "
+            f"({MAX_SLOTS}); give the number of ranks the host should run"
+        )
     return Host(name, slots)
 
 

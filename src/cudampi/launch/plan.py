@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from cudampi.config import BIND_CPU, BIND_GPU, GPUS_PER_NODE, LAUNCHER, REPORT_DIR
 from cudampi.errors import ConfigError
-from cudampi.launch.hosts import Host, multi_host, slot_name, total_slots
+from cudampi.launch.hosts import MAX_SLOTS, Host, multi_host, slot_name, total_slots
 from cudampi.launch.launchers import Allocation, Launcher, LauncherFamily, LaunchPlan, family
 from cudampi.mpiexec import ROOT_ENV
 
@@ -96,8 +96,8 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         """Each option is checked here, once (the CLI's argparse offers the same choices)."""
-        if self.nprocs is not None and self.nprocs < 1:
-            raise ConfigError(f"-n must be at least 1, got {self.nprocs!r}")
+        if self.nprocs is not None and not 1 <= self.nprocs <= MAX_SLOTS:
+            raise ConfigError(f"-n must be 1 to {MAX_SLOTS}, got {self.nprocs!r}")
         if self.bind not in BINDS:
             raise ConfigError(f"--bind-to must be one of {', '.join(BINDS)}, got {self.bind!r}")
         if self.gpu_bind not in GPU_BINDS:

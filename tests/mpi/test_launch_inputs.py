@@ -1,0 +1,99 @@
+"""What a user can type, and do, to ``cudampi launch`` (the real one, on the PyPI Open MPI):
+hostfiles that are no files, empty or huge host lists, an output that cannot be written, and
+the signals a supervisor gets (SIGTERM, SIGKILL) or its launcher dies of. Each ends with a clear
+message and exit status, nothing left running or behind."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.mpi.test_launch_real import HOST, ROOT, TARGET, launch
+
+pytestmark = pytest.mark.mpi
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+
+
+def _usage_error(p: subprocess.CompletedProcess[str], words: str) -> None:
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert words in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "OK" not in p.stdout
+
+
+def test_a_hostfile_that_is_a_fifo_nothing_writes_to_is_not_waited_for_ever(tmp_path):
+    fifo = tmp_path / "hosts"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    p = launch("--hostfile", str(fifo), TARGET, "check", "1", timeout=60)
+    assert time.monotonic() - start < 30
+    _usage_error(p, f"--hostfile {str(fifo)!r}: nothing came from it within 5 s")
+
+
+def test_a_hostfile_written_through_a_pipe_still_works(tmp_path):
+    """``--hostfile <(...)``, or a FIFO whose writer comes a little later, is read as it comes."""
+    fifo = tmp_path / "hosts"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        time.sleep(1.0)
+        with open(fifo, "w") as f:
+            f.write(f"{HOST}:2\n")
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    p = launch("--hostfile", str(fifo), TARGET, "check", "2", "--flag", "a b")
+    writer.join(timeout=10)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "OK 2" in p.stdout
+
+
+def _at_most_2_gib() -> None:
+    """Keeps the test from filling the machine where /dev/zero is read to its (no) end."""
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def test_a_device_as_hostfile_is_refused_after_a_bounded_read():
+    p = subprocess.run(
+        [sys.executable, "-m", "cudampi", "launch", "--hostfile", "/dev/zero", TARGET],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+        cwd=ROOT,
+        preexec_fn=_at_most_2_gib,
+    )
+    _usage_error(p, "--hostfile '/dev/zero' holds more than 1048576 bytes: not a hostfile")
+
+
+def test_a_binary_hostfile_is_refused_without_a_traceback(tmp_path):
+    binary = tmp_path / "hosts.bin"
+    binary.write_bytes(bytes(range(256)))
+    p = launch("--hostfile", str(binary), TARGET)
+    _usage_error(p, f"--hostfile {str(binary)!r} is not a text file")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["-H", ""], "--hosts '' names no host"),
+        (["--hostfile", ""], "--hostfile '': No such file or directory"),
+        (
+            ["-H", f"{HOST}:99999999999999999999"],
+            "has 99999999999999999999 slots, more than a launcher can count (2147483647)",
+        ),
+        (["-n", "99999999999999999999"], "-n must be 1 to 2147483647"),
+    ],
+    ids=["empty-hosts", "empty-hostfile", "huge-slots", "huge-n"],
+)
+def test_host_lists_that_say_nothing_or_too_much_are_refused(flags, words):
+    """``-H ''`` ran on this machine alone; a count over 2**31-1 reached prterun's "bad
+    parameter" (or its "All nodes ... are already filled")."""
+    p = launch(*flags, TARGET, "check", "1")
+    _usage_error(p, words)
