@@ -215,9 +215,10 @@ def test_more_ranks_than_the_hosts_slots_is_refused_as_mpirun_does():
     assert "OK 3" in ok.stdout
 
 
-def test_a_dry_run_looks_up_no_host():
+def test_a_dry_run_looks_up_no_host(tmp_path):
     """A dry run prints the command for hosts this machine cannot resolve (yet)."""
-    p = launch("--dry-run", "-H", "nodea.invalid:1,nodeb.invalid:1", TARGET)
+    env = {"TMPDIR": str(tmp_path)}  # where the dry run keeps its hostfile
+    p = launch("--dry-run", "-H", "nodea.invalid:1,nodeb.invalid:1", TARGET, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "#   nodea.invalid slots=1" in p.stdout and "#   nodeb.invalid slots=1" in p.stdout
     assert "# dry run: host names were not looked up" in p.stdout

@@ -26,6 +26,7 @@ def pbs_job(tmp_path: Path) -> dict[str, str]:
     nodefile.parent.mkdir()
     nodefile.write_text(f"{HOST}\n{HOST}\n")
     return {
+        "TMPDIR": str(tmp_path),  # a dry run keeps its hostfile: here, not in /tmp
         "PBS_JOBID": "4242.pbs01",
         "PBS_NODEFILE": str(nodefile),
         "PBS_ENVIRONMENT": "PBS_BATCH",
