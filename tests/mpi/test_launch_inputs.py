@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.mpi.test_launch_real import HOST, ROOT, TARGET, launch
+from tests.mpi.test_launch_real import HOST, ROOT, TARGET, _alive, _children, launch
 
 pytestmark = pytest.mark.mpi
 
@@ -97,3 +101,76 @@ def test_host_lists_that_say_nothing_or_too_much_are_refused(flags, words):
     parameter" (or its "All nodes ... are already filled")."""
     p = launch(*flags, TARGET, "check", "1")
     _usage_error(p, words)
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_job_runs(tmp_path):
+    marker = tmp_path / "ran"
+    p = launch(
+        "-n",
+        "1",
+        "--json-file",
+        str(tmp_path / "no-such-folder" / "result.json"),
+        sys.executable,
+        "-c",
+        f"open({str(marker)!r}, 'w').close()",
+    )
+    _usage_error(p, "cannot write in")
+    assert not marker.exists(), "the job ran before its output was checked"
+    into_folder = launch("-n", "1", "--json-file", str(tmp_path), TARGET)
+    _usage_error(into_folder, "is a folder; give a file name")
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """``cudampi launch -n 2`` of ranks that sleep, once both have started: (the supervisor,
+    the ranks' pids). Whatever the test did, nothing of it is left running."""
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "cudampi", "launch", "-n", "2", TARGET, "sleep", str(tmp_path)],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2:
+            assert sup.poll() is None and time.monotonic() < deadline, sup.communicate()
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+        yield sup, pids
+    finally:
+        for pid in [sup.pid, *_children(sup.pid), *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        sup.wait(timeout=30)
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not [pid for pid in pids if _alive(pid)]
+
+
+def _workdir_of(pid: int) -> Path | None:
+    for folder in Path(tempfile.gettempdir()).glob("cudampi-launch-*"):
+        owner = folder / "owner"
+        if owner.exists() and owner.read_text().split()[0] == str(pid):
+            return folder
+    return None
+
+
+def test_the_folder_of_a_killed_launch_is_removed_at_the_next_start(started):
+    sup, pids = started
+    folder = _workdir_of(sup.pid)
+    assert folder is not None and (folder / "reports").is_dir()
+    sup.kill()  # nothing of cudampi launch runs after -9
+    sup.communicate()
+    assert _gone(pids) and folder.exists()
+    p = launch("-n", "1", TARGET, "check", "1", "--flag", "a b")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert not folder.exists(), "the killed launch's work folder was left behind"

@@ -25,6 +25,7 @@ from typing import Any
 
 from cudampi.config import seconds_arg
 from cudampi.errors import ConfigError
+from cudampi.launch import workdir as workdirs
 from cudampi.launch.hosts import Host, parse_hostfile, parse_hosts, read_hostfile
 from cudampi.launch.plan import BINDS, GPU_BINDS, LaunchPlan, PlanRequest
 from cudampi.launch.prepare import BOOTSTRAP, plan_launch, rank_command
@@ -385,12 +386,36 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
     )
 
 
+def _check_output(path: str | None) -> None:
+    """``--json-file``'s folder takes a new file: checked before the job runs, so its result
+    is not lost after it."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"--json-file {path!r} is a folder; give a file name")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".cudampi-", dir=target.parent or ".")
+    except OSError as exc:
+        raise ConfigError(
+            f"--json-file {path!r}: cannot write in {str(target.parent)!r} ({exc.strerror}); "
+            "give a path in a folder you can write to"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _emit_json(data: object, args: argparse.Namespace, *, dry_run: bool) -> None:
-    """JSON to --json-file, else stdout for a dry run (nothing else is there), else stderr."""
+    """JSON to --json-file (whole or not at all), else stdout for a dry run (nothing else is
+    there), else stderr."""
     text = json.dumps(data, indent=2) + "\n"
     if args.json_file:
+        target = Path(args.json_file)
         try:
-            Path(args.json_file).write_text(text)
+            fd, tmp = tempfile.mkstemp(prefix=".cudampi-", dir=target.parent or ".")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, target)
         except OSError as exc:
             raise ConfigError(f"--json-file {args.json_file!r}: {exc.strerror}") from None
     elif dry_run:
@@ -402,9 +427,10 @@ def _emit_json(data: object, args: argparse.Namespace, *, dry_run: bool) -> None
 def run(args: argparse.Namespace) -> int:
     from cudampi.launch.runner import command_for, execute, write_hostfile
 
-    workdir = tempfile.mkdtemp(prefix="cudampi-launch-")
-    keep = False
     want_json = args.json or args.json_file is not None
+    _check_output(args.json_file)
+    workdir = workdirs.new_workdir()
+    keep = False
     try:
         plan = prepare(args, workdir)
         if args.dry_run:
@@ -430,5 +456,4 @@ def run(args: argparse.Namespace) -> int:
             _emit_json(result.to_json(), args, dry_run=False)
         return result.exit_code
     finally:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        workdirs.release(workdir, keep_it=keep)
