@@ -156,6 +156,16 @@ def _gone(pids: list[int]) -> bool:
     return not [pid for pid in pids if _alive(pid)]
 
 
+def test_sigterm_stops_every_rank_and_says_terminated(started):
+    sup, pids = started
+    sup.send_signal(signal.SIGTERM)
+    _out, err = sup.communicate(timeout=30)
+    assert sup.returncode == 143, err
+    assert "cudampi launch: terminated (SIGTERM): every rank was stopped" in err
+    assert "Ctrl-C" not in err
+    assert _gone(pids)
+
+
 def _workdir_of(pid: int) -> Path | None:
     for folder in Path(tempfile.gettempdir()).glob("cudampi-launch-*"):
         owner = folder / "owner"
@@ -174,3 +184,21 @@ def test_the_folder_of_a_killed_launch_is_removed_at_the_next_start(started):
     p = launch("-n", "1", TARGET, "check", "1", "--flag", "a b")
     assert p.returncode == 0, p.stdout + p.stderr
     assert not folder.exists(), "the killed launch's work folder was left behind"
+
+
+def test_a_launcher_that_crashes_is_named_not_a_rank(started):
+    """prterun dying of SIGSEGV (seen once in 36 fault-matrix cells): the summary names the
+    launcher's crash; no rank is blamed; no rank is left."""
+    sup, pids = started
+    launchers = _children(sup.pid)
+    assert launchers
+    os.kill(launchers[0], signal.SIGSEGV)
+    _out, err = sup.communicate(timeout=60)
+    assert sup.returncode == 139, err
+    summary = err[err.index("cudampi launch: the job failed") :]
+    assert "itself crashed (killed by signal 11, SIGSEGV): the launcher failed, not a rank" in (
+        summary
+    ), summary
+    assert "the launcher mpiexec (Open MPI)" in summary, summary
+    assert " - rank " not in summary and "no rank reported" not in summary, summary
+    assert _gone(pids)

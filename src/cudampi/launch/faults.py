@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import signal as _signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ class JobResult:
     hosts: tuple[HostFailure, ...] = ()
     problems: tuple[str, ...] = ()
     interrupted: bool = False
+    stopped_by: int | None = None
+    """The signal that stopped ``cudampi launch`` (and so the job): SIGINT (Ctrl-C), SIGTERM."""
     timed_out: float | None = None
     """The --timeout (seconds) that stopped the job, if it did."""
     duration_s: float = 0.0
@@ -63,6 +66,9 @@ class JobResult:
         head = "cudampi launch: "
         if self.timed_out is not None:
             head += f"stopped after --timeout {self.timed_out:g} s: every rank was stopped"
+        elif self.interrupted and self.stopped_by not in (None, _signal.SIGINT):
+            sig = self.stopped_by or 0
+            head += f"terminated ({signal_name(sig)}): every rank was stopped"
         elif self.interrupted:
             head += "interrupted (Ctrl-C): every rank was stopped"
         else:
@@ -111,6 +117,7 @@ def build_result(
     fault_files: Mapping[int, str] | None = None,
     *,
     interrupted: bool = False,
+    stopped_by: int | None = None,
     stopped_for_fault: bool = False,
     duration_s: float = 0.0,
     argv: Iterable[str] = (),
@@ -175,7 +182,7 @@ def build_result(
     if code == 0 and (failures or events.hosts or events.problems):
         code = 1
     if interrupted:
-        code = 130
+        code = 128 + (stopped_by or _signal.SIGINT)
     return JobResult(
         exit_code=code,
         launcher_rc=launcher_rc,
@@ -183,6 +190,7 @@ def build_result(
         hosts=events.hosts,
         problems=events.problems,
         interrupted=interrupted,
+        stopped_by=stopped_by if interrupted else None,
         duration_s=duration_s,
         argv=tuple(argv),
     )
