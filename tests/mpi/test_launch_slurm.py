@@ -179,6 +179,14 @@ def test_dry_run_inside_an_allocation_is_srun(slurm: Slurm):
     assert "-n 2: the allocation's tasks (SLURM_NTASKS)" in p.stdout
 
 
+def test_standalone_inside_an_allocation_runs_on_this_machine(slurm: Slurm):
+    """torchrun's --standalone: this machine's ranks, so the MPI's mpiexec, not srun."""
+    p = slurm.salloc(2, "--standalone", "-n", "2", "--dry-run", TARGET)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = p.stdout.strip().splitlines()[-1]
+    assert "srun" not in line and "mpiexec -n 2" in line, line
+
+
 def test_a_failing_rank_under_srun_is_named(slurm: Slurm):
     p = slurm.salloc(2, TARGET, "raise", "1")
     assert p.returncode == 1, p.stdout + p.stderr

@@ -46,8 +46,10 @@ def plan_launch(
     ``resolve_hosts`` False (a dry run): host names are not looked up (no DNS); a host is this
     machine only by one of its own names, and the network toward the others is decided only
     for hosts given by address. ``use_job`` False: the batch job this process may run in is
-    ignored (``--standalone``).
+    ignored, and ``auto`` takes the MPI's mpiexec, not the job's launcher (``--standalone``).
     """
+    if launcher == "auto" and not use_job:
+        launcher = "mpiexec"  # this machine's ranks: not the batch job's launcher (srun, jsrun)
     found = detect.find_launcher(launcher)
     fam = launchers.family(found.flavour)
     beside = detect.mpi_flavour()
