@@ -10,6 +10,7 @@ exit code or signal and the first lines of the error.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import signal as _signal
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "RankFailure",
     "build_result",
     "exit_status",
+    "launcher_crash",
     "parse_launcher_output",
     "signal_name",
 ]
@@ -103,6 +105,36 @@ def parse_launcher_output(text: str, flavour: str, remote: Sequence[str] = ()) -
     seen = Seen(text, remote)
     family(flavour).read_output(text, seen)
     return seen.events()
+
+
+CRASH_SIGNALS = (
+    _signal.SIGSEGV,
+    _signal.SIGBUS,
+    _signal.SIGABRT,
+    _signal.SIGILL,
+    _signal.SIGFPE,
+)
+"""Signals a process gets from its own fault: the launcher that dies of one crashed."""
+
+
+def launcher_crash(path: str, name: str, sig: int, remote: Sequence[str] = ()) -> str:
+    """What the launcher at ``path`` (``name``: its MPI) dying of signal ``sig``, which cudampi
+    launch did not send, means: the launcher's fault, not a rank's; its ranks went with it."""
+    launcher = f"the launcher {os.path.basename(path)} ({name})"
+    if sig in CRASH_SIGNALS:
+        what = f"{launcher} itself crashed (killed by signal {sig}, {signal_name(sig)})"
+        fix = "run the job again; if it crashes again, report it to the MPI's developers"
+    else:
+        what = (
+            f"{launcher} itself was killed by signal {sig} ({signal_name(sig)}), not by "
+            "cudampi launch"
+        )
+        fix = "find what killed it (the OOM killer: dmesg; a batch system's time limit)"
+    where = " and on the other hosts" if remote else ""
+    return (
+        f"{what}: the launcher failed, not a rank; the ranks on this host{where} were stopped "
+        f"with it. Fix: {fix}"
+    )
 
 
 def exit_status(returncode: int) -> int:

@@ -38,7 +38,6 @@ from typing import IO
 
 from cudampi.errors import LaunchError
 from cudampi.launch.argv import Command, build_command, merge_env
-from cudampi.launch.events import signal_name
 from cudampi.launch.exits import (
     ENDED,
     RankExit,
@@ -53,6 +52,7 @@ from cudampi.launch.faults import (
     JobResult,
     LauncherEvents,
     build_result,
+    launcher_crash,
     parse_launcher_output,
 )
 from cudampi.launch.launchers import LauncherFamily, family
@@ -148,8 +148,7 @@ class _Supervisor:
         self.first_fault: float | None = None
         self.stopped_for_fault = False
         self.interrupts = 0
-        self.stopped_by: int | None = None
-        """The first signal that asked this supervisor to stop the job (SIGINT, SIGTERM)."""
+        self.stopped_by: int | None = None  # the first signal that asked to stop the job
         self.lock = threading.Lock()
 
     def add_report(self, line: str) -> None:
@@ -187,8 +186,7 @@ class _Supervisor:
 
     def on_sigint(self, signum: int, frame: FrameType | None) -> None:
         self.interrupts += 1
-        if self.stopped_by is None:
-            self.stopped_by = signum
+        self.stopped_by = self.stopped_by or signum
         if self.interrupts > 1:
             self.kill_group(signal.SIGKILL)
 
@@ -496,27 +494,6 @@ def _supervise(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch) -> No
             signal.signal(signal.SIGTERM, old_term)
 
 
-CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE)
-"""Signals a process gets from its own fault: the launcher that dies of one crashed."""
-
-
-def launcher_crash(launcher: str, sig: int, remote: tuple[str, ...] = ()) -> str:
-    """What a launcher that died of signal ``sig`` (not stopped by cudampi launch) means: the
-    launcher's fault, not a rank's; its ranks went with it."""
-    name = signal_name(sig)
-    if sig in CRASH_SIGNALS:
-        what = f"{launcher} itself crashed (killed by signal {sig}, {name})"
-        fix = "run the job again; if it crashes again, report it to the MPI's developers"
-    else:
-        what = f"{launcher} itself was killed by signal {sig} ({name}), not by cudampi launch"
-        fix = "find what killed it (the OOM killer: dmesg; a batch system's time limit)"
-    where = " and on the other hosts" if remote else ""
-    return (
-        f"{what}: the launcher failed, not a rank; the ranks on this host{where} were stopped "
-        f"with it. Fix: {fix}"
-    )
-
-
 def _rank_exits(sup: _Supervisor, w: _Watch, now: float) -> tuple[RankExit, ...]:
     """Where each rank that said its script finished is now (see :mod:`cudampi.launch.exits`)."""
     faults = _read_fault_files(w.report_dir)
@@ -608,8 +585,7 @@ def _outcome(
         result = dataclasses.replace(result, exit_code=1)
     stopped = sup.interrupts or w.timed_out or sup.stopped_for_fault or w.stopped
     if proc.returncode < 0 and not stopped:
-        who = f"the launcher {os.path.basename(plan.launcher.path)} ({launcher})"
-        crash = launcher_crash(who, -proc.returncode, plan.remote_hosts)
+        crash = launcher_crash(plan.launcher.path, launcher, -proc.returncode, plan.remote_hosts)
         result = dataclasses.replace(result, problems=(crash, *result.problems))
     if done_well and not result.failures and not result.hosts:
         note = describe(w.exits, launcher, w.grace)
