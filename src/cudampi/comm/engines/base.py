@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.handle import Handle
@@ -53,10 +53,14 @@ from cudampi.config import Config
 from cudampi.errors import CommError
 from cudampi.names import CALLS
 
-COLLECTIVE_CALLS = frozenset(name for name, c in CALLS.items() if not c.p2p)
-"""What an engine of collectives only runs (the calls of :data:`cudampi.names.CALLS` that are
-not messages)."""
-ALL_CALLS = frozenset(CALLS)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def unimplemented(fn: F) -> F:
+    """Marks an engine method that does not run its call (the base's, or one that refuses):
+    an engine runs the calls whose methods it implements (:attr:`Engine.calls`)."""
+    fn.unimplemented = True  # type: ignore[attr-defined]
+    return fn
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,8 +132,20 @@ class Engine:
     """One way to run collectives and point-to-point (see the module doc for the method set)."""
 
     name: ClassVar[str] = ""
-    calls: ClassVar[frozenset[str]] = ALL_CALLS
-    """The calls (:data:`cudampi.names.CALLS`) this engine runs; auto passes it over for others."""
+    calls: ClassVar[frozenset[str]] = frozenset()
+    """The calls (:data:`cudampi.names.CALLS`) this engine runs; auto passes it over for others.
+    An engine declares a call by implementing its engine method (the table's ``engine``); a call
+    with no engine method (barrier, split) runs on every engine."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "calls" not in cls.__dict__:
+            cls.calls = frozenset(
+                name
+                for name, c in CALLS.items()
+                if not c.engine or not getattr(getattr(cls, c.engine), "unimplemented", False)
+            )
+
     paths: ClassVar[tuple[str, ...]] = ()
     """The ``path=`` names (:data:`cudampi.names.PATHS`) that ask for this engine."""
     device_only: ClassVar[bool] = False
@@ -227,45 +243,57 @@ class Engine:
 
     # ------------------------------------------------------------------ collectives
 
+    @unimplemented
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def reduce(
         self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def broadcast(self, xf: Any, root: int) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def reduce_scatterv(
         self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ point-to-point
 
+    @unimplemented
     def send(self, f: Any, dest: int, tag: int) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def recv(self, f: Any, source: int, tag: int) -> None:
         raise NotImplementedError
 
+    @unimplemented
     def isend(self, f: Any, dest: int, tag: int) -> Handle:
         raise NotImplementedError
 
+    @unimplemented
     def irecv(self, f: Any, source: int, tag: int) -> Handle:
         raise NotImplementedError
 
@@ -287,23 +315,29 @@ class CollectivesOnly(Engine):
     """An engine of collectives only (nccl): user point-to-point goes through MPI's engines
     (paths choose them for p2p), and a direct call says so."""
 
-    calls = COLLECTIVE_CALLS
-
     def _no_p2p(self) -> CommError:
         return CommError(
             f"the {self.name} engine moves collectives; point-to-point goes through MPI"
         )
 
+    @unimplemented
     def send(self, f: Any, dest: int, tag: int) -> None:
         raise self._no_p2p()
 
+    @unimplemented
     def recv(self, f: Any, source: int, tag: int) -> None:
         raise self._no_p2p()
 
+    @unimplemented
     def isend(self, f: Any, dest: int, tag: int) -> Handle:
         raise self._no_p2p()
 
+    @unimplemented
     def irecv(self, f: Any, source: int, tag: int) -> Handle:
+        raise self._no_p2p()
+
+    @unimplemented
+    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
         raise self._no_p2p()
 
 
