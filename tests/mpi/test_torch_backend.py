@@ -137,16 +137,16 @@ def _init(mode="sync"):
             # thread. Host tensors never go there, so here a call whose first tensor has an odd
             # element count is taken for one: threaded and inline calls interleave through the
             # whole suite, and call order must hold (no inline call overtakes the thread).
-            from cudampi.torch import backend
+            from cudampi.torch import dispatch
 
-            backend.first_cuda = odd_first
+            dispatch.first_cuda = odd_first
         dist.init_process_group("cudampi")
     return dist.new_group(backend="gloo")
 
 
 def odd_first(args):
     """A call's first tensor if its element count is odd, else None: what auto-mixed tests
-    hand the backend as its "first CUDA tensor" (``backend.first_cuda``)."""
+    hand the backend as its "first CUDA tensor" (``dispatch.first_cuda``)."""
     import torch
 
     stack = [args]

@@ -201,10 +201,10 @@ def rank_ddp_fsdp(comm, variants, mode="sync"):
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     if mode == "auto-mixed":  # see tests/mpi/test_torch_backend.py: odd sizes take the thread
-        from cudampi.torch import backend
+        from cudampi.torch import dispatch
         from tests.mpi.test_torch_backend import odd_first
 
-        backend.first_cuda = odd_first
+        dispatch.first_cuda = odd_first
     gloo = init(async_ops={"async": True, "sync": False}.get(mode))
     cpu = torch.device("cpu")
     for variant in variants.split(","):

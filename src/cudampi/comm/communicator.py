@@ -174,12 +174,12 @@ class Communicator:
         """What MPI may be given device memory for here (from the probe cache or config)."""
         return self._support
 
-    def path_for(self, op: str, x: Any, nbytes: int | None = None) -> PathChoice:
-        """The path this communicator's default would take for collective ``op`` on ``x``; the
-        returned string has ``.reason``."""
-        b = adapt(x)
-        n = b.nbytes if nbytes is None else nbytes
-        return self._choose(op, b, None, n)
+    def path_for(
+        self, op: str, x: Any, nbytes: int | None = None, *, path: str | None = None
+    ) -> PathChoice:
+        """The path call ``op`` on ``x`` takes (``path=`` as the call would pass it; None: this
+        communicator's default); the returned string has ``.reason`` and ``.stream_ordered``."""
+        return self._choose(op, adapt(x), path, nbytes)
 
     def refusal(
         self, call: str, x: Any, op: str | None = None, *, path: str | None = None
@@ -187,8 +187,7 @@ class Communicator:
         """Why ``call`` on ``x`` (reducing with ``op``) would not run on the path this
         communicator takes for it (``path=`` as the call would pass it), or None: the engine's
         library is missing, or it lacks that reduction. Path errors raise, as the call would."""
-        choice = self._choose(call, adapt(x), path)
-        kind = kinds()[choice.engine]
+        kind = kinds()[self.path_for(call, x, path=path).engine]
         return kind.available() or kind.refuses(call, adapt(x).dtype, op)
 
     def _choose(self, call: str, b: Buf, path: str | None, nbytes: int | None = None) -> PathChoice:
@@ -549,7 +548,7 @@ class Communicator:
         from mpi4py import MPI
 
         try:
-            choice: PathChoice | None = self._choose("recv", adapt(x), path)
+            choice: PathChoice | None = self.path_for("recv", x, path=path)
         except CudampiError:
             choice = None  # the receive itself says why
         refused = kinds()[choice.engine].any_source if choice is not None else ""

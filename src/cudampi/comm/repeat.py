@@ -3,9 +3,9 @@
 A training loop reduces the same tensors call after call (DDP's buckets, a model's gradients),
 and a pipeline or halo exchange sends and receives the same buffers message after message. The
 Communicator's front end (adapting the arrays, the local checks, the path and engine choice)
-decides the same thing every time, and costs as much as the work below it: a stream-ordered
-allreduce is a kernel launch (~10 us of host time on the H200's machine), a small MPI message
-~1 us. :class:`Repeats` remembers what the full path decided for a call on NumPy arrays or torch
+decides the same thing every time, and costs as much as the work below it (a stream-ordered
+allreduce is one kernel launch, a small MPI message a microsecond or so; docs/benchmarks.md
+has the per-call figures). :class:`Repeats` remembers what the full path decided for a call on NumPy arrays or torch
 tensors; the next call with the same array objects, op (for messages: send or receive) and path,
 whose arrays still have the same layout (shape, strides, dtype; a tensor's data pointer, which
 changes with its storage or device; a NumPy array's writability), goes straight to the engine.

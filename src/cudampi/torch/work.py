@@ -22,7 +22,7 @@ from typing import Any
 
 def _devices(tensors: Any) -> list[Any]:
     """The CUDA devices among ``tensors`` (nested lists allowed): a Future must be told them."""
-    if not _cuda_started():  # no CUDA tensor can exist: nothing to walk (host calls, ~1 us)
+    if not _cuda_started():  # no CUDA tensor can exist: nothing to walk (host calls)
         return []
     found: dict[str, Any] = {}
     stack = [tensors]
@@ -109,7 +109,7 @@ def completed_future(result: Any) -> Any:
 
 def completed_work(result: Any) -> Any:
     """A c10d Work that is already done, whose future holds ``result`` (made when first asked
-    for: a typed future costs ~6 us, most of a small host collective, and a plain
+    for: a typed future costs most of a small host collective, and a plain
     ``dist.all_reduce`` never asks)."""
     return _done_work_class()(result)
 
@@ -149,7 +149,7 @@ def finished_work(result: Any) -> Any:
     no allocation: this runs inside CUDA graph capture too. The event that marks the call is
     recorded only when asked for (``wait()`` from another stream, ``is_completed()``): DDP and
     ``dist.all_reduce`` wait on the very stream, where nothing is to be done, and an event costs
-    ~8 us of a call that queues one kernel (H200 host, docs/benchmarks.md).
+    a large part of a call that queues one kernel.
     """
     devices = _devices(result)
     if not devices:

@@ -72,9 +72,9 @@ def ipc_support(
 ) -> tuple[bool, str]:
     """Whether ``auto`` takes the ipc engine, and why: the probe ran it correctly
     (``probed``), CuPy is there (``missing`` is None), and the ranks do not share a GPU without
-    the MPS daemon. On the H200 with two ranks on one GPU, ipc was the fastest cudampi path at
-    every size with MPS and the slowest at every size without it (docs/benchmarks.md), so the
-    rule is per setting, not per size."""
+    the MPS daemon: ranks time-slicing one GPU make ipc's kernels wait a time slice for each
+    other, so there it is the slowest path at every size, and under MPS the fastest
+    (docs/benchmarks.md): the rule is per setting, not per size."""
     if missing is not None:
         return False, f"the ipc engine is unavailable: {missing}"
     if probed is None or probed.status == "skipped":

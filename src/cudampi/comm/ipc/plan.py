@@ -160,9 +160,9 @@ def _slices(n: int, nranks: int, pe: int) -> list[tuple[int, int]]:
 def oneshot_auto(nranks: int, one_gpu: bool) -> int:
     """The allreduce size up to which one-shot is used when not set (``ipc_oneshot_bytes``).
 
-    Measured on one H200 under MPS (docs/ipc.md, ``tools/gpu-session.sh ipcswitch``): where the
-    ranks share the GPU, every byte moves through its memory either way and one-shot, one
-    barrier instead of two, wins up to 16-32 MiB at 2 ranks and ~8 MiB at 4: 32 MiB / ranks.
+    Where the ranks share the GPU, every byte moves through its memory either way and one-shot,
+    one barrier instead of two, wins up to a size that shrinks with the ranks: 32 MiB / ranks
+    (measured with ``tools/gpu-session.sh ipcswitch``; docs/ipc.md).
     With a GPU each, one-shot pulls (ranks - 1) x the message over the links where two-shot
     moves about twice it, so it is kept to small messages, 512 KiB as vLLM's and TensorRT-LLM's
     custom allreduce keep it, until a machine with several GPUs measures it here.
