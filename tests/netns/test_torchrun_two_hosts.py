@@ -100,7 +100,7 @@ class Hosts(TwoHosts):
         return int(json.loads(out)[0]["stats64"]["rx"]["bytes"])
 
     def free_port(self) -> int:
-        probe = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+        probe = "from cudampi.net import free_port; print(free_port())"
         return int(sh("ip", "netns", "exec", self.ns[0], sys.executable, "-c", probe).stdout)
 
 
