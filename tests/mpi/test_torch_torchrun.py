@@ -256,3 +256,76 @@ def test_the_pmi_server_admits_only_its_own_job(tmp_path):
     assert job.returncode == 0 and "survived the attacks" in out, err[-3000:]
     assert all(r in (b"", b"(no reply)") for r in replies), replies  # nothing read
     assert grown < 20 << 10, f"the PMI server grew by {grown} KiB ({sent >> 20} MiB sent)"
+
+
+_LOOPS = """
+import os, sys, time
+import torch, torch.distributed as dist
+import cudampi.torch
+import cudampi.pmi.join as join
+
+dist.init_process_group("cudampi")
+folder = sys.argv[1]
+if dist.get_rank() == 0:
+    with open(f"{folder}/pids.tmp", "w") as f:
+        f.write(f"{join._SERVER[0].pid} {os.getpid()}")
+    os.rename(f"{folder}/pids.tmp", f"{folder}/pids")
+else:
+    with open(f"{folder}/rank1", "w") as f:
+        f.write(str(os.getpid()))
+t = torch.ones(1)
+while True:  # until the job is ended from outside
+    dist.all_reduce(t)
+    time.sleep(0.05)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_of_torchrun_ends_the_pmi_server_and_every_rank_with_the_reason(tmp_path):
+    """torchrun killed with SIGKILL ends none of its ranks; cudampi's PMI server, which rank 0
+    started, sees the launcher go, tells every rank (which ends saying why), and leaves."""
+    import signal
+
+    script = tmp_path / "loops.py"
+    script.write_text(textwrap.dedent(_LOOPS))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    job = subprocess.Popen(
+        [*cmd, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=torchrun_env("default"),
+        cwd=ROOT,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not ((tmp_path / "pids").exists() and (tmp_path / "rank1").exists()):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        pids = [*map(int, (tmp_path / "pids").read_text().split())]
+        pids.append(int((tmp_path / "rank1").read_text()))
+        time.sleep(1)
+        job.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        while any(map(_alive, pids)) and time.monotonic() - t0 < 30:
+            time.sleep(0.2)
+        left = [p for p in pids if _alive(p)]
+        _, err = job.communicate(timeout=30)
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert not left, f"still running 30 s after torchrun's SIGKILL: {left} (server, rank 0, 1)"
+    said = f"the launcher torchrun (pid {job.pid}), which started the job's ranks, ended"
+    assert err.count(said) == 2, err[-3000:]  # each rank says why it ends

@@ -44,7 +44,7 @@ from cudampi.pmi.client import (
     single_node_mapping,
     watch,
 )
-from cudampi.rankenv import mpi_launcher
+from cudampi.rankenv import launched_by, mpi_launcher
 
 STORE_KEY = "cudampi/pmi_address"
 SECRET_KEY = "cudampi/pmi_secret_file"
@@ -105,6 +105,8 @@ def _server_host(env: Mapping[str, str]) -> tuple[str, str]:
 def _start_server(size: int, env: Mapping[str, str], secret: str) -> str:
     listen, dial = _server_host(env)
     argv = [sys.executable, "-m", "cudampi.pmi.server", "--size", str(size), "--host", listen]
+    if launched_by(env).name == "torchrun":  # killed, torchrun ends none of its ranks: we do
+        argv += ["--launcher-pid", str(os.getppid())]
     if listen == "127.0.0.1":
         argv += ["--mapping", single_node_mapping(size)]
     child_env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
