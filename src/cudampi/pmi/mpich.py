@@ -77,7 +77,7 @@ def choose(env: Mapping[str, str], where: str | None = None) -> Choice:
         return Choice(given, "named by MPI4PY_LIBMPI")
     lib = library(where)
     if os.path.exists(lib):
-        return Choice(lib, f"cudampi's MPICH ({INSTALL})")
+        return Choice(lib, "cudampi's own")
     return Choice(None, "mpi4py's default: cudampi's MPICH is not installed")
 
 
