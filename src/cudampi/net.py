@@ -135,6 +135,22 @@ def listen_candidates(ephemeral: tuple[int, int], reserved: set[int]) -> list[in
     return [p for p in ports if p not in reserved]
 
 
+def _candidates() -> list[int]:
+    ephemeral = _read(EPHEMERAL_RANGE)
+    return listen_candidates(
+        parse_port_range(ephemeral) if ephemeral.strip() else (32768, 60999),
+        parse_reserved_ports(_read(RESERVED_PORTS)),
+    )
+
+
+def port_for(digest: int) -> int:
+    """A port every process of a job computes alike from the job's ``digest`` without talking
+    (the hosts' ephemeral ranges alike), outside the ephemeral range for :func:`free_port`'s
+    reason; not checked free (it is chosen before the server that binds it exists)."""
+    candidates = _candidates() or list(range(LOWEST_PORT, 32768))
+    return candidates[digest % len(candidates)]
+
+
 def free_port(host: str = "") -> int:
     """A TCP port free on ``host`` (this host's address; all of them by default) now, for a
     server that another process starts later (MASTER_PORT, Slurm's ports).
@@ -145,11 +161,7 @@ def free_port(host: str = "") -> int:
     outside that range is taken only by a process that asks for it by number."""
     import random
 
-    ephemeral = _read(EPHEMERAL_RANGE)
-    candidates = listen_candidates(
-        parse_port_range(ephemeral) if ephemeral.strip() else (32768, 60999),
-        parse_reserved_ports(_read(RESERVED_PORTS)),
-    )
+    candidates = _candidates()
     rng = random.SystemRandom()
     for port in rng.sample(candidates, min(64, len(candidates))):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.errors import ConfigError, LaunchError
-from cudampi.net import free_port, routed_address
+from cudampi.net import free_port, port_for, routed_address
 from cudampi.rankenv import rank_env
 
 
@@ -60,8 +60,7 @@ def _job_port(env: MutableMapping[str, str]) -> int:
             "MASTER_ADDR",
         )
     )
-    digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
-    return 20000 + digest % 20000
+    return port_for(int(hashlib.sha256(key.encode()).hexdigest()[:8], 16))
 
 
 def _rendezvous_by_mpi() -> tuple[str, int]:

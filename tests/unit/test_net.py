@@ -31,3 +31,10 @@ def test_free_port_is_outside_this_hosts_ephemeral_range_and_a_server_binds_it()
         assert port >= net.LOWEST_PORT and port not in reserved
         with socket.create_server(("", port)) as s:  # the server it is meant for can bind it
             assert s.getsockname()[1] == port
+
+
+def test_a_jobs_port_is_the_same_for_every_rank_and_outside_the_ephemeral_range():
+    lo, hi = net.parse_port_range(Path(net.EPHEMERAL_RANGE).read_text())
+    ports = {net.port_for(d) for d in (0, 1, 12345, 2**32 - 1)}
+    assert len(ports) == 4 and not any(lo <= p <= hi for p in ports)
+    assert net.port_for(777) == net.port_for(777)
