@@ -95,13 +95,14 @@ def test_mpi_backend_name_gets_the_fix(tmp_path, launcher):
     err = proc.stderr
     assert "doesn't have MPI built in" in err, err[-3000:]
     assert "init_process_group('cudampi')" in err
-    if launcher != "cudampi-launch":
-        assert err.count(HINT) == 2, err[-3000:]  # after each rank's traceback
-        return
-    # after each rank's traceback, and in the launcher's summary of each failed rank
-    assert err.count(HINT) == 4, err[-4000:]
-    summary = err[err.index("cudampi launch: the job failed") :]
-    assert summary.count(HINT) == 2, summary
+    # After each raising rank's traceback (the first rank to fail may end the job before the
+    # other raised, so one or two), and in cudampi launch's summary of each such rank.
+    raised = "RuntimeError: Distributed package doesn't have MPI built in"
+    cut = err.find("cudampi launch: the job failed")
+    ranks, summary = (err[:cut], err[cut:]) if cut >= 0 else (err, "")
+    assert ranks.count(HINT) == ranks.count(raised) >= 1, ranks[-3000:]
+    if launcher == "cudampi-launch":
+        assert summary.count(HINT) == summary.count(raised) >= 1, summary
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
