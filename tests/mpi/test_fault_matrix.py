@@ -1,8 +1,9 @@
 """The fault matrix of issue 16 (tools/fault_matrix.py): every fault x launcher x API as a real
-job must end non-zero within its limit, name the fault, and leave no process behind. CI runs one
-cell (the others are covered by tests/mpi/test_torch_faults.py, test_comm_deadline.py and
-test_launch_real.py); one per launcher and the whole matrix (36 cells, ~5 minutes here) run
-with ``pytest -m slow``."""
+job must end non-zero within its limit, name the fault, and leave no process behind (a corrupt
+capabilities cache must be named and let the job end well). CI runs two cells (the others are
+covered by tests/mpi/test_torch_faults.py, test_comm_deadline.py, test_launch_real.py,
+test_config_real.py and test_cache_real.py); one per launcher and the whole matrix (48 cells,
+~7 minutes here) run with ``pytest -m slow``."""
 
 from __future__ import annotations
 
@@ -47,8 +48,10 @@ def _cell(fault: str, launcher: str, api: str):
     ("fault", "launcher", "api"),
     [
         ("exit0", "cudampi-launch", "comm"),
+        ("badsetting", "mpiexec", "comm"),
         pytest.param("skip", "mpiexec", "torch", marks=only_when_asked()),
         pytest.param("sigkill", "torchrun", "torch", marks=only_when_asked()),
+        pytest.param("badcache", "torchrun", "torch", marks=only_when_asked()),
     ],
 )
 def test_a_cell_of_each_launcher(fault, launcher, api):
