@@ -16,7 +16,8 @@ import pytest
 
 from cudampi.pmi import server as pmi
 from cudampi.pmi.client import InitGuard, client_env, connect, single_node_mapping, watch
-from cudampi.pmi.server import Client, PmiServer, PmiState, max_entries
+from cudampi.pmi.server import PmiServer
+from cudampi.pmi.state import Client, PmiState, max_entries
 from cudampi.pmi.wire import parse_command
 from cudampi.shm import SHM_DIR, mpich_world_id, unique_kvsname
 from tests.mpirun import ROOT, mpi_env
