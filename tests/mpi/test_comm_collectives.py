@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudampi.comm.buffers import DTYPES as ALL_DTYPES
+from cudampi.comm.arrays import DTYPES as ALL_DTYPES
 from tests.mpirun import only_when_asked, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -105,7 +105,7 @@ def reference(size: int, n: int, dtype: str, op: str):
 
 
 def ops_for(dtype: str) -> list[str]:
-    from cudampi.comm.ops import ops_allowed
+    from cudampi.comm.arrays import ops_allowed
 
     return list(ops_allowed(dtype))
 

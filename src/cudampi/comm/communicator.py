@@ -1,6 +1,6 @@
 """The Communicator: collectives and point-to-point on NumPy, torch, CuPy and DLPack/CAI arrays.
 
-Each call adapts its arrays (:mod:`~cudampi.comm.buffers`), checks them locally, picks a path
+Each call adapts its arrays (:mod:`~cudampi.comm.arrays`), checks them locally, picks a path
 (:mod:`~cudampi.comm.paths`), checks across ranks that everyone makes the same call
 (:mod:`~cudampi.comm.validate`) and hands flat arrays to one engine (:mod:`~cudampi.comm.engines`):
 MPI's own collective (``host``/``native``), cudampi's algorithms over direct point-to-point
@@ -19,13 +19,22 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from cudampi.comm import args
-from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat, same_memory
+from cudampi.comm.arrays import (
+    ArrayOps,
+    Buf,
+    adapt,
+    check_op,
+    flat,
+    new_like,
+    same_memory,
+    written,
+)
+from cudampi.comm.arrays import result as _result
 from cudampi.comm.deadline import Watch
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
 from cudampi.comm.engines.mpi import can_reduce
 from cudampi.comm.handle import Handle, Worker, completed
-from cudampi.comm.ops import ArrayOps, check_op
 from cudampi.comm.paths import (
     DeviceSupport,
     PathChoice,
@@ -251,7 +260,7 @@ class Communicator:
 
     def _out(self, x: Buf, out: Any, shape: tuple[int, ...], what: str = "out") -> Buf:
         if out is None:
-            return adapt(empty_like_shape(x, shape))
+            return new_like(x, shape)
         ob = x if out is x.obj else self._buf(out, what)  # in place: adapted already
         if ob is x and shape == x.shape:  # in place, same shape: only writability to check
             args.check_writable(x, what)
@@ -487,7 +496,7 @@ class Communicator:
 
             def run() -> Any:
                 engine.broadcast(flat(xb), root)
-                return x if xb.obj is xb.arr else xb.arr
+                return written(xb)
 
             return _Plan(sig, run, engine)
 
@@ -821,10 +830,6 @@ def _nccl_for_these_ranks(coll: Any, support: DeviceSupport, one_node: bool) -> 
 
 _TOLD = [False]
 """Whether this process already said that auto chose a device path without a probe result."""
-
-
-def _result(out: Any, ob: Buf) -> Any:
-    return out if out is not None else ob.arr
 
 
 def _inline(fn: Callable[[], Any], what: str, async_op: bool) -> Any:

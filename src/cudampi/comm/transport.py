@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cudampi.comm.ops import ArrayOps
+from cudampi.comm.arrays import ArrayOps
 from cudampi.errors import CommError
 
 _EMPTY = bytearray(1)
@@ -140,7 +140,7 @@ class StagedTransport:
     """Point-to-point through pinned host buffers, chunked and pipelined (see the module doc).
 
     ``stager`` supplies pinned host buffers and asynchronous device<->host copies for one device
-    array library (:mod:`cudampi.comm.pinned`).
+    array library (:class:`~cudampi.comm.arrays.Stager`).
     """
 
     def __init__(

@@ -15,10 +15,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudampi.comm.buffers import DTYPE_CODE
-from cudampi.comm.ops import REDUCE_OPS
+from cudampi.comm.arrays import DTYPE_CODE
 from cudampi.errors import CommError, DeviceError, MismatchError
-from cudampi.names import FORCED_PATHS
+from cudampi.names import FORCED_PATHS, REDUCE_OPS
 
 CALLS = (
     "allreduce",

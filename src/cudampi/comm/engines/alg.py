@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm import algorithms
+from cudampi.comm.arrays import ArrayOps
 from cudampi.comm.engines.base import Setting
 from cudampi.comm.engines.mpi import DirectP2P, apart
-from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import DirectTransport
 
 

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
+from cudampi.comm.arrays import ArrayOps
 from cudampi.comm.deadline import wait_request
 from cudampi.comm.engines.base import Engine
 from cudampi.comm.handle import Handle
-from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import finish_recv, mem, mpi, typed_mem
 
 NO_MPI_TYPE = ("float16", "bfloat16")

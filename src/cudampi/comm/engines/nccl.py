@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
+from cudampi.comm.arrays import COMPLEX, FLOAT, ArrayOps
 from cudampi.comm.engines.base import CollectivesOnly, Engine, Engines, Setting, caller_stream
-from cudampi.comm.ops import COMPLEX, FLOAT, ArrayOps
 from cudampi.errors import CommError, DeviceError
 
 AVG_SINCE = 21000

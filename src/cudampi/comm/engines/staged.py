@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cudampi.comm.arrays import ArrayOps, Stager, stager_for
 from cudampi.comm.engines.base import Engine, Engines, Setting, core_op
 from cudampi.comm.engines.mpi import irecv_handle, request_handle
 from cudampi.comm.handle import Handle
-from cudampi.comm.ops import ArrayOps
-from cudampi.comm.pinned import stager_for
 from cudampi.comm.transport import StagedTransport, mem
 
 PIECES_MAX = 64
@@ -105,7 +104,7 @@ class StagedEngine(Engine):
 
     name = "staged"
 
-    def __init__(self, setting: Setting, ops: ArrayOps, inner: Engine, stager: Any) -> None:
+    def __init__(self, setting: Setting, ops: ArrayOps, inner: Engine, stager: Stager) -> None:
         super().__init__(setting, ops)
         self.inner = inner
         self.stager = stager
