@@ -324,7 +324,8 @@ class Checks:
         raise NotImplementedError
 
     def to_numpy(self, x: Any) -> Any:
-        """``x`` as a NumPy array on the host (bfloat16 as float64, which NumPy lacks)."""
+        """``x`` as a NumPy array on the host: a view of host memory where the library shares it
+        (the tests write through it), bfloat16 as float64 (which NumPy lacks)."""
         raise NotImplementedError
 
     # -- built on the primitives ------------------------------------------------------------
