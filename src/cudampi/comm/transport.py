@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cudampi.comm.arrays import ArrayOps
+from cudampi.comm.arrays import ArrayOps, Stager
 from cudampi.errors import CommError
 
 _EMPTY = bytearray(1)
@@ -144,7 +144,7 @@ class StagedTransport:
     """
 
     def __init__(
-        self, comm: Any, stager: Any, chunk_bytes: int, timeout: float | None = None
+        self, comm: Any, stager: Stager, chunk_bytes: int, timeout: float | None = None
     ) -> None:
         self.comm = comm
         self.stager = stager

@@ -30,7 +30,7 @@ def piece_bounds(count: int, itemsize: int, chunk_bytes: int) -> list[tuple[int,
 
 
 def piecewise(
-    stager: Any,
+    stager: Stager,
     src: Any | None,
     dst: Any | None,
     like: Any,
@@ -69,7 +69,7 @@ def piecewise(
         stager.wait(ev)
 
 
-def stage_in(stager: Any, a: Any, like: Any, count: int, itemsize: int) -> Any:
+def stage_in(stager: Stager, a: Any, like: Any, count: int, itemsize: int) -> Any:
     """A host copy of the flat ``a`` (``count`` elements), as host elements."""
     host = stager.pinned(max(1, count * itemsize))
     if count:
@@ -77,12 +77,12 @@ def stage_in(stager: Any, a: Any, like: Any, count: int, itemsize: int) -> Any:
     return stager.host_view(host, like, count)
 
 
-def stage_buffer(stager: Any, like: Any, count: int, itemsize: int) -> Any:
+def stage_buffer(stager: Stager, like: Any, count: int, itemsize: int) -> Any:
     """An uninitialised host buffer of ``count`` elements."""
     return stager.host_view(stager.pinned(max(1, count * itemsize)), like, count)
 
 
-def stage_out(stager: Any, dst: Any, host_view: Any, nbytes: int) -> None:
+def stage_out(stager: Stager, dst: Any, host_view: Any, nbytes: int) -> None:
     """Copy a host view made by :func:`stage_in` / :func:`stage_buffer` into the flat ``dst``."""
     if nbytes:
         stager.wait(stager.h2d(dst, _raw(host_view), 0, nbytes))
