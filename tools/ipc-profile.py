@@ -79,7 +79,7 @@ with Communicator(w, path="ipc") as c:
     e1.record()
     torch.cuda.synchronize()
     gpu = e0.elapsed_time(e1) * 1000 / 100
-    from cudampi.comm.buffers import adapt
+    from cudampi.comm.arrays import adapt
     from cudampi.comm.engines.base import caller_stream
 
     def observed():

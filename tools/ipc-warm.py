@@ -24,8 +24,8 @@ def _one(name: str) -> tuple[str, float, str]:
 
 
 def main() -> int:
+    from cudampi.comm.arrays import ops_allowed
     from cudampi.comm.ipc import layout as L
-    from cudampi.comm.ops import ops_allowed
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", default="2")

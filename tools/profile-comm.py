@@ -147,7 +147,7 @@ def main() -> int:
 
 
 def _adapt(x: Any) -> Any:
-    from cudampi.comm.buffers import adapt
+    from cudampi.comm.arrays import adapt
 
     return adapt(x)
 

@@ -7,9 +7,11 @@ helpers here are reused by tests/gpu/test_comm_gpu.py with device array librarie
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from cudampi.comm.buffers import DTYPES as ALL_DTYPES
+from cudampi.comm.arrays import DTYPES as ALL_DTYPES
 from tests.mpirun import only_when_asked, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -22,31 +24,23 @@ SOME_DTYPES = ("float32", "float16", "bfloat16", "int32", "uint8", "bool", "comp
 # ----------------------------------------------------------------------------- array helpers
 
 
+@functools.cache
+def checks(lib: str):
+    """The array registry's checks for a test library: ``numpy``, ``torch``, ``jax`` (host),
+    ``cupy`` or ``torch-cuda`` (the current CUDA device)."""
+    from cudampi.comm.arrays import checks_for
+
+    name, _, device = lib.partition("-")
+    return checks_for(name, device or ("cuda" if name == "cupy" else "cpu"))
+
+
 def lib_dtypes(lib: str, dtypes=ALL_DTYPES) -> list[str]:
-    if lib == "numpy":
-        return [d for d in dtypes if d != "bfloat16"]
-    if lib == "cupy":
-        return [d for d in dtypes if d != "bfloat16"]
-    return list(dtypes)
+    return checks(lib).dtypes(tuple(dtypes))
 
 
 def to_lib(a, lib: str, dtype: str):
-    """NumPy reference values ``a`` as an array of ``lib`` (numpy, torch, torch-cuda, cupy)."""
-    import numpy as np
-
-    if lib == "numpy":
-        return np.ascontiguousarray(a.astype(dtype))
-    if lib in ("torch", "torch-cuda"):
-        import torch
-
-        if dtype == "bfloat16":
-            t = torch.from_numpy(np.ascontiguousarray(a.astype(np.float64))).to(torch.bfloat16)
-        else:
-            t = torch.from_numpy(np.ascontiguousarray(a.astype(dtype)))
-        return t.cuda() if lib == "torch-cuda" else t
-    import cupy
-
-    return cupy.asarray(np.ascontiguousarray(a.astype(dtype)))
+    """NumPy reference values ``a`` as an array of ``lib`` (see :func:`checks`)."""
+    return checks(lib).from_numpy(a, dtype)
 
 
 def empty_lib(shape, lib: str, dtype: str):
@@ -56,20 +50,13 @@ def empty_lib(shape, lib: str, dtype: str):
 
 
 def to_np(x):
-    import numpy as np
+    """Any registered library's array as NumPy (bfloat16 as float64)."""
+    from cudampi.comm.arrays import adapt
 
-    if isinstance(x, np.ndarray):
-        return x
-    mod = type(x).__module__
-    if mod.startswith("torch"):
-        import torch
-
-        if x.dtype == torch.bfloat16:
-            return x.float().cpu().numpy().astype(np.float64)
-        return x.cpu().numpy()
-    import cupy
-
-    return cupy.asnumpy(x)
+    b = adapt(x)
+    return checks(
+        b.impl.name + ("-cuda" if b.on_device and b.impl.name != "cupy" else "")
+    ).to_numpy(x)
 
 
 def gen(rank: int, n: int, dtype: str, op: str = "sum"):
@@ -105,7 +92,7 @@ def reference(size: int, n: int, dtype: str, op: str):
 
 
 def ops_for(dtype: str) -> list[str]:
-    from cudampi.comm.ops import ops_allowed
+    from cudampi.comm.arrays import ops_allowed
 
     return list(ops_allowed(dtype))
 

@@ -20,8 +20,8 @@ def rank_stream_ordered_dispatch(comm):
 
     import cudampi.comm.communicator as cm
     from cudampi.comm import Communicator, PathChoice
+    from cudampi.comm.arrays.numpy import NumpyOps
     from cudampi.comm.engines import KINDS, Engine
-    from cudampi.comm.ops import NumpyOps
 
     counts = {"check": 0, "capture": 0, "begin": 0, "fence": 0}
     real_check = cm.check

@@ -21,16 +21,13 @@ def rank_repeated_messages(comm, lib):
 
     r, peer = comm.rank, 1 - comm.rank
 
-    def make(n, value, dtype="float32"):
-        a = np.full(n, value, dtype=dtype)
-        if lib == "numpy":
-            return a
-        import torch
+    from tests.mpi.test_comm_collectives import checks
 
-        return torch.from_numpy(a)
+    def make(n, value, dtype="float32"):
+        return checks(lib).from_numpy(np.full(n, value, dtype=dtype), dtype)
 
     def values(a):
-        return np.asarray(a) if lib == "numpy" else a.numpy()
+        return checks(lib).to_numpy(a)  # a view: fill() writes through it
 
     def fill(a, value):
         values(a)[...] = value

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cudampi.bench.arrays import NumpyLib, TorchLib, parse_dtype
+from cudampi.bench.dtypes import parse_dtype
 from cudampi.bench.metrics import collective_layout
 from cudampi.bench.registry import UNITS, Case
+from cudampi.comm.arrays import Unsupported, checks_for
 from cudampi.errors import ConfigError
 from tests import oracle
 
@@ -48,10 +49,10 @@ def simulate(op, sends, n, redop, root):
 
 
 def libs():
-    out = [NumpyLib()]
+    out = [checks_for("numpy", "cpu")]
     try:
-        out.append(TorchLib("cpu"))
-    except ImportError:
+        out.append(checks_for("torch", "cpu"))
+    except Unsupported:
         pass
     return out
 
@@ -109,7 +110,7 @@ def test_expected_matches_a_correct_collective(lib, op, redop, dtype, n):
 
 
 def test_inputs_differ_between_ranks_so_mistakes_show():
-    lib = NumpyLib()
+    lib = checks_for("numpy", "cpu")
     a = lib.pattern64(64, 0, "sum")
     b = lib.pattern64(64, 1, "sum")
     assert (a != b).any()
@@ -117,19 +118,17 @@ def test_inputs_differ_between_ranks_so_mistakes_show():
 
 
 def test_inplace_paths_get_the_input_in_the_result_buffer():
-    lib = NumpyLib()
+    lib = checks_for("numpy", "cpu")
     L = collective_layout("allreduce", 64, 4, 2)
     b = UNITS["allreduce"].prepare(Case(lib, L, 1, 2, "float32", "sum", 0, True))
     assert (b.recv == b.send).all()
 
 
 def test_numpy_has_no_bfloat16_but_torch_does():
-    from cudampi.bench.arrays import Unsupported
-
     with pytest.raises(Unsupported, match="bfloat16"):
-        NumpyLib().check_dtype("bfloat16")
+        checks_for("numpy", "cpu").check_dtype("bfloat16")
     pytest.importorskip("torch")
-    t = TorchLib("cpu")
+    t = checks_for("torch", "cpu")
     x = t.pattern(16, 2, "sum", "bfloat16")
     assert t.count_wrong(x, t.pattern64(16, 2, "sum"), "bfloat16") == 0
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 
 from cudampi.comm.algorithms import Ctx, chunks, even_counts, offsets
+from cudampi.comm.arrays.numpy import NumpyOps
 from cudampi.comm.engines.staged import PIECES_MAX, piece_bounds
-from cudampi.comm.ops import NumpyOps
 from cudampi.comm.transport import chunk_bounds, opens_sequence
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cudampi.comm.buffers import adapt, flat, same_memory
+from cudampi.comm.arrays import adapt, flat, same_memory
 from cudampi.comm.validate import Signature, _raise_for
 from cudampi.errors import CommError, DeviceError, MismatchError
 

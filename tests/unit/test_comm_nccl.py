@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 
+from cudampi.comm.arrays import ops_allowed
 from cudampi.comm.engines import KINDS
 from cudampi.comm.engines.nccl_support import (
     AVG_SINCE,
@@ -17,7 +18,7 @@ from cudampi.comm.engines.nccl_support import (
     nccl_reduction,
     nccl_usable,
 )
-from cudampi.comm.ops import REDUCE_OPS, ops_allowed
+from cudampi.names import REDUCE_OPS
 from cudampi.probe.capabilities import ProbeOutcome
 
 A, B = "0000:19:00.0", "0000:3B:00.0"
@@ -107,7 +108,7 @@ def test_what_nccl_cannot_reduce_is_refused_naming_the_other_paths(dtype, op, sa
 
 
 def test_every_valid_dtype_and_op_has_an_answer():
-    from cudampi.comm.buffers import DTYPES
+    from cudampi.comm.arrays import DTYPES
 
     for dtype in DTYPES:
         for op in REDUCE_OPS:
@@ -122,7 +123,7 @@ def test_the_names_are_cupys_constants():
     nccl = pytest.importorskip("cupy.cuda.nccl")
     if not nccl.available:
         pytest.skip("CuPy finds no libnccl (pip install nvidia-nccl-cu13)")
-    from cudampi.comm.buffers import DTYPES
+    from cudampi.comm.arrays import DTYPES
 
     names = {"NCCL_UINT8"}
     for dtype in DTYPES:

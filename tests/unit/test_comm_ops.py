@@ -8,8 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from cudampi.comm.buffers import DTYPES as ALL_DTYPES
-from cudampi.comm.ops import NumpyOps, TorchOps, check_op, ops_allowed
+from cudampi.comm.arrays import DTYPES as ALL_DTYPES
+from cudampi.comm.arrays import check_op, ops_allowed
+from cudampi.comm.arrays.numpy import NumpyOps
+from cudampi.comm.arrays.torch import TorchOps
 from cudampi.errors import CommError
 from tests import oracle
 

@@ -7,8 +7,8 @@ import importlib.util
 
 import pytest
 
+from cudampi.comm.arrays import ops_allowed
 from cudampi.comm.ipc import layout as L
-from cudampi.comm.ops import ops_allowed
 
 if importlib.util.find_spec("cupy_backends") is None:
     pytest.skip(

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from cudampi.bench.arrays import ArrayLib, is_float
 from cudampi.bench.session import Session
+from cudampi.comm.arrays import Checks, is_float
 from cudampi.names import BITWISE_OPS, FORCED_PATHS
 
 COMMUNICATOR_PATHS = FORCED_PATHS
@@ -93,7 +93,7 @@ class PathAdapter:
     inplace_reduce = False
     """allreduce/reduce work in place on ``recv`` (which the unit fills with the input)."""
 
-    def __init__(self, lib: ArrayLib) -> None:
+    def __init__(self, lib: Checks) -> None:
         self.lib = lib
 
     def check(self, op: str, dtype: str, redop: str | None, session: Session) -> str | None:
@@ -142,7 +142,7 @@ class PathAdapter:
 class CudampiPath(PathAdapter):
     """A cudampi Communicator whose every call is forced onto one path."""
 
-    def __init__(self, name: str, lib: ArrayLib, session: Session) -> None:
+    def __init__(self, name: str, lib: Checks, session: Session) -> None:
         super().__init__(lib)
         self.name = name
         try:
@@ -205,7 +205,7 @@ class TorchPath(PathAdapter):
 
     inplace_reduce = True
 
-    def __init__(self, name: str, lib: ArrayLib, session: Session) -> None:
+    def __init__(self, name: str, lib: Checks, session: Session) -> None:
         super().__init__(lib)
         self.name = name
         self.backend = TORCH_PATHS[name]
@@ -278,7 +278,7 @@ class MpiPath(PathAdapter):
 
     name = "mpi"
 
-    def __init__(self, lib: ArrayLib, session: Session) -> None:
+    def __init__(self, lib: Checks, session: Session) -> None:
         super().__init__(lib)
         from mpi4py import MPI
 
@@ -393,7 +393,7 @@ class MpiPath(PathAdapter):
         self.comm.Free()
 
 
-def _check_nccl(session: Session, lib: ArrayLib) -> None:
+def _check_nccl(session: Session, lib: Checks) -> None:
     """:class:`Skip`, with why, where cudampi's nccl engine cannot run this benchmark."""
     from cudampi.comm.paths import unavailable
 
@@ -411,7 +411,7 @@ class CopyPath(PathAdapter):
         self.lib.copy_into(recv, send)
 
 
-def open_path(name: str, lib: ArrayLib, session: Session) -> PathAdapter:
+def open_path(name: str, lib: Checks, session: Session) -> PathAdapter:
     """The adapter of ``name`` on ``lib``'s arrays; :class:`Skip` says why it cannot run."""
     if name in COMMUNICATOR_PATHS:
         return CudampiPath(name, lib, session)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from cudampi.bench.results import Limit
 
 if TYPE_CHECKING:
-    from cudampi.bench.arrays import ArrayLib
     from cudampi.bench.session import Session
+    from cudampi.comm.arrays import Checks
     from cudampi.probe.nvml import GpuInfo
 
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -53,7 +53,7 @@ def query_link_limit(gpu: int) -> Limit | None:
     return link_limit(gpus[gpu]) if 0 <= gpu < len(gpus) else None
 
 
-def measure_copy_gbps(lib: ArrayLib, nbytes: int, iters: int = 10) -> float:
+def measure_copy_gbps(lib: Checks, nbytes: int, iters: int = 10) -> float:
     """Bytes per second (GB/s, 1e9) of copying ``nbytes`` from one buffer to another with ``lib``."""
     count = max(nbytes // 4, 1)
     src = lib.pattern(count, 0, "sum", "float32")
@@ -69,7 +69,7 @@ def measure_copy_gbps(lib: ArrayLib, nbytes: int, iters: int = 10) -> float:
 
 
 def physical_limit(
-    s: Session, sizes: Sequence[int], copy_lib: Callable[[], ArrayLib]
+    s: Session, sizes: Sequence[int], copy_lib: Callable[[], Checks]
 ) -> Limit | None:
     """The limit for this job (collective: rank 0 decides, every rank returns the same).
     ``copy_lib`` gives the array library a copy of the sweep's largest size is measured with."""
@@ -83,7 +83,7 @@ def physical_limit(
     return Limit(**data) if data else None
 
 
-def _decide(s: Session, sizes: Sequence[int], copy_lib: Callable[[], ArrayLib]) -> Limit | None:
+def _decide(s: Session, sizes: Sequence[int], copy_lib: Callable[[], Checks]) -> Limit | None:
     if s.nodes > 1:
         return None  # the network's rate is not something the topology tells us
     if s.device == "cuda" and not s.shares_gpu and s.gpu_index is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cudampi.bench.adapters import BENCH_PATHS, DDP_PATHS, TORCH_PATHS
-from cudampi.bench.arrays import parse_dtype
+from cudampi.bench.dtypes import parse_dtype
 from cudampi.bench.registry import COLLECTIVES
 from cudampi.bench.sizes import parse_bytes, size_sweep
 from cudampi.errors import ConfigError

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.bench.adapters import TORCH_PATHS, Skip, attempt, describe_error
-from cudampi.bench.arrays import ArrayLib, Unsupported, make_lib
 from cudampi.bench.session import Session
+from cudampi.comm.arrays import Checks, Unsupported, checks_for
 from cudampi.errors import ConfigError
 
 
@@ -103,7 +103,7 @@ class _P2P:
 
 
 class _Cudampi(_P2P):
-    def __init__(self, session: Session, path: str, lib: ArrayLib) -> None:
+    def __init__(self, session: Session, path: str, lib: Checks) -> None:
         from cudampi.comm import Communicator
 
         self.name = path
@@ -136,7 +136,7 @@ class _MpiReq:
 class _Mpi(_P2P):
     name = "mpi"
 
-    def __init__(self, session: Session, lib: ArrayLib) -> None:
+    def __init__(self, session: Session, lib: Checks) -> None:
         self.comm = session.world.Dup()
         self.lib = lib
         if lib.device == "cuda":
@@ -174,7 +174,7 @@ class _Mpi(_P2P):
 
 
 class _Torch(_P2P):
-    def __init__(self, name: str, session: Session, lib: ArrayLib) -> None:
+    def __init__(self, name: str, session: Session, lib: Checks) -> None:
         self.name = name
         backend = TORCH_PATHS[name]
         why = session.nccl_refusal(lib.device) if backend == "nccl" else None
@@ -195,7 +195,7 @@ class _Torch(_P2P):
         return self.dist.irecv(x, source, group=self.group)
 
 
-def _open(path: str, session: Session, lib: ArrayLib) -> _P2P:
+def _open(path: str, session: Session, lib: Checks) -> _P2P:
     if path in ("cudampi", "ipc"):
         return _Cudampi(session, path, lib)
     if path == "mpi":
@@ -207,7 +207,7 @@ def _open(path: str, session: Session, lib: ArrayLib) -> _P2P:
     raise ConfigError(f"unknown p2p path {path!r}")
 
 
-def _lib_for(path: str, buffers: str, session: Session, array: str) -> ArrayLib:
+def _lib_for(path: str, buffers: str, session: Session, array: str) -> Checks:
     device = "cpu" if buffers == "host" else "cuda"
     if device == "cuda" and session.device != "cuda":
         raise Skip("device buffers need --device cuda and a GPU")
@@ -225,12 +225,12 @@ def _lib_for(path: str, buffers: str, session: Session, array: str) -> ArrayLib:
         except ImportError:
             kind = "cupy"
     try:
-        return make_lib(kind, device)
+        return checks_for(kind, device)
     except Unsupported as exc:
         raise Skip(str(exc)) from None
 
 
-def _start(path: str, buffers: str, session: Session, array: str) -> tuple[ArrayLib, _P2P]:
+def _start(path: str, buffers: str, session: Session, array: str) -> tuple[Checks, _P2P]:
     """The array library and the open path of one (path, buffers) row."""
     lib = _lib_for(path, buffers, session, array)
     return lib, _open(path, session, lib)
@@ -265,7 +265,7 @@ def _bidir(p: _P2P, rank: int, x: Any, y: Any, window: int, n: int) -> None:
         p.waitall(reqs)
 
 
-def _timed(lib: ArrayLib, fn: Any, *args: Any) -> float:
+def _timed(lib: Checks, fn: Any, *args: Any) -> float:
     lib.sync()
     t0 = time.perf_counter()
     fn(*args)
@@ -306,7 +306,7 @@ def run_p2p(session: Session, o: Any, meta: dict[str, Any]) -> P2PResult:
 
 
 def _sweep(
-    s: Session, o: Any, path: str, buffers: str, lib: ArrayLib, p: _P2P, active: bool
+    s: Session, o: Any, path: str, buffers: str, lib: Checks, p: _P2P, active: bool
 ) -> list[P2PRow]:
     rows = []
     for size in o.sizes:
@@ -357,7 +357,7 @@ def _sweep(
     return rows
 
 
-def _check(lib: ArrayLib, rank: int, y: Any, count: int, o: Any) -> int:
+def _check(lib: Checks, rank: int, y: Any, count: int, o: Any) -> int:
     if not o.check:
         return 0
     if o.corrupt_rank == rank:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cudampi.bench.arrays import NCCL_TYPENAME
+from cudampi.bench.dtypes import NCCL_TYPENAME
 from cudampi.bench.results import BenchResult, Limit
 from cudampi.errors import BenchError
 

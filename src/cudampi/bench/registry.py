@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cudampi.bench.arrays import ArrayLib
 from cudampi.bench.metrics import Layout
+from cudampi.comm.arrays import Checks
 from cudampi.names import BITWISE_OPS
 
 
 def pattern_kind(redop: str | None) -> str:
-    """Which test pattern keeps ``redop``'s result exact (see :meth:`ArrayLib.pattern64`)."""
+    """Which test pattern keeps ``redop``'s result exact (see :meth:`Checks.pattern64`)."""
     if redop == "prod":
         return "prod"
     if redop in BITWISE_OPS:
@@ -49,7 +49,7 @@ class Buffers:
 class Case:
     """Everything a unit needs to build and check one row."""
 
-    lib: ArrayLib
+    lib: Checks
     layout: Layout
     rank: int
     nranks: int

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cudampi.bench.adapters import DESCRIPTION
-from cudampi.bench.arrays import NCCL_TYPENAME
+from cudampi.bench.dtypes import NCCL_TYPENAME
 from cudampi.bench.results import NOISE, BenchResult, Row, SkipNote
 
 PEER_ORDER = ("torch-gloo", "mpi", "copy", "torch-nccl")

@@ -18,11 +18,12 @@ from typing import Any
 
 from cudampi.bench import limits
 from cudampi.bench.adapters import PathAdapter, Skip, attempt, describe_error, open_path
-from cudampi.bench.arrays import ITEMSIZE, ArrayLib, Unsupported, make_lib
+from cudampi.bench.dtypes import ITEMSIZE
 from cudampi.bench.metrics import algbw, busbw, collective_layout
 from cudampi.bench.registry import UNITS, Case
 from cudampi.bench.results import REPEATS, BenchResult, Row, SkipNote
 from cudampi.bench.session import Session
+from cudampi.comm.arrays import Checks, Unsupported, checks_for
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class Runner:
     def __init__(self, session: Session, spec: Spec, log: Callable[[str], None] | None = None):
         self.s = session
         self.spec = spec
-        self.libs: dict[str, ArrayLib | str] = {}
+        self.libs: dict[str, Checks | str] = {}
         self.adapters: dict[tuple[str, str], PathAdapter | str] = {}
         self.rows: list[Row] = []
         self.skips: list[SkipNote] = []
@@ -85,10 +86,10 @@ class Runner:
             self._last = time.monotonic()
 
     # -- resources -----------------------------------------------------------------------------
-    def lib(self, kind: str) -> ArrayLib:
+    def lib(self, kind: str) -> Checks:
         if kind not in self.libs:
             try:
-                self.libs[kind] = make_lib(kind, self.s.device)
+                self.libs[kind] = checks_for(kind, self.s.device)
             except Unsupported as exc:
                 self.libs[kind] = str(exc)
         lib = self.libs[kind]
@@ -96,7 +97,7 @@ class Runner:
             raise Skip(lib)
         return lib
 
-    def adapter(self, path: str, lib: ArrayLib) -> PathAdapter:
+    def adapter(self, path: str, lib: Checks) -> PathAdapter:
         key = (path, lib.name)
         if key not in self.adapters:
             made, agreed = attempt(self.s, lambda: open_path(path, lib, self.s))

@@ -2,12 +2,12 @@
 
 ``from cudampi.comm import Communicator, Handle`` starts no MPI and no CUDA.
 
-Layout: ``communicator`` (the public class: adapts the arrays with ``buffers``, checks them with
+Layout: ``communicator`` (the public class: adapts the arrays with ``arrays``, checks them with
 ``args`` and across ranks with ``validate``, picks a path with ``paths``, runs calls in order
 with ``handle``) hands flat arrays to one of ``engines/`` (``mpi``, ``alg``, ``staged``: one
-module each, one method set, contract in ``engines/base.py``). Below them: ``ops`` (element-wise
-work per array library), ``algorithms`` (collectives from point-to-point), ``transport`` (moving
-bytes) and ``pinned`` (pinned host buffers and device<->host copies).
+module each, one method set, contract in ``engines/base.py``). Below them: ``arrays`` (one module
+per array library: adapting, element-wise work, pinned host buffers and device<->host copies),
+``algorithms`` (collectives from point-to-point) and ``transport`` (moving bytes).
 """
 
 from __future__ import annotations

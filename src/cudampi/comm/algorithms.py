@@ -1,6 +1,6 @@
 """Collective algorithms built from point-to-point, generic over array ops and a transport.
 
-Every function works on flat arrays through an :class:`~cudampi.comm.ops.ArrayOps` (so the same
+Every function works on flat arrays through an :class:`~cudampi.comm.arrays.ArrayOps` (so the same
 code reduces on the host or on a GPU) and a :class:`~cudampi.comm.transport.DirectTransport`.
 Large messages use bandwidth-optimal reduce-scatter + allgather, either as rings (2(n-1) steps
 to neighbours: right for any topology) or direct (every rank exchanges with every other at once:
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cudampi.comm.ops import ArrayOps
+from cudampi.comm.arrays import ArrayOps
 from cudampi.comm.transport import DirectTransport
 
 MAX_CHUNKS = 8

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudampi.comm.buffers import DTYPES, Buf
+from cudampi.comm.arrays import DTYPES, Buf
 from cudampi.errors import CommError, DeviceError, MismatchError
 
 
@@ -39,9 +39,8 @@ def check_writable(b: Buf, what: str) -> None:
     read-only memory map segfaults)."""
     if not b.writable:
         raise CommError(
-            f"{what}: the {b.describe()} is read-only, and this call writes into it. Pass a "
-            "writable array (numpy: a copy, or np.frombuffer of a bytearray; a memmap opened "
-            "with mode 'r+')."
+            f"{what}: the {b.describe()} is read-only, and this call writes into it. "
+            + b.impl.read_only_fix
         )
 
 

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cudampi.comm import args
-from cudampi.comm.buffers import Buf, flat, same_memory
+from cudampi.comm.arrays import ArrayOps, Buf, check_op, flat, result, same_memory, written
 from cudampi.comm.choice import PathChoice
 from cudampi.comm.engines.base import Engine
-from cudampi.comm.ops import ArrayOps, check_op
 from cudampi.comm.validate import Signature, check
 from cudampi.errors import CommError
 from cudampi.names import CALLS, Call
@@ -83,11 +82,6 @@ def prepare(f: Front, r: Request) -> Plan:
     return _FORMS[r.call.form](f, r)
 
 
-def result(out: Any, ob: Buf) -> Any:
-    """What a call returns: the caller's ``out``, or the array the call made."""
-    return out if out is not None else ob.arr
-
-
 def _elementwise(f: Front, r: Request) -> Plan:
     """The output has the input's shape: allreduce, reduce (written on the root only),
     broadcast (in place)."""
@@ -120,7 +114,7 @@ def _elementwise(f: Front, r: Request) -> Plan:
 
         def run_in_place() -> Any:
             method(flat(xb), r.root)
-            return r.x if xb.obj is xb.arr else xb.arr
+            return written(xb)
 
         return Plan(sig, run_in_place, engine)
     inplace = ob is xb or same_memory(xb, ob)

@@ -1,6 +1,6 @@
 """The Communicator: collectives and point-to-point on NumPy, torch, CuPy and DLPack/CAI arrays.
 
-Each call adapts its arrays (:mod:`~cudampi.comm.buffers`), checks them locally, picks a path
+Each call adapts its arrays (:mod:`~cudampi.comm.arrays`), checks them locally, picks a path
 (:mod:`~cudampi.comm.paths`), checks across ranks that everyone makes the same call
 (:mod:`~cudampi.comm.validate`) and hands flat arrays to one engine (:mod:`~cudampi.comm.engines`):
 MPI's own collective (``host``/``native``), cudampi's algorithms over direct point-to-point
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from cudampi.comm import args
-from cudampi.comm.buffers import Buf, adapt, empty_like_shape, flat
+from cudampi.comm.arrays import Buf, adapt, flat, new_like
 from cudampi.comm.calls import Plan, Request, prepare
 from cudampi.comm.deadline import Watch, spin
 from cudampi.comm.engines import Engine, Setting, engines_for
@@ -214,7 +214,7 @@ class Communicator:
 
     def _out(self, x: Buf, out: Any, shape: tuple[int, ...], what: str = "out") -> Buf:
         if out is None:
-            return adapt(empty_like_shape(x, shape))
+            return new_like(x, shape)
         ob = x if out is x.obj else self._buf(out, what)  # in place: adapted already
         if ob is x and shape == x.shape:  # in place, same shape: only writability to check
             args.check_writable(x, what)

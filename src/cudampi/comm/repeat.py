@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cudampi.comm.buffers import flat_tensor
+from cudampi.comm.arrays.torch import flat_tensor
 
 LIMIT = 256
 """Entries at most (a model's buckets are tens); the table starts over when full."""

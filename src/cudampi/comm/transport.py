@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cudampi.comm.ops import ArrayOps
+from cudampi.comm.arrays import ArrayOps, Stager
 from cudampi.errors import CommError
 
 _EMPTY = bytearray(1)
@@ -140,11 +140,11 @@ class StagedTransport:
     """Point-to-point through pinned host buffers, chunked and pipelined (see the module doc).
 
     ``stager`` supplies pinned host buffers and asynchronous device<->host copies for one device
-    array library (:mod:`cudampi.comm.pinned`).
+    array library (:class:`~cudampi.comm.arrays.Stager`).
     """
 
     def __init__(
-        self, comm: Any, stager: Any, chunk_bytes: int, timeout: float | None = None
+        self, comm: Any, stager: Stager, chunk_bytes: int, timeout: float | None = None
     ) -> None:
         self.comm = comm
         self.stager = stager

@@ -15,10 +15,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudampi.comm.buffers import DTYPE_CODE
-from cudampi.comm.ops import REDUCE_OPS
+from cudampi.comm.arrays import DTYPE_CODE
 from cudampi.errors import CommError, DeviceError, MismatchError
-from cudampi.names import CALLS, FORCED_PATHS
+from cudampi.names import CALLS, FORCED_PATHS, REDUCE_OPS
 
 PATH_LABELS = ("none", *FORCED_PATHS, "host-alg", "native-alg")
 """What a call's ``path`` may say: a path, or the algorithm cudampi runs where MPI cannot

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm import algorithms
+from cudampi.comm.arrays import ArrayOps
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Setting
 from cudampi.comm.engines.p2p import DirectP2P, apart, message_route
-from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import DirectTransport
 from cudampi.errors import DeviceError
 

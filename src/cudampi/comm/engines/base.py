@@ -1,6 +1,6 @@
 """The engine contract: one method set that every engine of a communicator implements.
 
-An engine moves data for one array library on one device (an :class:`~cudampi.comm.ops.ArrayOps`)
+An engine moves data for one array library on one device (an :class:`~cudampi.comm.arrays.ArrayOps`)
 and knows nothing about the caller's arrays: the Communicator adapts them, checks them on this
 rank and across ranks, chooses the path and hands the engine flat contiguous arrays (1-D views of
 the caller's memory, never copies) that are already valid for the call. Every rank calls the same
@@ -46,9 +46,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from cudampi.comm.arrays import ArrayOps, ops_for
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.handle import Handle
-from cudampi.comm.ops import ArrayOps, ops_for
 from cudampi.config import Config
 from cudampi.errors import CommError
 from cudampi.names import CALLS

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudampi.comm.buffers import DTYPE_CODE, adapt
+from cudampi.comm.arrays import DTYPE_CODE, ArrayOps, adapt
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import (
     Engine,
@@ -36,8 +36,8 @@ from cudampi.comm.handle import Handle
 from cudampi.comm.ipc import layout as L
 from cudampi.comm.ipc import plan
 from cudampi.comm.ipc.workspace import Workspace
-from cudampi.comm.ops import REDUCE_OPS, ArrayOps
 from cudampi.errors import CommError, DeviceError
+from cudampi.names import REDUCE_OPS
 from cudampi.probe.capabilities import ProbeOutcome
 
 

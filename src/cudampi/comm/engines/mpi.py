@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
+from cudampi.comm.arrays import ArrayOps
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Engine
 from cudampi.comm.engines.p2p import DirectP2P, apart, bytes_spec, message_route, overlap
-from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import mem, typed_mem
 from cudampi.errors import DeviceError
 

@@ -33,10 +33,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
+from cudampi.comm.arrays import COMPLEX, FLOAT, ArrayOps
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines import nccl_support as fit
 from cudampi.comm.engines.base import CollectivesOnly, Engine, Engines, Setting, caller_stream
-from cudampi.comm.ops import COMPLEX, FLOAT, ArrayOps
 from cudampi.errors import CommError, DeviceError
 from cudampi.names import CALLS
 

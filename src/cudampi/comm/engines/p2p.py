@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cudampi.comm.arrays import ArrayOps
 from cudampi.comm.choice import Ask, DeviceSupport, PathChoice
 from cudampi.comm.deadline import wait_request
 from cudampi.comm.engines.base import Engine
 from cudampi.comm.handle import Handle
-from cudampi.comm.ops import ArrayOps
 from cudampi.comm.transport import finish_recv, mem, mpi
 from cudampi.errors import DeviceError
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cudampi.comm.arrays import ArrayOps, Stager, stager_for
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Engine, Engines, Setting, core_op
 from cudampi.comm.engines.p2p import irecv_handle, request_handle
 from cudampi.comm.handle import Handle
-from cudampi.comm.ops import ArrayOps
-from cudampi.comm.pinned import stager_for
 from cudampi.comm.transport import StagedTransport, mem
 
 PIECES_MAX = 64
@@ -32,7 +31,7 @@ def piece_bounds(count: int, itemsize: int, chunk_bytes: int) -> list[tuple[int,
 
 
 def piecewise(
-    stager: Any,
+    stager: Stager,
     src: Any | None,
     dst: Any | None,
     like: Any,
@@ -71,7 +70,7 @@ def piecewise(
         stager.wait(ev)
 
 
-def stage_in(stager: Any, a: Any, like: Any, count: int, itemsize: int) -> Any:
+def stage_in(stager: Stager, a: Any, like: Any, count: int, itemsize: int) -> Any:
     """A host copy of the flat ``a`` (``count`` elements), as host elements."""
     host = stager.pinned(max(1, count * itemsize))
     if count:
@@ -79,12 +78,12 @@ def stage_in(stager: Any, a: Any, like: Any, count: int, itemsize: int) -> Any:
     return stager.host_view(host, like, count)
 
 
-def stage_buffer(stager: Any, like: Any, count: int, itemsize: int) -> Any:
+def stage_buffer(stager: Stager, like: Any, count: int, itemsize: int) -> Any:
     """An uninitialised host buffer of ``count`` elements."""
     return stager.host_view(stager.pinned(max(1, count * itemsize)), like, count)
 
 
-def stage_out(stager: Any, dst: Any, host_view: Any, nbytes: int) -> None:
+def stage_out(stager: Stager, dst: Any, host_view: Any, nbytes: int) -> None:
     """Copy a host view made by :func:`stage_in` / :func:`stage_buffer` into the flat ``dst``."""
     if nbytes:
         stager.wait(stager.h2d(dst, _raw(host_view), 0, nbytes))
@@ -170,7 +169,7 @@ class StagedEngine(Engine):
             "staged", "requested: staged through pinned host buffers", "staged", inner
         )
 
-    def __init__(self, setting: Setting, ops: ArrayOps, inner: Engine, stager: Any) -> None:
+    def __init__(self, setting: Setting, ops: ArrayOps, inner: Engine, stager: Stager) -> None:
         super().__init__(setting, ops)
         self.inner = inner
         self.stager = stager

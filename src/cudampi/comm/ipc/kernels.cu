@@ -166,7 +166,7 @@ PLAIN_KIND(KC64, c64, FAM_COMPLEX)
 PLAIN_KIND(KC128, c128, FAM_COMPLEX)
 // bool is KU8 with the op mapped by the host (sum/max/bor -> bor, prod/min/band -> band).
 
-// Ops, in cudampi.comm.ops.REDUCE_OPS order.
+// Ops, in cudampi.names.REDUCE_OPS order.
 #define OP_SUM 0
 #define OP_PROD 1
 #define OP_MIN 2

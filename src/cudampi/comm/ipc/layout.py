@@ -123,7 +123,7 @@ def source() -> str:
 
 def reduce_name(dtype: str, op: str, nranks: int) -> str:
     """The name expression of the reduce kernel for ``dtype``/``op`` on ``nranks`` ranks."""
-    from cudampi.comm.ops import REDUCE_OPS
+    from cudampi.names import REDUCE_OPS
 
     return f"reduce_kernel<{KINDS[dtype]}, {REDUCE_OPS.index(kernel_op(op, dtype))}, {nranks}>"
 

@@ -107,8 +107,8 @@ def signature(
 
 def describe(words: list[int]) -> str:
     """A signature as a person reads it (for error messages)."""
-    from cudampi.comm.buffers import DTYPES
-    from cudampi.comm.ops import REDUCE_OPS
+    from cudampi.comm.arrays import DTYPES
+    from cudampi.names import REDUCE_OPS
 
     w0, w1, w2, w3 = (int(w) for w in words)
     call = CALL_NAMES.get(w0 >> 56, f"call#{w0 >> 56}")
