@@ -14,7 +14,7 @@ from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.interfaces import Interface
 from cudampi.probe.mpi_library import MpiInstallation, MpiLibrary, parse_library_version
 from cudampi.probe.ompi import parse_ompi_info
-from cudampi.probe.runtime import ProbeRun, classify
+from cudampi.probe.runtime import ProbeRun, classify, launcher_message
 from cudampi.probe.ucx import UcxInstall, parse_ucx_info_d, parse_ucx_info_v
 from cudampi.rankenv import LauncherInfo
 
@@ -413,3 +413,18 @@ def test_cupy_without_a_gpu_names_the_cuda_error_code_on_one_line():
         len(render_text(Report.of((quiet,), {}), width=120).splitlines()) == 8
     )  # one row, no continuation
     assert error in check_cupy(py, gpus_present=True).detail  # with a GPU the whole sentence
+
+
+def test_a_failed_probe_shows_the_launchers_own_message(fixtures_dir):
+    # mpiexec's real output under OMPI_MCA_opal_cuda_support=true on the wheel: the cause is a
+    # framed help message, followed by the launcher's "a process exited" notice.
+    text = (fixtures_dir / "cpu-pypi/probe-host_p2p.opal-cuda-support-true.txt").read_text()
+    outcome, _, _ = classify("host_p2p", 1, "", text)
+    assert outcome.status == "error"
+    assert "the library was not compiled with any support" in outcome.detail
+    assert "---" not in outcome.detail and "Exit code" not in outcome.detail
+    # no framed message: the last line that says something, never a bare rule
+    assert launcher_message("starting\nmpiexec: cannot open hostfile\n" + "-" * 74) == (
+        "mpiexec: cannot open hostfile"
+    )
+    assert launcher_message("") == "no output"

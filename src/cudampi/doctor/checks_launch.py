@@ -76,20 +76,9 @@ def check_mpi_settings(
     """OMPI_MCA_* / UCX_* / NCCL_* settings that take CUDA away, as
     :func:`cudampi.env.settings.check_settings` (the one judge of them) finds them."""
     from cudampi.env.settings import check_settings as env_check_settings
+    from cudampi.env.settings import library_facts
 
-    major = None
-    if ompi is not None and ompi.version:
-        try:
-            major = int(ompi.version.split(".")[0])
-        except ValueError:
-            major = None
-    found = env_check_settings(
-        env,
-        gpus=gpus_present,
-        ompi_major=major,
-        btl_components=ompi.btl if ompi is not None else None,
-        built_with_cuda=ompi.built_with_cuda if ompi is not None else None,
-    )
+    found = env_check_settings(env, gpus=gpus_present, **library_facts(ompi))
     # var, value, status, why, fix
     findings = [(f.name, f.value, f.status, f.detail, f.fix) for f in found]
     set_vars = sorted(k for k in env if k.startswith(("OMPI_MCA_", "UCX_", "NCCL_", "MPIR_CVAR_")))

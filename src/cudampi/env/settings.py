@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from cudampi.env.recommended import (
     NCCL_ENV_DOC,
@@ -20,6 +21,9 @@ from cudampi.env.recommended import (
     UCX_FAQ,
     setting,
 )
+
+if TYPE_CHECKING:
+    from cudampi.probe.ompi import OmpiInfo
 
 
 @dataclass(frozen=True)
@@ -492,6 +496,18 @@ RULES: tuple[_Rule, ...] = (
     _mpich_gpu,
 )
 """One small rule per variable (or per family of variables that mean one thing)."""
+
+
+def library_facts(ompi: OmpiInfo | None) -> dict[str, Any]:
+    """The keyword arguments of :func:`check_settings` that an Open MPI's ``ompi_info`` answers
+    (its major version, its BTLs, whether it was built with CUDA); none without one."""
+    if ompi is None:
+        return {}
+    return {
+        "ompi_major": ompi.major,
+        "btl_components": ompi.btl or None,
+        "built_with_cuda": ompi.built_with_cuda,
+    }
 
 
 def check_settings(
