@@ -195,22 +195,32 @@ def test_settings_and_interfaces():
     assert bad.status == "fail" and "NCCL_SOCKET_IFNAME=eth0" in bad.fix
 
 
-def test_nccl_settings_are_reported_and_a_missing_interface_flagged(fixtures_dir):
-    from cudampi.probe.interfaces import parse_ip_o_addr
-
-    ifs = parse_ip_o_addr((fixtures_dir / "cpu-pypi" / "ip-o-addr.cpu-vm.txt").read_text())
-    assert C.check_nccl_settings({"PATH": "/bin"}, ifs).status == "n/a"
-    ok = C.check_nccl_settings({"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth"}, ifs)
+def test_nccl_settings_are_reported_and_a_missing_interface_flagged():
+    ifs = [
+        Interface("lo", ("127.0.0.1/8", "::1/128"), True),
+        Interface("eth0", ("192.0.2.2/24", "fd00::2/64"), True),
+    ]
+    assert C.check_nccl_settings({"PATH": "/bin"}).status == "n/a"
+    ok = C.check_nccl_settings({"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth"})
     assert ok.status == "ok" and ok.detail == "NCCL_IB_HCA=mlx5_0, NCCL_SOCKET_IFNAME=eth"
-    assert C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "^docker,lo"}, ifs).status == "ok"
+    assert C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "^docker,lo"}).status == "ok"
     # one entry missing: NCCL still finds eth0, but the setting is wrong on this host
-    some = C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "ib0,eth0"}, ifs)
+    some = C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "ib0,eth0"})
     assert some.status == "warn" and "names 'ib0', which this host lacks" in some.detail
     assert "NCCL will use eth0" in some.detail and "NCCL_SOCKET_IFNAME=eth0" in some.fix
     # exact names (=): eth is no interface here; nothing selected fails
-    none = C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "=eth", "NCCL_DEBUG": "INFO"}, ifs)
+    none = C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "=eth"})
     assert none.status == "fail" and "NCCL finds no interface" in none.detail
-    assert "NCCL_DEBUG=INFO" in none.detail and "(it has lo, eth0)" in none.detail
+    assert "(lo, eth0)" in none.detail
+    # an exclusion list that keeps this host's bridge and a port of it
+    bridged = [
+        *ifs,
+        Interface("cni-podman0", ("10.88.0.1/16",), True, bridge=True),
+        Interface("veth1", ("fe80::1/64",), True, bridge_of="cni-podman0"),
+    ]
+    kept = C.check_interfaces(bridged, {"NCCL_SOCKET_IFNAME": "^lo,docker"})
+    assert kept.status == "warn" and "veth1 (a port of bridge cni-podman0)" in kept.detail
+    assert kept.fix == "export NCCL_SOCKET_IFNAME=eth0"
 
 
 def test_gpu_mapping():

@@ -266,8 +266,14 @@ def _check(args: argparse.Namespace) -> int:
 
         raise SpecError("--single-node and --multi-node contradict each other: give one")
     multi = True if args.multi_node else False if args.single_node else None
+    from cudampi.probe.interfaces import query_interfaces
+
     findings = check_settings(
-        os.environ, gpus=not args.cpu, multi_node=multi, **_loaded_library_facts()
+        os.environ,
+        gpus=not args.cpu,
+        multi_node=multi,
+        interfaces=query_interfaces() or None,
+        **_loaded_library_facts(),
     )
     if args.json:
         print(json.dumps([dataclasses.asdict(f) for f in findings], indent=2))

@@ -91,8 +91,7 @@ def dockerfile(spec: EnvSpec, settings: dict[str, str]) -> str:
     copy_cudampi, cudampi_arg = cudampi_install(spec)
     env_lines = " \\\n    ".join(f"{k}={_quote(v)}" for k, v in env.items())
     cmd = json.dumps(list(spec.command))
-    # iproute2: `ip addr`, which the doctor reads the network interfaces from.
-    apt = "openssh-server openssh-client iproute2"
+    apt = "openssh-server openssh-client"
     # Docker's /dev/shm is 64 MiB: the ranks' shared memory (MPI, NCCL, UCX) and torch's
     # DataLoader workers need more (cudampi doctor's /dev/shm check says so).
     gpus = ("--gpus all " if spec.gpu else "") + "--shm-size=8g "

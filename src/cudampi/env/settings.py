@@ -10,7 +10,7 @@ documented values themselves are :mod:`cudampi.env.recommended`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from cudampi.env.recommended import (
     UCX_FAQ,
     setting,
 )
+from cudampi.probe.interfaces import Interface, nccl_ifname_matches, nccl_ifname_missing
 
 if TYPE_CHECKING:
     from cudampi.probe.ompi import OmpiInfo
@@ -103,6 +104,7 @@ class _Facts:
     ompi_major: int | None
     btl_components: Collection[str] | None
     built_with_cuda: bool | None
+    interfaces: Sequence[Interface] | None = None
 
     @property
     def breaks(self) -> str:
@@ -368,12 +370,15 @@ def _ssh_agent(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
 
 def _nccl_socket_ifname(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
     ifname = env.get("NCCL_SOCKET_IFNAME")
-    items = _split(ifname) if ifname is not None else []
-    if not items or items[0].startswith("^"):
+    if ifname is None or not ifname.strip():
+        return []
+    if f.interfaces is not None:
+        return _ifname_on_this_host(ifname, f.interfaces, f.multi_node)
+    items = _split(ifname)
+    if items[0].startswith("^"):
         return []
     if not all(n == "lo" or n.startswith("docker") for n in (i.lstrip("=") for i in items)):
         return []
-    assert ifname is not None
     return [
         SettingFinding(
             "NCCL_SOCKET_IFNAME",
@@ -385,6 +390,55 @@ def _nccl_socket_ifname(env: Mapping[str, str], f: _Facts) -> list[SettingFindin
             setting("NCCL_SOCKET_IFNAME").source,
         )
     ]
+
+
+def _ifname_on_this_host(
+    ifname: str, interfaces: Sequence[Interface], multi_node: bool | None
+) -> list[SettingFinding]:
+    """NCCL_SOCKET_IFNAME against the interfaces this host really has: NCCL takes every one
+    it selects that has an address (its socket transport opens connections on each)."""
+    with_address = [i for i in interfaces if i.addresses]
+    chosen = set(nccl_ifname_matches(ifname, [i.name for i in with_address]))
+    selected = [i for i in with_address if i.name in chosen]
+    reach = [i.name for i in selected if i.host_local is None]
+    local = [f"{i.name} ({i.host_local})" for i in selected if i.host_local]
+    usable = [i.name for i in with_address if i.host_local is None and i.up is not False]
+    names = ", ".join(i.name for i in interfaces) or "none"
+    fix = f"export NCCL_SOCKET_IFNAME={','.join(reach) or (usable or ['eth0'])[0]}"
+    source = setting("NCCL_SOCKET_IFNAME").source
+
+    def finding(status: str, detail: str, fix: str = fix) -> list[SettingFinding]:
+        return [SettingFinding("NCCL_SOCKET_IFNAME", ifname, status, detail, fix, source)]
+
+    if not selected:
+        return finding(
+            "fail",
+            f"selects none of this host's interfaces with an address "
+            f"({', '.join(i.name for i in with_address) or 'none'}): NCCL finds no interface",
+        )
+    if local:
+        only = not reach
+        return finding(
+            "fail" if only and multi_node else "warn",
+            (
+                f"selects only {', '.join(local)}"
+                if only
+                else f"selects {', '.join(local)} besides {', '.join(reach)}"
+            )
+            + ": NCCL's socket transport opens connections on every interface it selects, and "
+            "these reach no other host"
+            + (" (fine on one node; fails on two)" if only and not multi_node else ""),
+        )
+    missing = nccl_ifname_missing(ifname, [i.name for i in interfaces])
+    if missing:
+        return finding(
+            "warn",
+            f"names {', '.join(repr(m) for m in missing)}, which this host lacks (it has "
+            f"{names}); NCCL will use {', '.join(reach)}",
+            fix + " (or unset it where the hosts' interface names differ: cudampi launch picks "
+            "the one that routes to rank 0 on every host)",
+        )
+    return []
 
 
 def _ucx_tls(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
@@ -518,6 +572,7 @@ def check_settings(
     ompi_major: int | None = None,
     btl_components: Collection[str] | None = None,
     built_with_cuda: bool | None = None,
+    interfaces: Sequence[Interface] | None = None,
 ) -> list[SettingFinding]:
     """Settings in ``env`` that are wrong for a (GPU) MPI job; an empty list means none found.
 
@@ -525,7 +580,9 @@ def check_settings(
     Pure: reads only its arguments. ``multi_node`` None infers it from Slurm / MPI Operator
     variables (unknown: a multi-node-only problem is a warning). ``ompi_major`` (4, 5) and
     ``btl_components`` (the BTLs ``ompi_info`` lists) and ``built_with_cuda``
-    (``mpi_built_with_cuda_support``) enable the checks that depend on the library.
+    (``mpi_built_with_cuda_support``) enable the checks that depend on the library;
+    ``interfaces`` (:func:`cudampi.probe.interfaces.query_interfaces`) judges
+    NCCL_SOCKET_IFNAME by what it selects on this host rather than by its names alone.
     """
     facts = _Facts(
         gpus,
@@ -533,6 +590,7 @@ def check_settings(
         ompi_major,
         btl_components,
         built_with_cuda,
+        interfaces,
     )
     return [finding for rule in RULES for finding in rule(env, facts)]
 
