@@ -213,7 +213,7 @@ def test_dockerfile_structure_and_hadolint(generated):
     users = [v for k, v in last_stage if k == "USER"]
     assert users == ["1000:1000"]  # non-root, numeric
     health = next(v for k, v in last_stage if k == "HEALTHCHECK")
-    assert health.endswith('CMD ["cudampi", "doctor", "--json"]')
+    assert health.endswith('CMD ["/usr/local/bin/cudampi-healthcheck"]')  # no MPI job
     assert (
         next(v for k, v in last_stage if k == "ENTRYPOINT")
         == '["/usr/local/bin/cudampi-entrypoint"]'
@@ -238,6 +238,7 @@ def test_shell_files_pass_bash_n_and_shellcheck(generated):
         ("install.sh", "sh"),
         ("cudampi-env.sh", "sh"),
         ("known_hosts.sh", "sh"),
+        ("healthcheck.sh", "bash"),
         ("profile.sh", "sh"),
     ):
         syntax = subprocess.run(["bash", "-n", str(out / name)], capture_output=True, text=True)
@@ -329,15 +330,18 @@ def test_docker_dir_is_what_the_default_description_generates():
     spec_file = DOCKER_DIR / "env.toml"
     from cudampi.env.spec import load_spec
 
-    assert load_spec(spec_file) == DEFAULT
-    expected = files.generate(DEFAULT)
+    # the default, with cudampi from this checkout (the folder is in it) instead of a wheel
+    assert load_spec(spec_file) == dataclasses.replace(DEFAULT, source="..")
+    expected = files.generate(load_spec(spec_file), out=DOCKER_DIR)
     stale = [r.name for r in files.write_files(expected, DOCKER_DIR, check=True) if r.changed]
-    assert not stale, f"docker/ is out of date ({stale}): run `cudampi env write --out docker`"
+    assert not stale, (
+        f"docker/ is out of date ({stale}): run `cudampi env write --spec docker/env.toml --out docker`"
+    )
     lock = (DOCKER_DIR / files.LOCK).read_text()
     assert files.lock_status(DEFAULT, lock) == "ok"
     locked, pinned = pip.parse_lock(lock), pip.parse_lock(expected["requirements.txt"])
     assert locked.items() <= pinned.items()  # the lock and requirements.txt agree
-    for f in ("entrypoint.sh", "install.sh", "job.sbatch"):
+    for f in files.EXECUTABLE:
         assert (DOCKER_DIR / f).stat().st_mode & 0o111, f"{f} should be executable"
 
 

@@ -143,9 +143,9 @@ def _write(args: argparse.Namespace) -> int:
 
     spec = _spec(args)
     targets = tuple(t.strip() for t in args.only.split(",")) if args.only else TARGETS
-    files = generate(spec, targets)
-    validated = validate_generated(files)
     out = Path(args.out)
+    files = generate(spec, targets, out)
+    validated = validate_generated(files)
     lock_path = out / LOCK
     needs_lock = any(t in targets for t in ("pip", "docker"))
     lock_text = lock_path.read_text() if lock_path.exists() else None
