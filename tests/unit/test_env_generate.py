@@ -137,7 +137,9 @@ def test_mpijob_matches_the_schema_and_its_yaml_is_the_same_data(generated):
         (("spec", "mpiImplementation"), "OpenMPI5", "spec.mpiImplementation"),
         (("spec", "slotsPerWorker"), "8", "spec.slotsPerWorker"),
         (("spec", "slotsPerWrker"), 8, "spec"),
-        (("spec", "mpiReplicaSpecs", "Master"), {"replicas": 1}, "spec.mpiReplicaSpecs"),
+        (("spec", "mpiReplicaSpecs", "Launcher", "replicas"), 2, "spec.mpiReplicaSpecs.Launcher"),
+        (("spec", "mpiReplicaSpecs", "Worker", "restartPolicy"), "Always", "spec.mpiReplicaSpecs"),
+        (("spec", "runPolicy", "cleanPodPolicy"), "Sometimes", "spec.runPolicy.cleanPodPolicy"),
         (("apiVersion",), "kubeflow.org/v1", "apiVersion"),
     ],
 )
@@ -199,6 +201,27 @@ def test_yaml_writer_keeps_strings_strings(value):
         "k": value,
         "l": [value, {"m": value}],
     }
+
+
+@pytest.mark.parametrize("value", [float("inf"), -float("inf"), 1.5e-3, 2**40, None, [], {}])
+def test_yaml_writer_keeps_every_value_what_it_was(value):
+    assert yaml.safe_load(k8s.to_yaml({"k": value, "l": [value]})) == {"k": value, "l": [value]}
+
+
+def test_the_mpijob_schema_is_the_operators_crd():
+    # Fields of the operator's CRD the generator does not write are accepted (a user adds
+    # them), and the CRD's own rules hold: the schema is the operator's, not a copy by hand.
+    doc = k8s.mpijob(DEFAULT, {})
+    doc["spec"]["runLauncherAsWorker"] = True
+    worker = doc["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    worker["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    k8s.validate_mpijob(doc)
+    worker["containers"][0]["imagePullPolicy"] = 3
+    with pytest.raises(EnvGenError, match="imagePullPolicy"):
+        k8s.validate_mpijob(doc)
+    crd = (Path(k8s.__file__).parent / k8s.CRD).read_text()
+    assert "Source:  https://github.com/kubeflow/mpi-operator" in crd and "Version: v0.8.0" in crd
 
 
 def test_dockerfile_structure_and_hadolint(generated):

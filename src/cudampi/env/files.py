@@ -82,12 +82,13 @@ def lock_status(spec: EnvSpec, text: str | None) -> str:
 def validate_generated(texts: Mapping[str, str]) -> list[str]:
     """Parse the YAML files of ``texts`` and check them against their schemas.
 
-    Returns the names checked; needs PyYAML and jsonschema (the ``env``/``dev`` extras), and
-    checks nothing (returns []) without them.
+    Returns the names checked; needs jsonschema (the ``env``/``dev`` extras), and checks
+    nothing (returns []) without it.
     """
+    import yaml
+
     try:
         import jsonschema  # noqa: F401
-        import yaml
     except ModuleNotFoundError:
         return []
     checked = []

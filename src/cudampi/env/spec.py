@@ -318,12 +318,8 @@ def parse_spec_text(text: str, fmt: str, *, where: str = "spec") -> dict[str, An
         except tomllib.TOMLDecodeError as exc:
             raise SpecError(f"{where}: not valid TOML: {exc}") from None
     elif fmt == "yaml":
-        try:
-            import yaml
-        except ModuleNotFoundError:
-            raise SpecError(
-                f"{where}: reading YAML needs PyYAML: pip install 'cudampi[env]' (or use TOML)"
-            ) from None
+        import yaml
+
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
