@@ -7,6 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 venv=${1:-.venv}
 flavour=${2:-gpu}
 python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
+venv=$(cd "$venv" && pwd)
 py="$venv/bin/python"
 "$py" -m pip install --upgrade pip
 # 1+2. The MPI wheel and mpi4py's binary wheel, hash-checked, before anything that could pull
@@ -18,8 +19,9 @@ else
   # 3+4. torch and the extras (the MPI pins above are already satisfied).
   "$py" -m pip install --only-binary mpi4py 'torch==2.11.0' 'jupyterlab==4.6.6'
 fi
-# cudampi itself (its wheel, beside this script); the MPI stack pinned above already satisfies its dependencies.
-"$py" -m pip install "$here"/cudampi-0.1.0-py3-none-any.whl
+# cudampi itself (the description's source); the MPI stack pinned above already satisfies its dependencies.
+"$py" -m pip install "$here"/..
 # mpi4py must have bound the wheel's libmpi, not a system one:
 "$py" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
-echo "next: . $here/cudampi-env.sh && $venv/bin/cudampi doctor"
+# The venv first: cudampi-env.sh asks its python for the CUDA UCX to preload.
+echo "next: . $venv/bin/activate && . $here/cudampi-env.sh && cudampi doctor"

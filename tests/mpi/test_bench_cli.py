@@ -327,15 +327,36 @@ def test_ddp_options_reach_every_ddp_path(tmp_path):
     )
 
 
-def test_started_plainly_it_says_one_rank_and_how_to_run_more(tmp_path):
+def test_started_plainly_it_runs_on_two_ranks_and_says_so(tmp_path):
+    # As a user first types it: no launcher, no --np. It must move data between ranks (a
+    # one-rank run reports busbw 0 and plots no line) and say how it ran.
+    js, png = tmp_path / "plain.json", tmp_path / "plain.png"
+    argv = [sys.executable, "-m", "cudampi", "bench", "allreduce", "--paths", "host,mpi"]
+    argv += ["-b", "8", "-e", "64K", "-f", "8", "-w", "1", "-n", "3", "--device", "cpu"]
+    argv += ["--json", str(js), "--plot", str(png)]
+    proc = ok(
+        subprocess.run(argv, capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=ROOT)
+    )
+    assert (
+        "# cudampi bench: started without a launcher: running on 2 ranks (the fewest between "
+        "which data moves) through cudampi launch" in proc.stderr
+    ), proc.stderr
+    data = json.loads(js.read_text())
+    assert data["meta"]["ranks"] == 2 and data["verdict"]["ok"] is True
+    rows = [r for r in data["results"] if r["op"] == "allreduce"]
+    assert {r["path"] for r in rows} == {"host", "mpi"}
+    assert all(r["busbw"] > 0 for r in rows)  # what --plot draws a line through
+    assert png.stat().st_size > 10_000
+
+
+def test_np_1_runs_alone_and_says_what_that_measures(tmp_path):
     js = tmp_path / "one.json"
-    argv = [sys.executable, "-m", "cudampi", "bench", "allreduce", "--paths", "mpi"]
+    argv = [sys.executable, "-m", "cudampi", "bench", "allreduce", "--paths", "mpi", "--np", "1"]
     argv += ["-b", "8", "-e", "64", "--device", "cpu", "--json", str(js)]
     proc = ok(
         subprocess.run(argv, capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=ROOT)
     )
     assert "started without a launcher: 1 rank: nothing crosses ranks" in proc.stderr
-    assert "--np 2" in proc.stderr
     assert "# 1 rank: nothing crosses ranks, so busbw is 0" in proc.stdout
     assert "1 rank only: nothing crossed ranks (--np 2 for more)" in proc.stdout
     data = json.loads(js.read_text())

@@ -175,3 +175,13 @@ def test_relaunch_goes_through_a_launcher(tmp_path):
 def test_launched_size_reads_the_launcher_environment():
     assert cli.launched_size({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1"}) == 4
     assert cli.launched_size({}) is None
+
+
+def test_a_plain_start_runs_on_one_rank_per_gpu_or_on_two():
+    assert cli.plain_ranks("auto", 0, None) == (2, "the fewest between which data moves")
+    assert cli.plain_ranks("auto", 1, None)[0] == 2  # two ranks share the GPU
+    assert "share the GPU" in cli.plain_ranks("auto", 1, None)[1]
+    assert cli.plain_ranks("auto", 8, None) == (8, "one per GPU (8 here)")
+    assert cli.plain_ranks("cuda", 8, "2,3,5")[0] == 3  # CUDA_VISIBLE_DEVICES narrows them
+    assert cli.plain_ranks("cuda", 8, "")[0] == 2  # it hides every GPU
+    assert cli.plain_ranks("cpu", 8, None)[0] == 2  # host buffers: GPUs do not count

@@ -14,7 +14,7 @@ from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.interfaces import Interface
 from cudampi.probe.mpi_library import MpiInstallation, MpiLibrary, parse_library_version
 from cudampi.probe.ompi import parse_ompi_info
-from cudampi.probe.runtime import ProbeRun, classify
+from cudampi.probe.runtime import ProbeRun, classify, launcher_message
 from cudampi.probe.ucx import UcxInstall, parse_ucx_info_d, parse_ucx_info_v
 from cudampi.rankenv import LauncherInfo
 
@@ -195,22 +195,32 @@ def test_settings_and_interfaces():
     assert bad.status == "fail" and "NCCL_SOCKET_IFNAME=eth0" in bad.fix
 
 
-def test_nccl_settings_are_reported_and_a_missing_interface_flagged(fixtures_dir):
-    from cudampi.probe.interfaces import parse_ip_o_addr
-
-    ifs = parse_ip_o_addr((fixtures_dir / "cpu-pypi" / "ip-o-addr.cpu-vm.txt").read_text())
-    assert C.check_nccl_settings({"PATH": "/bin"}, ifs).status == "n/a"
-    ok = C.check_nccl_settings({"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth"}, ifs)
+def test_nccl_settings_are_reported_and_a_missing_interface_flagged():
+    ifs = [
+        Interface("lo", ("127.0.0.1/8", "::1/128"), True),
+        Interface("eth0", ("192.0.2.2/24", "fd00::2/64"), True),
+    ]
+    assert C.check_nccl_settings({"PATH": "/bin"}).status == "n/a"
+    ok = C.check_nccl_settings({"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth"})
     assert ok.status == "ok" and ok.detail == "NCCL_IB_HCA=mlx5_0, NCCL_SOCKET_IFNAME=eth"
-    assert C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "^docker,lo"}, ifs).status == "ok"
+    assert C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "^docker,lo"}).status == "ok"
     # one entry missing: NCCL still finds eth0, but the setting is wrong on this host
-    some = C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "ib0,eth0"}, ifs)
+    some = C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "ib0,eth0"})
     assert some.status == "warn" and "names 'ib0', which this host lacks" in some.detail
     assert "NCCL will use eth0" in some.detail and "NCCL_SOCKET_IFNAME=eth0" in some.fix
     # exact names (=): eth is no interface here; nothing selected fails
-    none = C.check_nccl_settings({"NCCL_SOCKET_IFNAME": "=eth", "NCCL_DEBUG": "INFO"}, ifs)
+    none = C.check_interfaces(ifs, {"NCCL_SOCKET_IFNAME": "=eth"})
     assert none.status == "fail" and "NCCL finds no interface" in none.detail
-    assert "NCCL_DEBUG=INFO" in none.detail and "(it has lo, eth0)" in none.detail
+    assert "(lo, eth0)" in none.detail
+    # an exclusion list that keeps this host's bridge and a port of it
+    bridged = [
+        *ifs,
+        Interface("cni-podman0", ("10.88.0.1/16",), True, bridge=True),
+        Interface("veth1", ("fe80::1/64",), True, bridge_of="cni-podman0"),
+    ]
+    kept = C.check_interfaces(bridged, {"NCCL_SOCKET_IFNAME": "^lo,docker"})
+    assert kept.status == "warn" and "veth1 (a port of bridge cni-podman0)" in kept.detail
+    assert kept.fix == "export NCCL_SOCKET_IFNAME=eth0"
 
 
 def test_gpu_mapping():
@@ -413,3 +423,18 @@ def test_cupy_without_a_gpu_names_the_cuda_error_code_on_one_line():
         len(render_text(Report.of((quiet,), {}), width=120).splitlines()) == 8
     )  # one row, no continuation
     assert error in check_cupy(py, gpus_present=True).detail  # with a GPU the whole sentence
+
+
+def test_a_failed_probe_shows_the_launchers_own_message(fixtures_dir):
+    # mpiexec's real output under OMPI_MCA_opal_cuda_support=true on the wheel: the cause is a
+    # framed help message, followed by the launcher's "a process exited" notice.
+    text = (fixtures_dir / "cpu-pypi/probe-host_p2p.opal-cuda-support-true.txt").read_text()
+    outcome, _, _ = classify("host_p2p", 1, "", text)
+    assert outcome.status == "error"
+    assert "the library was not compiled with any support" in outcome.detail
+    assert "---" not in outcome.detail and "Exit code" not in outcome.detail
+    # no framed message: the last line that says something, never a bare rule
+    assert launcher_message("starting\nmpiexec: cannot open hostfile\n" + "-" * 74) == (
+        "mpiexec: cannot open hostfile"
+    )
+    assert launcher_message("") == "no output"

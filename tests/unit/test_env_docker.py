@@ -5,9 +5,15 @@ ssh sessions get the image's environment, and the CPU flavour."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import os
+import re
+import shlex
 import shutil
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +144,117 @@ def test_login_shells_and_ssh_sessions_get_the_image_environment(tmp_path: Path)
     ]
     assert setenv == [f"{k}={v}" for k, v in docker.session_env(DEFAULT, settings).items()]
     assert "authenticationmethods publickey" in dump.stdout.splitlines()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER_DIR = ROOT / "docker"
+
+
+def _tracked() -> set[str]:
+    """What a clean clone of this repository holds."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: what a clean clone holds is unknown")
+    out = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(out.stdout.split("\0")) - {""}
+
+
+def test_the_checked_in_docker_folder_builds_from_a_clean_clone():
+    from dockerfile_parse import DockerfileParser
+
+    text = (DOCKER_DIR / "Dockerfile").read_text()
+    # The build command the Dockerfile gives: with -f it is typed where that path leads to this
+    # Dockerfile (the checkout), without it in this folder.
+    (command,) = re.findall(r"^#\s+docker build (.+)$", text, re.M)
+    argv = shlex.split(command)
+    where = DOCKER_DIR
+    if "-f" in argv:
+        named = Path(argv[argv.index("-f") + 1])
+        where = Path(*(DOCKER_DIR / "Dockerfile").parts[: -len(named.parts)])
+        assert where / named == DOCKER_DIR / "Dockerfile", command
+    context = (where / argv[-1]).resolve()
+    tracked = _tracked()
+    parser = DockerfileParser(path=str(DOCKER_DIR / "Dockerfile"))
+    for instruction in parser.structure:
+        if instruction["instruction"] != "COPY" or "--from=" in instruction["value"]:
+            continue
+        sources = [a for a in shlex.split(instruction["value"]) if not a.startswith("--")][:-1]
+        for src in sources:
+            rel = (context / src).resolve().relative_to(ROOT).as_posix()
+            assert rel in tracked or any(t.startswith(rel + "/") for t in tracked), (
+                f"COPY {src}: {rel} is not in a clean clone (git ls-files), so `docker build "
+                f"{command}` fails there"
+            )
+    # The default command runs what the image has: a module of an installed package, or a
+    # file the Dockerfile puts in the working folder (it makes that folder empty).
+    cmd = json.loads(parser.cmd if parser.cmd.startswith("[") else json.dumps(parser.cmd.split()))
+    if "-m" in cmd:
+        module = cmd[cmd.index("-m") + 1]
+        assert module.split(".")[0] == "cudampi" and importlib.util.find_spec(module), cmd
+    scripts = [a for a in cmd[1:] if a.endswith(".py")]
+    assert not scripts, f"CMD {cmd} runs {scripts}, which the image does not have"
+
+
+def _health(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "healthcheck.sh"
+    script.write_text(files.generate(DEFAULT, ("docker",))["healthcheck.sh"])
+    # Only python on PATH (no cudampi command, no mpiexec): a check that starts the doctor or an
+    # MPI job cannot pass here.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    return subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        env={"PATH": path, "PYTHONPATH": str(ROOT / "src"), **env},
+        timeout=60,
+    )
+
+
+def test_the_healthcheck_is_cheap_and_asks_what_the_mode_serves(tmp_path: Path):
+    texts = files.generate(DEFAULT, ("docker",))
+    assert f'CMD ["{docker.HEALTHCHECK}"]' in texts["Dockerfile"]
+    assert f"COPY --chmod=0755 healthcheck.sh {docker.HEALTHCHECK}" in texts["Dockerfile"]
+    train = _health(tmp_path, MODE="train")
+    assert train.returncode == 0, train.stderr  # the MPI stack loads; no job ran
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        down = _health(tmp_path, MODE="ssh", SSH_PORT=str(port))
+        assert down.returncode != 0  # nothing listens yet
+        s.listen()
+        up = _health(tmp_path, MODE="ssh", SSH_PORT=str(port))
+        assert up.returncode == 0, up.stderr
+
+
+def test_install_sh_says_how_to_use_the_venv_it_made(tmp_path: Path):
+    # The line install.sh ends with, run as a user would paste it (its doctor aside): the venv
+    # must be active, so that cudampi-env.sh's python3 is the venv's (it finds the CUDA UCX).
+    text = files.generate(DEFAULT, ("pip",))["install.sh"]
+    (echo,) = [ln for ln in text.splitlines() if ln.startswith('echo "next: ')]
+    venv, here = tmp_path / "venv", tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    here.mkdir()
+    (here / "cudampi-env.sh").write_text(files.generate(DEFAULT, ("pip",))["cudampi-env.sh"])
+    said = subprocess.run(
+        ["sh", "-c", f'venv="{venv}"; here="{here}"; {echo}'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    line = said.removeprefix("next: ")
+    assert line.endswith(" && cudampi doctor"), line
+    steps = line.removesuffix(" && cudampi doctor")
+    run = subprocess.run(
+        ["sh", "-c", f'{steps} && echo "python3=$(command -v python3)"'],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert f"python3={venv}/bin/python3" in run.stdout, run.stdout + run.stderr

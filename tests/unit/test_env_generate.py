@@ -137,7 +137,9 @@ def test_mpijob_matches_the_schema_and_its_yaml_is_the_same_data(generated):
         (("spec", "mpiImplementation"), "OpenMPI5", "spec.mpiImplementation"),
         (("spec", "slotsPerWorker"), "8", "spec.slotsPerWorker"),
         (("spec", "slotsPerWrker"), 8, "spec"),
-        (("spec", "mpiReplicaSpecs", "Master"), {"replicas": 1}, "spec.mpiReplicaSpecs"),
+        (("spec", "mpiReplicaSpecs", "Launcher", "replicas"), 2, "spec.mpiReplicaSpecs.Launcher"),
+        (("spec", "mpiReplicaSpecs", "Worker", "restartPolicy"), "Always", "spec.mpiReplicaSpecs"),
+        (("spec", "runPolicy", "cleanPodPolicy"), "Sometimes", "spec.runPolicy.cleanPodPolicy"),
         (("apiVersion",), "kubeflow.org/v1", "apiVersion"),
     ],
 )
@@ -201,6 +203,27 @@ def test_yaml_writer_keeps_strings_strings(value):
     }
 
 
+@pytest.mark.parametrize("value", [float("inf"), -float("inf"), 1.5e-3, 2**40, None, [], {}])
+def test_yaml_writer_keeps_every_value_what_it_was(value):
+    assert yaml.safe_load(k8s.to_yaml({"k": value, "l": [value]})) == {"k": value, "l": [value]}
+
+
+def test_the_mpijob_schema_is_the_operators_crd():
+    # Fields of the operator's CRD the generator does not write are accepted (a user adds
+    # them), and the CRD's own rules hold: the schema is the operator's, not a copy by hand.
+    doc = k8s.mpijob(DEFAULT, {})
+    doc["spec"]["runLauncherAsWorker"] = True
+    worker = doc["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    worker["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    k8s.validate_mpijob(doc)
+    worker["containers"][0]["imagePullPolicy"] = 3
+    with pytest.raises(EnvGenError, match="imagePullPolicy"):
+        k8s.validate_mpijob(doc)
+    crd = (Path(k8s.__file__).parent / k8s.CRD).read_text()
+    assert "Source:  https://github.com/kubeflow/mpi-operator" in crd and "Version: v0.8.0" in crd
+
+
 def test_dockerfile_structure_and_hadolint(generated):
     from dockerfile_parse import DockerfileParser
 
@@ -213,7 +236,7 @@ def test_dockerfile_structure_and_hadolint(generated):
     users = [v for k, v in last_stage if k == "USER"]
     assert users == ["1000:1000"]  # non-root, numeric
     health = next(v for k, v in last_stage if k == "HEALTHCHECK")
-    assert health.endswith('CMD ["cudampi", "doctor", "--json"]')
+    assert health.endswith('CMD ["/usr/local/bin/cudampi-healthcheck"]')  # no MPI job
     assert (
         next(v for k, v in last_stage if k == "ENTRYPOINT")
         == '["/usr/local/bin/cudampi-entrypoint"]'
@@ -238,6 +261,7 @@ def test_shell_files_pass_bash_n_and_shellcheck(generated):
         ("install.sh", "sh"),
         ("cudampi-env.sh", "sh"),
         ("known_hosts.sh", "sh"),
+        ("healthcheck.sh", "bash"),
         ("profile.sh", "sh"),
     ):
         syntax = subprocess.run(["bash", "-n", str(out / name)], capture_output=True, text=True)
@@ -329,15 +353,18 @@ def test_docker_dir_is_what_the_default_description_generates():
     spec_file = DOCKER_DIR / "env.toml"
     from cudampi.env.spec import load_spec
 
-    assert load_spec(spec_file) == DEFAULT
-    expected = files.generate(DEFAULT)
+    # the default, with cudampi from this checkout (the folder is in it) instead of a wheel
+    assert load_spec(spec_file) == dataclasses.replace(DEFAULT, source="..")
+    expected = files.generate(load_spec(spec_file), out=DOCKER_DIR)
     stale = [r.name for r in files.write_files(expected, DOCKER_DIR, check=True) if r.changed]
-    assert not stale, f"docker/ is out of date ({stale}): run `cudampi env write --out docker`"
+    assert not stale, (
+        f"docker/ is out of date ({stale}): run `cudampi env write --spec docker/env.toml --out docker`"
+    )
     lock = (DOCKER_DIR / files.LOCK).read_text()
     assert files.lock_status(DEFAULT, lock) == "ok"
     locked, pinned = pip.parse_lock(lock), pip.parse_lock(expected["requirements.txt"])
     assert locked.items() <= pinned.items()  # the lock and requirements.txt agree
-    for f in ("entrypoint.sh", "install.sh", "job.sbatch"):
+    for f in files.EXECUTABLE:
         assert (DOCKER_DIR / f).stat().st_mode & 0o111, f"{f} should be executable"
 
 

@@ -206,7 +206,8 @@ def test_settings_that_take_cuda_away():
 
 def test_one_rule_per_variable():
     """Each variable is judged by one rule, so two verdicts on one value cannot disagree."""
-    from cudampi.env.settings import RULES, _Facts
+    from cudampi.env.findings import Facts as _Facts
+    from cudampi.env.settings import RULES
 
     env = {
         "OMPI_MCA_pml": "ob1",

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from cudampi.probe.gpu import parse_nccl_version_code, query_gpu_system
-from cudampi.probe.interfaces import parse_ip_o_addr
+from cudampi.probe.interfaces import query_interfaces
 from cudampi.probe.mpi_library import (
     parse_library_version,
     parse_maps_libmpi,
@@ -201,9 +201,12 @@ def test_gpu_system_query_on_this_machine_is_empty_not_an_error():
     assert system.peermem_loaded is False
 
 
-def test_ip_o_addr(fixtures_dir):
-    ifs = parse_ip_o_addr((fixtures_dir / "cpu-pypi/ip-o-addr.cpu-vm.txt").read_text())
-    by = {i.name: i for i in ifs}
-    assert set(by) >= {"lo", "eth0"}
-    assert by["lo"].loopback and not by["eth0"].loopback
-    assert any(a.count(".") == 3 for a in by["eth0"].addresses)
+def test_interfaces_agree_with_the_kernels_own_answer():
+    # psutil's reading against the kernel's ioctls (cudampi.net), interface by interface
+    from cudampi import net
+
+    by = {i.name: i for i in query_interfaces()}
+    assert by["lo"].loopback and by["lo"].host_local == "loopback"
+    for kernel in net.interfaces():
+        ours = by[kernel.name]
+        assert f"{kernel.address}/{kernel.network.split('/')[1]}" in ours.addresses

@@ -1,5 +1,7 @@
-"""``cudampi bench``: run under an MPI launcher (every rank runs it, rank 0 prints), or plainly
-with ``--np N`` (it re-launches itself on N ranks through ``cudampi launch``)."""
+"""``cudampi bench``: run under an MPI launcher (every rank runs it, rank 0 prints), or plainly:
+it then re-launches itself through ``cudampi launch`` on ``--np N`` ranks, by default one per
+local GPU where there are two or more, else 2 (the fewest that move data); ``--np 1`` runs in
+this process alone."""
 
 from __future__ import annotations
 
@@ -37,27 +39,46 @@ def relaunch_argv(np: int, bench_argv: list[str], executable: str = sys.executab
     return [*launch, "-m", "cudampi", "bench", *bench_argv]
 
 
+def plain_ranks(device: str, gpus: int, visible: str | None) -> tuple[int, str]:
+    """How many ranks a plain start runs on, and why (pure): one per GPU it may use where there
+    are two or more (nccl-tests' habit), else 2, the fewest between which data moves."""
+    from cudampi.launch.gpu import visible_list
+
+    listed = visible_list(visible)
+    usable = 0 if device == "cpu" else gpus if listed is None else min(gpus, len(listed))
+    if usable >= 2:
+        return usable, f"one per GPU ({usable} here)"
+    shared = " (they share the GPU)" if usable == 1 else ""
+    return 2, f"the fewest between which data moves{shared}"
+
+
 def _relaunch(args: argparse.Namespace, o: opts.Options) -> int:
     parser = getattr(args, _PARSER_KEY)
-    assert o.np is not None
-    argv = relaunch_argv(o.np, opts.to_argv(args, parser))
+    if o.np is not None:
+        np, why = o.np, "--np"
+    else:
+        from cudampi.launch.detect import query_gpus
+
+        np, why = plain_ranks(o.device, len(query_gpus()), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    argv = relaunch_argv(np, opts.to_argv(args, parser))
     if not o.quiet:
         print(
-            f"# cudampi bench: re-launching on {o.np} ranks: {' '.join(argv)}",
+            f"# cudampi bench: started without a launcher: running on {np} ranks ({why}) "
+            f"through cudampi launch; --np N chooses, --np 1 runs here alone: {' '.join(argv)}",
             file=sys.stderr,
             flush=True,
         )
     try:
         return subprocess.call(argv)
     except OSError as exc:
-        raise BenchError(f"cannot start {argv[0]!r} to re-launch on {o.np} ranks: {exc}") from None
+        raise BenchError(f"cannot start {argv[0]!r} to re-launch on {np} ranks: {exc}") from None
 
 
 # -- the run --------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     o = opts.from_args(args)
     size = launched_size()
-    if o.np is not None and size is None:
+    if size is None and o.np != 1:
         return _relaunch(args, o)
     from mpi4py import MPI
 

@@ -268,7 +268,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "Run it under a launcher (`cudampi launch -n 2 -m cudampi bench allreduce`, or "
         "mpiexec -n 2 cudampi bench ...): every rank runs it and rank 0 prints. Started plainly, "
-        "`--np N` re-launches it on N ranks. Exit 1 on any wrong result or a missed --min-busbw."
+        "it re-launches itself through cudampi launch on one rank per local GPU (2 where there "
+        "are fewer GPUs), or on --np N. Exit 1 on any wrong result or a missed --min-busbw."
     )
     parser.add_argument(
         "what",
@@ -329,7 +330,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--plot", default=None, metavar="PNG", help="busbw vs size, a line per path")
     g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    g.add_argument("--np", type=int, default=None, metavar="N", help="re-launch on N ranks")
+    g.add_argument(
+        "--np",
+        type=int,
+        default=None,
+        metavar="N",
+        help="started plainly: the ranks to re-launch on (default: one per GPU, at least 2; "
+        "1: this process alone)",
+    )
     g.add_argument("--corrupt-rank", type=int, default=None, help=argparse.SUPPRESS)
     g = parser.add_argument_group("p2p and ddp")
     g.add_argument(

@@ -135,9 +135,7 @@ class Runner:
             self.block(op, path, dtype, redop)
         spec = self.spec
         limit = limits.physical_limit(
-            self.s,
-            spec.sizes,
-            lambda: self.lib(lib_kind("copy", spec.array, self.s.device, "float32")),
+            self.s, lambda: self.lib(lib_kind("copy", spec.array, self.s.device, "float32"))
         )
         return BenchResult(
             meta=self.spec.meta,

@@ -203,8 +203,8 @@ def all_checks(f: Facts) -> list[Check]:
         check_launcher_mpis(f.library, *_torchrun_mpi(f.env)),
         check_gpu_mapping(f.launcher.launcher, f.env, physical),
         check_mpi_settings(f.settings_env, gpus_present, f.ompi),
-        check_interfaces(f.launcher.interfaces, f.env),
-        check_nccl_settings(f.env, f.launcher.interfaces),
+        check_interfaces(f.launcher.interfaces, f.env, gpus_present),
+        check_nccl_settings(f.env),
         check_shm(f.shm),
         check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note, f.cache_error),
     ]

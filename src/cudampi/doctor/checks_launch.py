@@ -10,7 +10,7 @@ from cudampi.doctor.report import LAUNCH, Check
 from cudampi.names import OPEN_MPI
 from cudampi.pmi import mpich
 from cudampi.probe.gpu import gpu_for_local_rank, visible_devices
-from cudampi.probe.interfaces import Interface, nccl_ifname_matches, nccl_ifname_missing
+from cudampi.probe.interfaces import Interface, nccl_ifname_matches
 from cudampi.probe.mpi_library import MpiLibrary
 from cudampi.probe.ompi import OmpiInfo
 from cudampi.rankenv import LauncherInfo
@@ -109,104 +109,80 @@ def check_mpi_settings(
     env: Mapping[str, str], gpus_present: bool, ompi: OmpiInfo | None = None
 ) -> Check:
     """OMPI_MCA_* / UCX_* / NCCL_* settings that take CUDA away, as
-    :func:`cudampi.env.settings.check_settings` (the one judge of them) finds them."""
-    from cudampi.env.settings import check_settings as env_check_settings
+    :func:`cudampi.env.settings.check_settings` (the one judge of them) finds them;
+    NCCL_SOCKET_IFNAME is judged against this host's interfaces in :func:`check_interfaces`."""
+    from cudampi.env.settings import check_settings, library_facts
 
-    major = None
-    if ompi is not None and ompi.version:
-        try:
-            major = int(ompi.version.split(".")[0])
-        except ValueError:
-            major = None
-    found = env_check_settings(
-        env,
-        gpus=gpus_present,
-        ompi_major=major,
-        btl_components=ompi.btl if ompi is not None else None,
-        built_with_cuda=ompi.built_with_cuda if ompi is not None else None,
-    )
-    # var, value, status, why, fix
-    findings = [(f.name, f.value, f.status, f.detail, f.fix) for f in found]
+    found = [
+        f for f in check_settings(env, gpus=gpus_present, **library_facts(ompi)) if f.name != IFNAME
+    ]
     set_vars = sorted(k for k in env if k.startswith(("OMPI_MCA_", "UCX_", "NCCL_", "MPIR_CVAR_")))
-    if not findings:
+    if not found:
         shown = ", ".join(f"{k}={env[k]}" for k in set_vars) if set_vars else "none set"
         return Check(
             "MPI/UCX/NCCL settings", "ok", f"nothing that breaks CUDA ({shown})", "", LAUNCH
         )
-    status = "fail" if any(f[2] == "fail" for f in findings) else "warn"
-    detail = "; ".join(f"{var}={value!r} [{st}]: {why}" for var, value, st, why, _ in findings)
-    fix = "; ".join(fx for *_, fx in findings if fx)
+    status = "fail" if any(f.status == "fail" for f in found) else "warn"
+    detail = "; ".join(f"{f.name}={f.value!r} [{f.status}]: {f.detail}" for f in found)
+    fix = "; ".join(f.fix for f in found if f.fix)
     return Check("MPI/UCX/NCCL settings", status, detail, fix, LAUNCH)
 
 
-def check_interfaces(interfaces: Sequence[Interface], env: Mapping[str, str]) -> Check:
-    usable = [i for i in interfaces if i.addresses and not i.loopback and i.up is not False]
+IFNAME = "NCCL_SOCKET_IFNAME"
+
+
+def check_interfaces(
+    interfaces: Sequence[Interface], env: Mapping[str, str], gpus_present: bool = True
+) -> Check:
+    """This host's interfaces, and what NCCL_SOCKET_IFNAME selects among them, judged by
+    :func:`cudampi.env.settings.check_settings` with the interfaces as facts."""
+    from cudampi.env.settings import check_settings
+
+    usable = [i for i in interfaces if i.addresses and i.host_local is None and i.up is not False]
     names = [i.name for i in interfaces]
     listing = ", ".join(f"{i.name} {i.addresses[0]}" for i in usable) or "none with an address"
-    spec = env.get("NCCL_SOCKET_IFNAME")
+    spec = env.get(IFNAME)
     if spec:
-        chosen = nccl_ifname_matches(spec, names)
-        if not chosen:
+        chosen = nccl_ifname_matches(spec, [i.name for i in interfaces if i.addresses])
+        found = check_settings(
+            {IFNAME: spec}, gpus=gpus_present, interfaces=tuple(interfaces) or None
+        )
+        if found:
+            status = "fail" if any(f.status == "fail" for f in found) else "warn"
             return Check(
                 "network interfaces",
-                "fail",
-                f"NCCL_SOCKET_IFNAME={spec!r} matches none of {', '.join(names)}",
-                f"export NCCL_SOCKET_IFNAME={usable[0].name if usable else 'eth0'}",
+                status,
+                f"{IFNAME}={spec!r} " + "; ".join(f.detail for f in found),
+                "; ".join(f.fix for f in found),
                 LAUNCH,
             )
-        return Check(
-            "network interfaces",
-            "ok",
-            f"NCCL_SOCKET_IFNAME={spec!r} selects {', '.join(chosen)}; usable: {listing}",
-            "",
-            LAUNCH,
-        )
+        selects = f"{IFNAME}={spec!r} selects {', '.join(chosen)}"
+        return Check("network interfaces", "ok", f"{selects}; usable: {listing}", "", LAUNCH)
     if not usable:
         return Check(
             "network interfaces",
             "warn",
-            f"only loopback ({', '.join(names)}): single node only",
+            f"only loopback or this host's bridges ({', '.join(names)}): single node only",
             "",
             LAUNCH,
         )
     return Check(
         "network interfaces",
         "ok",
-        f"usable: {listing}; NCCL_SOCKET_IFNAME unset (for multi-node set it, e.g. "
-        f"export NCCL_SOCKET_IFNAME={usable[0].name})",
+        f"usable: {listing}; {IFNAME} unset (for multi-node set it, e.g. "
+        f"export {IFNAME}={usable[0].name})",
         "",
         LAUNCH,
     )
 
 
-def check_nccl_settings(env: Mapping[str, str], interfaces: Sequence[Interface]) -> Check:
+def check_nccl_settings(env: Mapping[str, str]) -> Check:
     """The NCCL_* settings every rank will read (``cudampi launch`` forwards them to every
-    host), and a NCCL_SOCKET_IFNAME entry that names an interface this host lacks."""
+    host); NCCL_SOCKET_IFNAME's own verdict is in :func:`check_interfaces`."""
     found = sorted(k for k in env if k.startswith("NCCL_"))
     if not found:
         return Check("NCCL settings", "n/a", "no NCCL_* variable set: NCCL's defaults", "", LAUNCH)
-    shown = ", ".join(f"{k}={env[k]}" for k in found)
-    spec = env.get("NCCL_SOCKET_IFNAME")
-    names = [i.name for i in interfaces]
-    missing = nccl_ifname_missing(spec, names) if spec and names else []
-    if not missing:
-        return Check("NCCL settings", "ok", shown, "", LAUNCH)
-    selected = nccl_ifname_matches(spec or "", names)
-    usable = [i.name for i in interfaces if i.addresses and not i.loopback and i.up is not False]
-    fix = (
-        f"export NCCL_SOCKET_IFNAME={','.join(selected) if selected else (usable or ['eth0'])[0]}"
-        " (or unset it where the hosts' interface names differ: cudampi launch picks the one "
-        "that routes to rank 0 on every host)"
-    )
-    return Check(
-        "NCCL settings",
-        "warn" if selected else "fail",
-        f"{shown}; NCCL_SOCKET_IFNAME names {', '.join(repr(m) for m in missing)}, which this "
-        f"host lacks (it has {', '.join(names)})"
-        + (f"; NCCL will use {', '.join(selected)}" if selected else "; NCCL finds no interface"),
-        fix,
-        LAUNCH,
-    )
+    return Check("NCCL settings", "ok", ", ".join(f"{k}={env[k]}" for k in found), "", LAUNCH)
 
 
 def check_cache(

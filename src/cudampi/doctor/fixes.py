@@ -1,8 +1,8 @@
 """The concrete ways to a CUDA-aware stack, written once and quoted by the checks.
 
-Each recipe is a command sequence a user can paste. What they give was measured on one H200
-(tests/fixtures/device-h200-1gpu/probe.log): the PyPI recipe makes point-to-point of device
-buffers work (~890 GB/s same-GPU via cuda_ipc) while Open MPI's own collectives still segfault on
+Each recipe is a command sequence a user can paste. What they give was seen on one H200
+(tests/fixtures/device-h200-1gpu/probe.log; figures in docs/benchmarks/h200.md): the PyPI recipe
+makes point-to-point of device buffers work while Open MPI's own collectives still segfault on
 device buffers, which is why cudampi runs its own device collectives on top of p2p.
 """
 

@@ -21,19 +21,18 @@ from cudampi.probe.capabilities import Capabilities
 from cudampi.probe.gpu import GpuSystem, PythonGpu, PythonGpuProbe, query_gpu_system
 from cudampi.probe.launcher import SETTING_PREFIXES, LauncherEnv, query_launcher_env
 from cudampi.probe.mpi_library import (
-    MPICH,
-    OPEN_MPI,
     MpiInstallation,
     MpiLibrary,
     find_installations,
     launcher_on_path,
     matching_mpiexec,
     prefix_of,
+    query_build,
     query_mpi_library,
     query_mpiexec_version,
 )
-from cudampi.probe.mpich import MpichInfo, query_mpichversion
-from cudampi.probe.ompi import OmpiInfo, query_ompi_info
+from cudampi.probe.mpich import MpichInfo
+from cudampi.probe.ompi import OmpiInfo
 from cudampi.probe.runtime import (
     DEVICE_TESTS,
     HOST_TESTS,
@@ -153,26 +152,6 @@ def build_spec(
     )
 
 
-def _build_info(library: MpiLibrary) -> tuple[OmpiInfo | None, MpichInfo | None, str | None]:
-    if not library.path:
-        return None, None, None
-    prefix = prefix_of(library.path)
-    try:
-        if library.vendor == OPEN_MPI:
-            tool = prefix / "bin" / "ompi_info"
-            if tool.exists():
-                return query_ompi_info(tool), None, None
-            return None, None, f"no ompi_info beside {library.path} (looked in {prefix / 'bin'})"
-        if library.vendor == MPICH:
-            tool = prefix / "bin" / "mpichversion"
-            if tool.exists():
-                return None, query_mpichversion(tool), None
-            return None, None, f"no mpichversion in {prefix / 'bin'}"
-    except Exception as exc:  # a broken tool is a finding, not a doctor crash
-        return None, None, str(exc)
-    return None, None, None
-
-
 PROBE_WORDS = {
     "host_p2p": "host point-to-point",
     "host_allreduce": "host allreduce",
@@ -211,7 +190,7 @@ def gather(
     probe_mpiexec = options.mpiexec or (str(matching) if matching else None)
     probe_version = query_mpiexec_version(probe_mpiexec) if probe_mpiexec else (None, None)
     say("the MPI build (ompi_info / mpichversion)")
-    ompi, mpich, build_error = _build_info(library)
+    ompi, mpich, build_error = query_build(library, env)
     mpi_prefix = str(prefix_of(library.path)) if library.path else None
     say("UCX transports")
     ucx = tuple(find_ucx(mpi_prefix, ucx_package, env))

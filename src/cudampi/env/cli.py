@@ -143,9 +143,9 @@ def _write(args: argparse.Namespace) -> int:
 
     spec = _spec(args)
     targets = tuple(t.strip() for t in args.only.split(",")) if args.only else TARGETS
-    files = generate(spec, targets)
-    validated = validate_generated(files)
     out = Path(args.out)
+    files = generate(spec, targets, out)
+    validated = validate_generated(files)
     lock_path = out / LOCK
     needs_lock = any(t in targets for t in ("pip", "docker"))
     lock_text = lock_path.read_text() if lock_path.exists() else None
@@ -247,6 +247,17 @@ def _settings(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loaded_library_facts() -> dict[str, Any]:
+    """What the settings rules need to know of the MPI mpi4py loads here (its build decides
+    whether e.g. a CUDA switch is fatal); nothing when there is none or it cannot say."""
+    from cudampi.env.settings import library_facts
+    from cudampi.probe.mpi_library import query_build, query_mpi_library
+
+    library = query_mpi_library(sys.executable)
+    ompi, _mpich, _why = query_build(library)
+    return library_facts(ompi)
+
+
 def _check(args: argparse.Namespace) -> int:
     from cudampi.env.settings import check_settings
 
@@ -255,7 +266,15 @@ def _check(args: argparse.Namespace) -> int:
 
         raise SpecError("--single-node and --multi-node contradict each other: give one")
     multi = True if args.multi_node else False if args.single_node else None
-    findings = check_settings(os.environ, gpus=not args.cpu, multi_node=multi)
+    from cudampi.probe.interfaces import query_interfaces
+
+    findings = check_settings(
+        os.environ,
+        gpus=not args.cpu,
+        multi_node=multi,
+        interfaces=query_interfaces() or None,
+        **_loaded_library_facts(),
+    )
     if args.json:
         print(json.dumps([dataclasses.asdict(f) for f in findings], indent=2))
     else:

@@ -9,7 +9,8 @@ adds OpenSSH and runs as the non-root user ``mpiuser``. ``MODE`` picks what it d
   the Kubeflow MPI Operator mounts the job's key pair at ``~/.ssh``);
 - ``jupyter``: JupyterLab on port 8888 behind a token (``JUPYTER_TOKEN``, generated if unset).
 
-The health check is ``cudampi doctor --json`` (exit 0 when the stack is usable).
+The health check (:func:`healthcheck_sh`) is cheap enough to run every 30 s: what ``MODE``
+serves answers; ``cudampi doctor`` is the full check, run by hand.
 
 Host keys. Every container of a job serves the job's own key pair (``~/.ssh/id_rsa``, the MPI
 Operator's secret) as its sshd host key, and the image's ssh client trusts that key and no
@@ -32,6 +33,7 @@ USER = "mpiuser"
 UID = 1000
 ENTRYPOINT = "/usr/local/bin/cudampi-entrypoint"
 KNOWN_HOSTS = "/usr/local/bin/cudampi-known-hosts"
+HEALTHCHECK = "/usr/local/bin/cudampi-healthcheck"
 
 
 def site_packages(spec: EnvSpec) -> str:
@@ -69,9 +71,14 @@ def session_env(spec: EnvSpec, settings: dict[str, str]) -> dict[str, str]:
 
 
 def cudampi_install(spec: EnvSpec) -> tuple[str, str]:
-    """``(COPY line or "", pip argument)`` that install cudampi in the build stage.
+    """``(COPY lines or "", pip argument)`` that install cudampi in the build stage.
 
-    The build context is the generated folder itself, so a local source must be inside it."""
+    The build context is the generated folder itself, so a local source must be inside it; a
+    checkout above it (:func:`cudampi.env.source.checkout`) is the context instead, and its
+    project files are copied."""
+    if source.checkout(spec):
+        files = " ".join(source.PROJECT_FILES)
+        return f"COPY {files} ./cudampi/\nCOPY src ./cudampi/src\n", "./cudampi"
     req = source.requirement(spec)
     if not source.is_local_path(req):
         return "", req
@@ -80,26 +87,48 @@ def cudampi_install(spec: EnvSpec) -> tuple[str, str]:
         raise EnvGenError(
             f"source {spec.source!r} is outside the generated folder, which is the image's build "
             "context: copy it into the folder and name it relative to it, give a URL or a "
-            "requirement, or leave source empty to bundle this cudampi's wheel"
+            "requirement, name the cudampi checkout that holds the folder (..), or leave source "
+            "empty to bundle this cudampi's wheel"
         )
     return f"COPY {rel} ./\n", "./" + rel.rsplit("/", 1)[-1]
 
 
-def dockerfile(spec: EnvSpec, settings: dict[str, str]) -> str:
-    """The Dockerfile; its build context is its own folder: ``docker build -t IMAGE DIR``."""
+def _context(spec: EnvSpec, folder: str | None) -> tuple[str, str]:
+    """(how to build, the prefix of the folder's own files in the build context)."""
+    if not source.checkout(spec):
+        return (
+            "# Build with this folder as the context (it holds everything the image needs):\n"
+            f"#   docker build -t {spec.image} .\n",
+            "",
+        )
+    if folder is None:
+        raise EnvGenError(
+            f"source {spec.source!r} is the checkout that holds the folder, the image's build "
+            "context: the Dockerfile names its files by the folder's place in it, so generate "
+            "it with the folder (cudampi env write --out DIR)"
+        )
+    return (
+        f"# Build in the cudampi checkout (the context; it is {spec.source} from here), from its "
+        "sources:\n"
+        f"#   docker build -f {folder}/Dockerfile -t {spec.image} .\n",
+        f"{folder}/",
+    )
+
+
+def dockerfile(spec: EnvSpec, settings: dict[str, str], folder: str | None = None) -> str:
+    """The Dockerfile; its build context is its own folder (``docker build -t IMAGE DIR``), or
+    the checkout that holds the folder at ``folder`` when the source is that checkout."""
     env = image_env(spec, settings)
     copy_cudampi, cudampi_arg = cudampi_install(spec)
+    how, here = _context(spec, folder)
     env_lines = " \\\n    ".join(f"{k}={_quote(v)}" for k, v in env.items())
     cmd = json.dumps(list(spec.command))
-    # iproute2: `ip addr`, which the doctor reads the network interfaces from.
-    apt = "openssh-server openssh-client iproute2"
+    apt = "openssh-server openssh-client"
     # Docker's /dev/shm is 64 MiB: the ranks' shared memory (MPI, NCCL, UCX) and torch's
     # DataLoader workers need more (cudampi doctor's /dev/shm check says so).
     gpus = ("--gpus all " if spec.gpu else "") + "--shm-size=8g "
     return f"""# syntax=docker/dockerfile:1
-{HEADER}# Build with this folder as the context (it holds everything the image needs):
-#   docker build -t {spec.image} .
-# Run:  docker run {gpus}{spec.image}                       (MODE=train: the CMD below)
+{HEADER}{how}# Run:  docker run {gpus}{spec.image}                       (MODE=train: the CMD below)
 #       docker run {gpus}-e MODE=ssh -v $PWD/job-ssh:/home/{USER}/.ssh:ro {spec.image}
 #         (job-ssh: the job's id_rsa, id_rsa.pub and authorized_keys, owned by uid {UID})
 #       docker run {gpus}-e MODE=jupyter -e JUPYTER_TOKEN=... -p 8888:8888 {spec.image}
@@ -113,7 +142,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv {VENV}
 ENV PATH={VENV}/bin:$PATH
 WORKDIR /src
-COPY requirements.lock requirements.txt ./
+COPY {here}requirements.lock {here}requirements.txt ./
 # 1+2+3. The MPI wheel, mpi4py's binary wheel, numpy{" and the CUDA UCX" if spec.gpu else ""}: exact files, hash-checked;
 # 4. then torch and the extras (the pins of 1-3 are already satisfied).
 RUN pip install --require-hashes --only-binary :all: --no-deps -r requirements.lock \\
@@ -133,21 +162,40 @@ RUN apt-get update \\
     && mkdir -p {spec.workdir} /home/{USER}/.ssh /home/{USER}/.sshd \\
     && chown {USER}:{USER} {spec.workdir} /home/{USER}/.ssh /home/{USER}/.sshd \\
     && chmod 700 /home/{USER}/.ssh /home/{USER}/.sshd
-COPY ssh_config /etc/ssh/ssh_config.d/cudampi.conf
-COPY sshd_config /etc/cudampi/sshd_config
-COPY --chmod=0755 entrypoint.sh {ENTRYPOINT}
-COPY --chmod=0755 known_hosts.sh {KNOWN_HOSTS}
-COPY profile.sh /etc/profile.d/cudampi.sh
+COPY {here}ssh_config /etc/ssh/ssh_config.d/cudampi.conf
+COPY {here}sshd_config /etc/cudampi/sshd_config
+COPY --chmod=0755 {here}entrypoint.sh {ENTRYPOINT}
+COPY --chmod=0755 {here}known_hosts.sh {KNOWN_HOSTS}
+COPY --chmod=0755 {here}healthcheck.sh {HEALTHCHECK}
+COPY {here}profile.sh /etc/profile.d/cudampi.sh
 COPY --from=build {VENV} {VENV}
 ENV {env_lines}
 # Numeric, so Kubernetes' runAsNonRoot can verify it.
 USER {UID}:{UID}
 WORKDIR {spec.workdir}
 EXPOSE {spec.ssh_port} 8888
-HEALTHCHECK --interval=5m --timeout=2m --start-period=1m --retries=3 \\
-    CMD ["cudampi", "doctor", "--json"]
+# Cheap, so it can run often: what MODE serves answers (no MPI job; `cudampi doctor` is the
+# full check, run it by hand: docker exec CONTAINER cudampi doctor).
+HEALTHCHECK --interval=30s --timeout=10s --start-period=30s --retries=3 \\
+    CMD ["{HEALTHCHECK}"]
 ENTRYPOINT ["{ENTRYPOINT}"]
 CMD {cmd}
+"""
+
+
+def healthcheck_sh(spec: EnvSpec) -> str:
+    """The image's HEALTHCHECK: what ``MODE`` serves answers, in well under a second."""
+    return f"""#!/bin/bash
+{HEADER}# The image's HEALTHCHECK, cheap enough to run every 30 s: no MPI job, no doctor.
+# MODE=ssh: sshd accepts connections. MODE=jupyter: JupyterLab does. MODE=train: the MPI stack
+# loads (mpi4py binds the wheel's libmpi; no MPI_Init), the job's progress being its own.
+set -eu
+answers() {{ exec 3<>"/dev/tcp/127.0.0.1/$1"; }}
+case "${{MODE:-train}}" in
+  ssh) answers "${{SSH_PORT:-{spec.ssh_port}}}" ;;
+  jupyter) answers 8888 ;;
+  *) exec python -c "import cudampi, mpi4py; mpi4py.rc(initialize=False); from mpi4py import MPI" ;;
+esac
 """
 
 

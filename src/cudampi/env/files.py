@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cudampi.atomic import write_text
-from cudampi.env import conda, docker, k8s, pip, slurm
+from cudampi.env import conda, docker, k8s, pip, slurm, source
 from cudampi.env.recommended import recommended_env
 from cudampi.env.spec import EnvSpec, spec_to_toml
 from cudampi.errors import EnvGenError
@@ -30,34 +30,41 @@ def route_env(spec: EnvSpec, route: str) -> dict[str, str]:
     )
 
 
-def generate(spec: EnvSpec, targets: tuple[str, ...] = TARGETS) -> dict[str, str]:
-    """``{file name: text}`` for the chosen targets, except the lock (see :func:`lock_status`)."""
+def generate(
+    spec: EnvSpec, targets: tuple[str, ...] = TARGETS, out: Path | None = None
+) -> dict[str, str]:
+    """``{file name: text}`` for the chosen targets, except the lock (see :func:`lock_status`).
+
+    ``out`` is the folder they go to: needed only when the source is the checkout that holds
+    it (the Dockerfile then names its files by the folder's place in the checkout)."""
     bad = [t for t in targets if t not in TARGETS]
     if bad:
         raise EnvGenError(f"unknown target(s) {bad}; known targets are {', '.join(TARGETS)}")
     env = route_env(spec, "pip")
-    out: dict[str, str] = {}
+    texts: dict[str, str] = {}
     if "spec" in targets:
-        out["env.toml"] = spec_to_toml(spec)
+        texts["env.toml"] = spec_to_toml(spec)
     if "conda" in targets:
-        out["environment.yml"] = conda.environment_yml(spec, route_env(spec, "conda"))
+        texts["environment.yml"] = conda.environment_yml(spec, route_env(spec, "conda"))
     if "pip" in targets or "docker" in targets or "slurm" in targets:
-        out["requirements.txt"] = pip.requirements_txt(spec)
-        out["requirements-cpu.txt"] = pip.requirements_txt(spec, cpu=True)
-        out["install.sh"] = pip.install_sh(spec)
-        out["cudampi-env.sh"] = pip.env_sh(spec, env)
+        texts["requirements.txt"] = pip.requirements_txt(spec)
+        texts["requirements-cpu.txt"] = pip.requirements_txt(spec, cpu=True)
+        texts["install.sh"] = pip.install_sh(spec)
+        texts["cudampi-env.sh"] = pip.env_sh(spec, env)
     if "docker" in targets:
-        out["Dockerfile"] = docker.dockerfile(spec, env)
-        out["entrypoint.sh"] = docker.entrypoint_sh(spec)
-        out["known_hosts.sh"] = docker.known_hosts_sh(spec)
-        out["profile.sh"] = docker.profile_sh(spec, env)
-        out["sshd_config"] = docker.sshd_config(spec, env)
-        out["ssh_config"] = docker.ssh_config(spec)
+        folder = source.folder_in_checkout(spec, out) if source.checkout(spec) and out else None
+        texts["Dockerfile"] = docker.dockerfile(spec, env, folder)
+        texts["entrypoint.sh"] = docker.entrypoint_sh(spec)
+        texts["known_hosts.sh"] = docker.known_hosts_sh(spec)
+        texts["healthcheck.sh"] = docker.healthcheck_sh(spec)
+        texts["profile.sh"] = docker.profile_sh(spec, env)
+        texts["sshd_config"] = docker.sshd_config(spec, env)
+        texts["ssh_config"] = docker.ssh_config(spec)
     if "slurm" in targets:
-        out["job.sbatch"] = slurm.sbatch_script(spec, env)
+        texts["job.sbatch"] = slurm.sbatch_script(spec, env)
     if "k8s" in targets:
-        out["mpijob.yaml"] = k8s.mpijob_yaml(spec, env)
-    return out
+        texts["mpijob.yaml"] = k8s.mpijob_yaml(spec, env)
+    return texts
 
 
 def lock_status(spec: EnvSpec, text: str | None) -> str:
@@ -76,12 +83,13 @@ def lock_status(spec: EnvSpec, text: str | None) -> str:
 def validate_generated(texts: Mapping[str, str]) -> list[str]:
     """Parse the YAML files of ``texts`` and check them against their schemas.
 
-    Returns the names checked; needs PyYAML and jsonschema (the ``env``/``dev`` extras), and
-    checks nothing (returns []) without them.
+    Returns the names checked; needs jsonschema (the ``env``/``dev`` extras), and checks
+    nothing (returns []) without it.
     """
+    import yaml
+
     try:
         import jsonschema  # noqa: F401
-        import yaml
     except ModuleNotFoundError:
         return []
     checked = []
@@ -108,7 +116,7 @@ class WrittenFile:
     sha256: str
 
 
-EXECUTABLE = ("install.sh", "entrypoint.sh", "known_hosts.sh", "job.sbatch")
+EXECUTABLE = ("install.sh", "entrypoint.sh", "known_hosts.sh", "healthcheck.sh", "job.sbatch")
 
 
 def write_files(

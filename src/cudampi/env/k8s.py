@@ -12,16 +12,18 @@ Facts from the operator (kubeflow/mpi-operator, ``pkg/controller/mpi_job_control
 - ``launcherCreationPolicy: WaitForWorkersReady`` starts the launcher only once every worker
   pod is Ready, so mpirun's ssh does not race the workers' sshd.
 
-:data:`MPIJOB_SCHEMA` is this module's JSON Schema of the fields the operator's CRD defines for
-``spec`` (types, enums and formats as in the CRD) plus the part of the pod template the
-generator writes; the tests validate every generated manifest against it.
+:func:`validate_mpijob` checks a manifest against the operator's own CustomResourceDefinition
+(vendored in ``schemas/``, its release named there) with the fields the API server would prune
+made errors, plus what the operator's validation adds (:data:`OPERATOR_RULES`); every generated
+manifest is checked before it is written.
 """
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from typing import Any
+
+import yaml
 
 from cudampi.config import UCX_PRELOAD
 from cudampi.env.docker import ENTRYPOINT, UID, USER, image_env
@@ -152,10 +154,78 @@ def mpijob(spec: EnvSpec, settings: dict[str, str]) -> dict[str, Any]:
     }
 
 
+CRD = "schemas/kubeflow.org_mpijobs.yaml"
+"""The operator's CustomResourceDefinition, vendored (its header names the release)."""
+
+REPLICA_RULES: dict[str, Any] = {
+    "required": ["replicas", "restartPolicy", "template"],
+    "properties": {
+        "restartPolicy": {"enum": ["Never", "OnFailure"]},
+        "template": {
+            "required": ["spec"],
+            "properties": {"spec": {"properties": {"containers": {"minItems": 1}}}},
+        },
+    },
+}
+OPERATOR_RULES: dict[str, Any] = {
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "spec": {
+            "required": ["mpiReplicaSpecs", "slotsPerWorker", "sshAuthMountPath", "runPolicy"],
+            "properties": {
+                "slotsPerWorker": {"minimum": 0},
+                "runPolicy": {
+                    "required": ["cleanPodPolicy"],
+                    "properties": {"cleanPodPolicy": {"enum": ["None", "Running", "All"]}},
+                },
+                "mpiReplicaSpecs": {
+                    "required": ["Launcher"],
+                    "properties": {
+                        "Launcher": {
+                            "allOf": [REPLICA_RULES, {"properties": {"replicas": {"const": 1}}}]
+                        },
+                        "Worker": {
+                            "allOf": [REPLICA_RULES, {"properties": {"replicas": {"minimum": 1}}}]
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+"""What the operator checks beyond its CRD when it takes an MPIJob (kubeflow/mpi-operator
+``pkg/apis/kubeflow/validation/validation.go``, v0.8.0), as schema: a Launcher with one
+replica, Workers with at least one, a restart policy it knows, a container each, slots per
+worker, a clean-pod policy it knows and the SSH mount path."""
+
+
+def _closed(schema: Any) -> Any:
+    """The CRD's schema with the API server's pruning made an error: an object with
+    ``properties`` and no ``additionalProperties`` (nor ``x-kubernetes-preserve-unknown-fields``)
+    loses unknown fields silently on the server; here a field the generator misspells fails."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
 def load_schema() -> dict[str, Any]:
-    """The JSON Schema of a generated MPIJob (``schemas/mpijob-v2beta1.schema.json``)."""
-    text = resources.files("cudampi.env").joinpath("schemas/mpijob-v2beta1.schema.json").read_text()
-    return dict(json.loads(text))
+    """The JSON Schema a generated MPIJob must match: the operator's CRD (its
+    ``openAPIV3Schema`` for :data:`API_VERSION`, unknown fields refused), its group, version and
+    kind, and :data:`OPERATOR_RULES`."""
+    crd = yaml.safe_load(resources.files("cudampi.env").joinpath(CRD).read_text())
+    group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+    (version,) = [v for v in crd["spec"]["versions"] if f"{group}/{v['name']}" == API_VERSION]
+    identity = {"properties": {"apiVersion": {"const": API_VERSION}, "kind": {"const": kind}}}
+    return {"allOf": [_closed(version["schema"]["openAPIV3Schema"]), identity, OPERATOR_RULES]}
 
 
 def validate_mpijob(doc: Any, schema: dict[str, Any] | None = None) -> None:
@@ -169,63 +239,25 @@ def validate_mpijob(doc: Any, schema: dict[str, Any] | None = None) -> None:
     if errors:
         e = errors[0]
         where = ".".join(str(p) for p in e.absolute_path) or "(top)"
-        raise EnvGenError(f"MPIJob does not match the v2beta1 schema at {where}: {e.message}")
+        raise EnvGenError(
+            f"MPIJob does not match the MPI Operator's {API_VERSION} schema at {where}: {e.message}"
+        )
 
 
-# ---------------------------------------------------------------------------------------------
-# A small deterministic YAML writer (block style; strings quoted when YAML would retype them).
+class _Dumper(yaml.SafeDumper):
+    """Block YAML as Kubernetes' examples write it: lists indented under their key, and a value
+    used twice (requests = limits) written twice, never as an anchor and an alias."""
 
-_PLAIN_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./-")
-_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "~", "y", "n"}
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
-
-def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if value is None:
-        return "null"
-    text = str(value)
-    if (
-        text
-        and set(text) <= _PLAIN_OK
-        and text.lower() not in _YAML_WORDS
-        and not text[0].isdigit()
-        and not text.startswith(("-", ".", "/"))
-    ):
-        return text
-    return json.dumps(text)
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
 
 
-def to_yaml(data: Any, indent: int = 0) -> str:
-    """Render dicts, lists, strings, ints and bools as block YAML (keys in insertion order)."""
-    pad = " " * indent
-    lines: list[str] = []
-    if isinstance(data, dict):
-        for key, value in data.items():
-            if isinstance(value, (dict, list)) and value:
-                lines.append(f"{pad}{_scalar(key)}:")
-                lines.append(to_yaml(value, indent + 2).rstrip("\n"))
-            else:
-                empty = (
-                    "{}" if isinstance(value, dict) else "[]" if isinstance(value, list) else None
-                )
-                lines.append(f"{pad}{_scalar(key)}: {empty or _scalar(value)}")
-    elif isinstance(data, list):
-        for item in data:
-            if isinstance(item, dict) and item:
-                first = to_yaml(item, indent + 2).splitlines()
-                lines.append(f"{pad}- {first[0].lstrip()}")
-                lines.extend(first[1:])
-            elif isinstance(item, list) and item:
-                lines.append(f"{pad}-")
-                lines.append(to_yaml(item, indent + 2).rstrip("\n"))
-            else:
-                lines.append(f"{pad}- {_scalar(item)}")
-    else:
-        lines.append(pad + _scalar(data))
-    return "\n".join(lines) + "\n"
+def to_yaml(data: Any) -> str:
+    """Block YAML of plain data (PyYAML), keys in their order, long strings on one line."""
+    return str(yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=1 << 16))
 
 
 def mpijob_yaml(spec: EnvSpec, settings: dict[str, str]) -> str:

@@ -126,6 +126,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 venv=${{1:-.venv}}
 flavour=${{2:-gpu}}
 python{spec.python} -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
+venv=$(cd "$venv" && pwd)
 py="$venv/bin/python"
 "$py" -m pip install --upgrade pip
 # 1+2. The MPI wheel and mpi4py's binary wheel, hash-checked, before anything that could pull
@@ -141,7 +142,8 @@ fi
 "$py" -m pip install {pip_arg}
 # mpi4py must have bound the wheel's libmpi, not a system one:
 "$py" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
-echo "next: . $here/cudampi-env.sh && $venv/bin/cudampi doctor"
+# The venv first: cudampi-env.sh asks its python for the CUDA UCX to preload.
+echo "next: . $venv/bin/activate && . $here/cudampi-env.sh && cudampi doctor"
 """
 
 

@@ -10,9 +10,10 @@ documented values themselves are :mod:`cudampi.env.recommended`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from cudampi.env.findings import Facts, SettingFinding
 from cudampi.env.recommended import (
     NCCL_ENV_DOC,
     OMPI_RUNCUDA_FAQ,
@@ -20,24 +21,11 @@ from cudampi.env.recommended import (
     UCX_FAQ,
     setting,
 )
+from cudampi.probe.interfaces import Interface, nccl_ifname_matches, nccl_ifname_missing
 from cudampi.rankenv import job_node_count
 
-
-@dataclass(frozen=True)
-class SettingFinding:
-    """A setting in the environment that is wrong for a GPU job, and how to fix it."""
-
-    name: str
-    value: str
-    status: str
-    """'warn' or 'fail'."""
-    detail: str
-    fix: str
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if self.status not in ("warn", "fail"):
-            raise ValueError(f"finding status must be 'warn' or 'fail', got {self.status!r}")
+if TYPE_CHECKING:
+    from cudampi.probe.ompi import OmpiInfo
 
 
 def _split(value: str) -> list[str]:
@@ -91,23 +79,7 @@ def _ucx_tls_finding(value: str) -> SettingFinding | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Facts:
-    """What a rule may know beyond the environment (see :func:`check_settings`)."""
-
-    gpus: bool
-    multi_node: bool | None
-    ompi_major: int | None
-    btl_components: Collection[str] | None
-    built_with_cuda: bool | None
-
-    @property
-    def breaks(self) -> str:
-        """The status of a setting that takes CUDA away: fail where GPUs are, else warn."""
-        return "fail" if self.gpus else "warn"
-
-
-_Rule = Callable[[Mapping[str, str], _Facts], list[SettingFinding]]
+_Rule = Callable[[Mapping[str, str], Facts], list[SettingFinding]]
 _OFF = ("0", "n", "no", "false", "off", "disable", "disabled")
 """What the MPI libraries and UCX read as "off"."""
 
@@ -116,7 +88,7 @@ def _off(value: str) -> bool:
     return value.strip().lower() in _OFF
 
 
-def _pml(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _pml(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     pml = env.get("OMPI_MCA_pml", "").strip()
     source = setting("OMPI_MCA_pml").source
     if f.gpus and pml == "ob1":
@@ -168,7 +140,7 @@ def _pml(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
     return []
 
 
-def _btl(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _btl(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     btl = env.get("OMPI_MCA_btl", "").strip()
     if not btl:
         return []
@@ -223,7 +195,7 @@ def _btl(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
     return out
 
 
-def _btl_component(btl: str, name: str, f: _Facts) -> SettingFinding | None:
+def _btl_component(btl: str, name: str, f: Facts) -> SettingFinding | None:
     """One BTL named in OMPI_MCA_btl, against the library's own list and its version."""
     if f.btl_components is not None and name not in f.btl_components and name != "self":
         why = (
@@ -261,7 +233,7 @@ def _btl_component(btl: str, name: str, f: _Facts) -> SettingFinding | None:
     return None
 
 
-def _opal_cuda_support(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _opal_cuda_support(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     raw = env.get("OMPI_MCA_opal_cuda_support")
     if raw is None:
         return []
@@ -295,12 +267,12 @@ def _opal_cuda_support(env: Mapping[str, str], f: _Facts) -> list[SettingFinding
     return _cuda_support_off("OMPI_MCA_opal_cuda_support", raw, f)
 
 
-def _mpi_cuda_support(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _mpi_cuda_support(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     raw = env.get("OMPI_MCA_mpi_cuda_support")
     return [] if raw is None else _cuda_support_off("OMPI_MCA_mpi_cuda_support", raw, f)
 
 
-def _cuda_support_off(var: str, raw: str, f: _Facts) -> list[SettingFinding]:
+def _cuda_support_off(var: str, raw: str, f: Facts) -> list[SettingFinding]:
     if not _off(raw):
         return []
     return [
@@ -315,7 +287,7 @@ def _cuda_support_off(var: str, raw: str, f: _Facts) -> list[SettingFinding]:
     ]
 
 
-def _oob_listen_mode(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _oob_listen_mode(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     listen = env.get("OMPI_MCA_oob_tcp_listen_mode")
     source = setting("OMPI_MCA_oob_tcp_listen_mode").source
     if listen is not None and f.ompi_major is not None and f.ompi_major >= 5:
@@ -344,7 +316,7 @@ def _oob_listen_mode(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
     return []
 
 
-def _ssh_agent(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _ssh_agent(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     out = []
     for var in ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_plm_ssh_agent", "PRTE_MCA_plm_ssh_agent"):
         agent = env.get(var)
@@ -363,14 +335,17 @@ def _ssh_agent(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
     return out
 
 
-def _nccl_socket_ifname(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _nccl_socket_ifname(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     ifname = env.get("NCCL_SOCKET_IFNAME")
-    items = _split(ifname) if ifname is not None else []
-    if not items or items[0].startswith("^"):
+    if ifname is None or not ifname.strip():
+        return []
+    if f.interfaces is not None:
+        return _ifname_on_this_host(ifname, f.interfaces, f.multi_node)
+    items = _split(ifname)
+    if items[0].startswith("^"):
         return []
     if not all(n == "lo" or n.startswith("docker") for n in (i.lstrip("=") for i in items)):
         return []
-    assert ifname is not None
     return [
         SettingFinding(
             "NCCL_SOCKET_IFNAME",
@@ -384,7 +359,56 @@ def _nccl_socket_ifname(env: Mapping[str, str], f: _Facts) -> list[SettingFindin
     ]
 
 
-def _ucx_tls(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _ifname_on_this_host(
+    ifname: str, interfaces: Sequence[Interface], multi_node: bool | None
+) -> list[SettingFinding]:
+    """NCCL_SOCKET_IFNAME against the interfaces this host really has: NCCL takes every one
+    it selects that has an address (its socket transport opens connections on each)."""
+    with_address = [i for i in interfaces if i.addresses]
+    chosen = set(nccl_ifname_matches(ifname, [i.name for i in with_address]))
+    selected = [i for i in with_address if i.name in chosen]
+    reach = [i.name for i in selected if i.host_local is None]
+    local = [f"{i.name} ({i.host_local})" for i in selected if i.host_local]
+    usable = [i.name for i in with_address if i.host_local is None and i.up is not False]
+    names = ", ".join(i.name for i in interfaces) or "none"
+    fix = f"export NCCL_SOCKET_IFNAME={','.join(reach) or (usable or ['eth0'])[0]}"
+    source = setting("NCCL_SOCKET_IFNAME").source
+
+    def finding(status: str, detail: str, fix: str = fix) -> list[SettingFinding]:
+        return [SettingFinding("NCCL_SOCKET_IFNAME", ifname, status, detail, fix, source)]
+
+    if not selected:
+        return finding(
+            "fail",
+            f"selects none of this host's interfaces with an address "
+            f"({', '.join(i.name for i in with_address) or 'none'}): NCCL finds no interface",
+        )
+    if local:
+        only = not reach
+        return finding(
+            "fail" if only and multi_node else "warn",
+            (
+                f"selects only {', '.join(local)}"
+                if only
+                else f"selects {', '.join(local)} besides {', '.join(reach)}"
+            )
+            + ": NCCL's socket transport opens connections on every interface it selects, and "
+            "these reach no other host"
+            + (" (fine on one node; fails on two)" if only and not multi_node else ""),
+        )
+    missing = nccl_ifname_missing(ifname, [i.name for i in interfaces])
+    if missing:
+        return finding(
+            "warn",
+            f"names {', '.join(repr(m) for m in missing)}, which this host lacks (it has "
+            f"{names}); NCCL will use {', '.join(reach)}",
+            fix + " (or unset it where the hosts' interface names differ: cudampi launch picks "
+            "the one that routes to rank 0 on every host)",
+        )
+    return []
+
+
+def _ucx_tls(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     tls = env.get("UCX_TLS")
     if tls is None or not tls.strip():
         return []
@@ -411,7 +435,7 @@ def _ucx_tls(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
     return [SettingFinding("UCX_TLS", tls, f.breaks, why, fix, setting("UCX_TLS").source)]
 
 
-def _ucx_gpudirect(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _ucx_gpudirect(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     raw = env.get("UCX_IB_GPU_DIRECT_RDMA")
     if raw is None or not _off(raw):
         return []
@@ -427,7 +451,7 @@ def _ucx_gpudirect(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
     ]
 
 
-def _nccl_disabled(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _nccl_disabled(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     out = []
     for var in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
         value = env.get(var, "").strip()
@@ -458,7 +482,7 @@ def _nccl_disabled(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
     return out
 
 
-def _mpich_gpu(env: Mapping[str, str], f: _Facts) -> list[SettingFinding]:
+def _mpich_gpu(env: Mapping[str, str], f: Facts) -> list[SettingFinding]:
     out: list[SettingFinding] = []
     if not f.gpus:
         return out
@@ -495,6 +519,18 @@ RULES: tuple[_Rule, ...] = (
 """One small rule per variable (or per family of variables that mean one thing)."""
 
 
+def library_facts(ompi: OmpiInfo | None) -> dict[str, Any]:
+    """The keyword arguments of :func:`check_settings` that an Open MPI's ``ompi_info`` answers
+    (its major version, its BTLs, whether it was built with CUDA); none without one."""
+    if ompi is None:
+        return {}
+    return {
+        "ompi_major": ompi.major,
+        "btl_components": ompi.btl or None,
+        "built_with_cuda": ompi.built_with_cuda,
+    }
+
+
 def check_settings(
     env: Mapping[str, str],
     *,
@@ -503,6 +539,7 @@ def check_settings(
     ompi_major: int | None = None,
     btl_components: Collection[str] | None = None,
     built_with_cuda: bool | None = None,
+    interfaces: Sequence[Interface] | None = None,
 ) -> list[SettingFinding]:
     """Settings in ``env`` that are wrong for a (GPU) MPI job; an empty list means none found.
 
@@ -510,14 +547,17 @@ def check_settings(
     Pure: reads only its arguments. ``multi_node`` None infers it from Slurm / MPI Operator
     variables (unknown: a multi-node-only problem is a warning). ``ompi_major`` (4, 5) and
     ``btl_components`` (the BTLs ``ompi_info`` lists) and ``built_with_cuda``
-    (``mpi_built_with_cuda_support``) enable the checks that depend on the library.
+    (``mpi_built_with_cuda_support``) enable the checks that depend on the library;
+    ``interfaces`` (:func:`cudampi.probe.interfaces.query_interfaces`) judges
+    NCCL_SOCKET_IFNAME by what it selects on this host rather than by its names alone.
     """
-    facts = _Facts(
+    facts = Facts(
         gpus,
         _infer_multi_node(env) if multi_node is None else multi_node,
         ompi_major,
         btl_components,
         built_with_cuda,
+        interfaces,
     )
     return [finding for rule in RULES for finding in rule(env, facts)]
 

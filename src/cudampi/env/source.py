@@ -14,6 +14,7 @@ path, which (when relative) is relative to the generated folder.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,31 @@ def is_local_path(source: str) -> bool:
     if "://" in source or source.startswith("git+"):
         return False
     return source.startswith((".", "/")) or source.endswith((".whl", ".tar.gz", ".zip"))
+
+
+def checkout(spec: EnvSpec) -> str | None:
+    """The description's source when it is a folder above the generated one (``..``: the
+    cudampi checkout that holds it, as this repository's docker/): the image is then built with
+    that checkout as its context, from its sources. None for any other source."""
+    src = spec.source
+    if not src or not is_local_path(src) or src.endswith((".whl", ".tar.gz", ".zip")):
+        return None
+    rel = src.removeprefix("./").rstrip("/")
+    return src if rel == ".." or rel.startswith("../") or src.startswith("/") else None
+
+
+def folder_in_checkout(spec: EnvSpec, out: Path) -> str:
+    """Where the generated folder ``out`` lies in :func:`checkout` (``docker``): the Dockerfile
+    names its own files from the build context by this path."""
+    root = (out / spec.source).resolve()
+    rel = os.path.relpath(out.resolve(), root)
+    if rel == "." or rel.startswith(".."):
+        raise EnvGenError(
+            f"the folder {str(out)!r} is not inside its source {spec.source!r} ({root}), which "
+            "is the image's build context: write the files into a folder of the checkout, or "
+            "leave source empty to bundle this cudampi's wheel"
+        )
+    return Path(rel).as_posix()
 
 
 def bundle_status(spec: EnvSpec, out: Path) -> str:

@@ -93,14 +93,18 @@ class EnvSpec:
     base_image: str = ""
     """Empty: ``python:<python>-slim-bookworm`` (PyTorch's wheels bring the CUDA user-space
     libraries; the host's driver is injected by the NVIDIA container runtime)."""
-    command: tuple[str, ...] = ("python", "train.py")
-    """The training command ``MODE=train`` runs (argv, never a shell string)."""
+    command: tuple[str, ...] = ("python", "-m", "cudampi.selftest")
+    """The training command ``MODE=train``, ``srun`` and ``mpirun`` run (argv, never a shell
+    string). The default is cudampi's end-to-end check of the stack, which every image and job
+    has: a job runs before any training script is there."""
     ssh_port: int = 2222
     workdir: str = "/workspace"
     source: str = ""
     """Where pip installs cudampi from. Empty: this cudampi, bundled into the generated folder as
     its wheel (the folder then works wherever it is moved); else a requirement, a URL, or a
-    path (relative paths are relative to the generated folder)."""
+    path (relative paths are relative to the generated folder). A folder above the generated
+    one (``..``) is the cudampi checkout that holds it: the image is built from its sources,
+    with the checkout as the build context (this repository's docker/)."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -314,12 +318,8 @@ def parse_spec_text(text: str, fmt: str, *, where: str = "spec") -> dict[str, An
         except tomllib.TOMLDecodeError as exc:
             raise SpecError(f"{where}: not valid TOML: {exc}") from None
     elif fmt == "yaml":
-        try:
-            import yaml
-        except ModuleNotFoundError:
-            raise SpecError(
-                f"{where}: reading YAML needs PyYAML: pip install 'cudampi[env]' (or use TOML)"
-            ) from None
+        import yaml
+
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cudampi.names import CRAY_MPICH, INTEL_MPI, MPICH, MVAPICH, OPEN_MPI
+from cudampi.probe.mpich import MpichInfo, query_mpichversion
+from cudampi.probe.ompi import OmpiInfo, query_ompi_info
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,30 @@ def matching_mpiexec(library: MpiLibrary) -> Path | None:
             if vendor == library.vendor and (version == library.version or version is None):
                 return cand
     return None
+
+
+def query_build(
+    library: MpiLibrary, env: Mapping[str, str] | None = None
+) -> tuple[OmpiInfo | None, MpichInfo | None, str | None]:
+    """What the loaded library was built with: ``ompi_info`` or ``mpichversion`` of its own
+    installation, and why neither answered (never raises: a broken tool is a finding)."""
+    if not library.path:
+        return None, None, None
+    prefix = prefix_of(library.path)
+    try:
+        if library.vendor == OPEN_MPI:
+            tool = prefix / "bin" / "ompi_info"
+            if tool.exists():
+                return query_ompi_info(tool, env=env), None, None
+            return None, None, f"no ompi_info beside {library.path} (looked in {prefix / 'bin'})"
+        if library.vendor == MPICH:
+            tool = prefix / "bin" / "mpichversion"
+            if tool.exists():
+                return None, query_mpichversion(tool), None
+            return None, None, f"no mpichversion in {prefix / 'bin'}"
+    except Exception as exc:
+        return None, None, str(exc)
+    return None, None, None
 
 
 def _ldconfig_libmpi(timeout: float = 20.0) -> list[str]:

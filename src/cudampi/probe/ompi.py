@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,12 @@ class OmpiInfo:
     components: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """MCA framework -> component names, e.g. ``{"pml": ("ob1", "ucx"), "accelerator": ("null",)}``."""
     extensions: tuple[str, ...] = ()
+
+    @property
+    def major(self) -> int | None:
+        """The major version (4, 5), or None when the version is unknown."""
+        head = (self.version or "").split(".")[0]
+        return int(head) if head.isdigit() else None
 
     @property
     def accelerators(self) -> tuple[str, ...]:
@@ -145,13 +153,31 @@ def parse_ompi_info(text: str) -> OmpiInfo:
     )
 
 
-def query_ompi_info(ompi_info: str | Path, timeout: float = 60.0) -> OmpiInfo:
-    """Run ``ompi_info --parsable --all`` of one installation and parse it."""
+_SETTING_PREFIXES = ("OMPI_MCA_", "OPAL_MCA_", "PRTE_MCA_", "PMIX_MCA_")
+
+
+def query_ompi_info(
+    ompi_info: str | Path, timeout: float = 60.0, env: Mapping[str, str] | None = None
+) -> OmpiInfo:
+    """Run ``ompi_info --parsable --all`` of one installation and parse it.
+
+    A setting the library cannot honour stops ``ompi_info`` too
+    (``OMPI_MCA_opal_cuda_support=true`` on a build without CUDA), yet the build facts do not
+    depend on the settings: when it fails, it runs once more without the ``*_MCA_*`` variables,
+    so the settings check can say which one is wrong for this build.
+    """
+    base = dict(os.environ if env is None else env)
+    bare = {k: v for k, v in base.items() if not k.startswith(_SETTING_PREFIXES)}
     argv = [str(ompi_info), "--parsable", "--all"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProbeError(f"could not run {argv!r}: {exc}") from None
+    for run_env in (base, bare):
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, env=run_env
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ProbeError(f"could not run {argv!r}: {exc}") from None
+        if proc.returncode == 0 or run_env == bare:
+            break
     if proc.returncode != 0:
         raise ProbeError(
             f"{argv!r} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-500:]!r}"

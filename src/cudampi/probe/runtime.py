@@ -216,6 +216,35 @@ def _launch_error(text: str) -> ProbeFailure | None:
     return None
 
 
+_RULE = re.compile(r"^\s*-{20,}\s*$", re.M)
+"""The dashed line above and below each of Open MPI's help messages."""
+_NOTICES = (
+    "detected that one or more processes exited with non-zero status",
+    "noticed that process rank",
+    "Primary job  terminated normally",
+    "MPI_ABORT was invoked",
+)
+"""The launcher's own notices that a rank ended: they follow the real message, never are it."""
+
+
+def launcher_message(text: str, limit: int = 400) -> str:
+    """The message a failed job's launcher or MPI library printed, on one line (pure).
+
+    Open MPI frames each message between dashed rules; the first framed block that is not the
+    launcher's "a process exited" notice is the cause ("The user requested CUDA support ...
+    but the library was not compiled with any support"). Without a framed message, the last
+    line of output. Never a bare rule: the cause is what a reader needs.
+    """
+    blocks = [" ".join(b.split()) for b in _RULE.split(text)]
+    framed = [b for b in blocks[1:] if b and not any(n in b for n in _NOTICES)]
+    if framed and len(blocks) > 2:
+        message = framed[0]
+    else:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not _RULE.match(ln)]
+        message = lines[-1] if lines else "no output"
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
 def explain(test: str, failure: ProbeFailure | None) -> str:
     """What a failure of ``test`` means for device memory, in one sentence fragment."""
     if failure is None:
@@ -274,7 +303,7 @@ def classify(
         sig = -returncode if returncode < 0 else returncode - 128
         outcome = ProbeOutcome("crash", detail(f"killed by signal {sig}"))
     else:
-        tail = "" if failure else (stderr.strip().splitlines() or ["no output"])[-1][:300]
+        tail = "" if failure else launcher_message(text)
         outcome = ProbeOutcome(
             "error", detail(f"exit {returncode}" + (f": {tail}" if tail else ""))
         )
