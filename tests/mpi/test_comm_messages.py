@@ -232,3 +232,63 @@ def rank_messages_reach_the_chosen_engine(comm):
 def test_repeated_messages_reach_the_engine_the_full_path_chose():
     proc = run_mpi(1, __file__, "rank_messages_reach_the_chosen_engine", timeout=60)
     assert "messages reach the chosen engine" in proc.stdout
+
+
+def rank_message_misuse(comm):
+    """What MPI reports as a bare error class (MPI_ERR_RANK, MPI_ERR_TAG, MPI_ERR_TRUNCATE,
+    MPI_ERR_COMM) or mpi4py as a conversion error is a CommError that names the call and the
+    value; split takes NumPy integers and refuses colors past a C int by name."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+    from cudampi.errors import CommError
+
+    r, peer = comm.rank, 1 - comm.rank
+    said = []
+
+    def refused(what, call, *words):
+        try:
+            call()
+        except CommError as exc:
+            ok = all(w in str(exc) for w in words)
+            said.append(f"{what}: {'ok' if ok else 'WRONG'}: {exc}")
+        except Exception as exc:
+            said.append(f"{what}: WRONG: {type(exc).__name__}: {exc}")
+        else:
+            said.append(f"{what}: WRONG: no error")
+
+    c = Communicator(comm)
+    x = np.ones(8)
+    refused("dest=-1", lambda: c.send(x, -1), "send: dest=-1 is not a rank", "(0..1)")
+    refused("dest=size", lambda: c.send(x, 2), "send: dest=2 is not a rank")
+    refused("isend dest", lambda: c.isend(x, 7), "isend: dest=7")
+    refused("source", lambda: c.recv(x, 5), "recv: source=5", "MPI.ANY_SOURCE")
+    refused("tag=-5", lambda: c.send(x, peer, tag=-5), "send: tag=-5 is not a tag")
+    refused("irecv tag", lambda: c.irecv(x, peer, tag=2**40), f"irecv: tag={2**40}")
+    refused("sendrecv dest", lambda: c.sendrecv(x, 9, x.copy(), peer), "sendrecv: dest=9")
+    refused("split(2**40)", lambda: c.split(2**40), f"split: color={2**40}", "0..2147483647")
+    refused("split key", lambda: c.split(0, key=2**40), "split: key=")
+    sub = c.split(np.int64(1), key=np.int32(r))
+    assert sub is not None and sub.size == 2, "split takes NumPy integers"
+    sub.close()
+    comm.Barrier()
+    if r == 0:  # a receive smaller than the message, blocking and not
+        refused("recv smaller", lambda: c.recv(np.empty(4), 1, 3), "recv from rank 1 (tag 3)",
+                "larger than the receive buffer (32 bytes)")  # fmt: skip
+        h = c.irecv(np.empty(2), 1, 4)
+        refused("irecv smaller", h.wait, "irecv from rank 1 (tag 4)", "larger than the receive")
+    else:
+        c.send(np.ones(8), 0, 3)
+        c.send(np.ones(8), 0, 4)
+    comm.Barrier()
+    c.close()
+    refused("send after close", lambda: c.send(x, peer), "send: this Communicator was closed")
+    refused("recv after close", lambda: c.recv(x, peer), "recv: this Communicator was closed")
+    wrong = [s for s in said if ": ok: " not in s]
+    assert not wrong, f"rank {r}:\n" + "\n".join(wrong)
+    print(f"rank {r}: {len(said)} misuses refused by name", flush=True)
+
+
+def test_message_misuse_names_the_call_and_the_value():
+    proc = run_mpi(2, __file__, "rank_message_misuse", timeout=120)
+    assert "rank 0: 13 misuses refused by name" in proc.stdout, proc.stdout

@@ -7,6 +7,7 @@ leaving the others waiting.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from cudampi.comm.arrays import DTYPES, Buf
@@ -44,18 +45,83 @@ def check_writable(b: Buf, what: str) -> None:
         )
 
 
-def check_color(color: Any, key: Any) -> None:
-    """``split``'s color is MPI.UNDEFINED or a non-negative int; its key an int."""
+INT_MAX = 2**31 - 1
+"""The largest value of a C int: MPI's ranks, tags, colors and keys are C ints."""
+
+
+def integer(value: Any) -> int | None:
+    """``value`` as an int where it is an integer (Python's or NumPy's, not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def check_color(color: Any, key: Any) -> tuple[int, int]:
+    """``split``'s color (MPI.UNDEFINED or an integer in 0..2**31-1) and key (a C int), as
+    Python ints (NumPy integers are accepted)."""
     from mpi4py import MPI
 
-    ok = isinstance(color, int) and not isinstance(color, bool)
-    if not ok or (color < 0 and color != MPI.UNDEFINED):
+    c, k = integer(color), integer(key)
+    if c is None or not (0 <= c <= INT_MAX or c == MPI.UNDEFINED):
         raise CommError(
-            f"split: color={color!r} is neither a non-negative integer nor MPI.UNDEFINED "
+            f"split: color={color!r} is neither an integer in 0..{INT_MAX} nor MPI.UNDEFINED "
             "(a rank that passes MPI.UNDEFINED gets None)"
         )
-    if not isinstance(key, int) or isinstance(key, bool):
-        raise CommError(f"split: key={key!r} is not an integer")
+    if k is None or not -INT_MAX - 1 <= k <= INT_MAX:
+        raise CommError(f"split: key={key!r} is not an integer in {-INT_MAX - 1}..{INT_MAX}")
+    return c, k
+
+
+def peer_error(call: str, peer: Any, size: int, *, receives: bool) -> CommError | None:
+    """The error where ``peer`` is not a rank a message ``call`` may name, else None."""
+    from mpi4py import MPI
+
+    p = integer(peer)
+    if p is not None and (
+        0 <= p < size or p == MPI.PROC_NULL or (receives and p == MPI.ANY_SOURCE)
+    ):
+        return None
+    name, other = ("source", " or MPI.ANY_SOURCE") if receives else ("dest", "")
+    return CommError(
+        f"{call}: {name}={peer!r} is not a rank of this communicator (0..{size - 1}{other})"
+    )
+
+
+def message_error(
+    exc: BaseException, call: str, peer: Any, tag: Any, comm: Any, closed: bool, nbytes: int
+) -> BaseException:
+    """What a message ``call`` (send, recv, isend, irecv, sendrecv) to or from ``peer`` with
+    ``tag`` on ``comm`` raises where it failed with ``exc``: MPI names only the class of the
+    error (MPI_ERR_RANK, MPI_ERR_TAG, MPI_ERR_TRUNCATE, MPI_ERR_COMM), mpi4py a value it could
+    not convert; the :class:`CommError` names the call and the value. Checked here, after the
+    failure, so a message that succeeds pays nothing for it. ``nbytes``: a receive's buffer."""
+    from mpi4py import MPI
+
+    if closed:
+        return CommError(f"{call}: this Communicator was closed")
+    receives = "recv" in call
+    bad = peer_error(call, peer, comm.Get_size(), receives=receives)
+    if bad is not None:
+        return bad
+    t, ub = integer(tag), int(comm.Get_attr(MPI.TAG_UB))
+    if t is None or not (0 <= t <= ub or (receives and t == MPI.ANY_TAG)):
+        other = " or MPI.ANY_TAG" if receives else ""
+        return CommError(f"{call}: tag={tag!r} is not a tag (an integer in 0..{ub}{other})")
+    if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+        return truncated(call, peer, tag, nbytes)
+    return exc
+
+
+def truncated(call: str, peer: Any, tag: Any, nbytes: int) -> CommError:
+    """A receive's message was larger than its buffer (``nbytes``; -1: not known here)."""
+    size = f" ({nbytes} bytes)" if nbytes >= 0 else ""
+    return CommError(
+        f"{call} from rank {peer} (tag {tag}): the message is larger than the receive "
+        f"buffer{size}; receive into an array as large as what the sender sends"
+    )
 
 
 def check_out(x: Buf, ob: Buf, shape: tuple[int, ...], what: str) -> None:

@@ -6,23 +6,27 @@ Each call adapts its arrays (:mod:`~cudampi.comm.arrays`), checks them locally, 
 MPI's own collective (``host``/``native``), cudampi's algorithms over direct point-to-point
 (``gpu-ring``), or the staged pipeline through pinned host buffers (``staged``). Collectives run in
 call order on one worker thread per communicator; user point-to-point traffic travels on a
-separate duplicate of the communicator so it can never match a collective's internal messages.
+separate duplicate of the communicator so it can never match a collective's internal messages
+(:mod:`~cudampi.comm.messages` has those methods).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from cudampi.comm import args
-from cudampi.comm.arrays import Buf, adapt, flat, new_like
+from cudampi.comm.arrays import Buf, adapt, new_like
 from cudampi.comm.calls import Plan, Request, prepare
-from cudampi.comm.deadline import Watch, spin
+from cudampi.comm.deadline import Watch, agree_to_start
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
-from cudampi.comm.handle import Handle, Worker, completed
+from cudampi.comm.handle import Worker, completed
+from cudampi.comm.messages import Messages
 from cudampi.comm.paths import (
     Decisions,
     DeviceSupport,
@@ -42,13 +46,24 @@ from cudampi.observe import QUIET, Observer
 from cudampi.shm import remove_singleton_segment_at_exit
 
 
-class Communicator:
+class Communicator(Messages):
     """Collectives and point-to-point over an mpi4py communicator (see the module doc).
 
-    Making one is collective: the ranks agree once on every setting that changes what a rank
-    sends (``Config.agreed()``, the default path and what MPI may be given device memory for).
-    Every call has a deadline (``config.timeout``, see :mod:`~cudampi.comm.deadline`). Use it as
-    a context manager, or call :meth:`close`.
+    Making one is collective: first the ranks agree that every one of them could make its own
+    (a rank whose ``path=`` or settings are refused makes every rank raise, before any other
+    collective), then once on every setting that changes what a rank sends (``Config.agreed()``,
+    the default path and what MPI may be given device memory for). Every call has a deadline
+    (``config.timeout``, see :mod:`~cudampi.comm.deadline`). Use it as a context manager, or
+    call :meth:`close`, which tells the other ranks this one is gone.
+
+    Threads: a Communicator may be called from several threads. Its collectives run one at a
+    time, each whole, in the order the threads reach it (one lock per communicator, from the
+    call's number to its end; an ``async_op`` call holds it until queued), as torch's process
+    groups order theirs. The ranks pair calls by that order, so calls from threads that race
+    pair across ranks in whichever order each rank's threads came: give each thread its own
+    communicator (:meth:`split`), or order the threads' calls, where that matters. A
+    RuntimeWarning says so the first time two threads meet on one communicator. Messages
+    (send, recv, ...) do not take the lock: MPI matches them by rank and tag.
 
     Args:
         comm: an mpi4py intracommunicator (``MPI.COMM_WORLD`` or one split from it). It is
@@ -74,8 +89,17 @@ class Communicator:
 
         if comm is None or comm == MPI.COMM_NULL:
             raise CommError("Communicator needs an mpi4py communicator, got COMM_NULL/None")
-        self.config = config if config is not None else Config.load()
-        self._path_arg = check_path(path, "path")
+        # What this rank checks alone comes first, then the ranks agree that every one could
+        # make its communicator: no rank waits in MPI_Comm_dup for one that refused.
+        refused: BaseException | None = None
+        try:
+            self.config = config if config is not None else Config.load()
+            self._path_arg = check_path(path, "path")
+            found = capmod.lookup(self.config.cache_dir, MPI.Get_library_version(), os.environ)
+        except Exception as exc:
+            refused = exc
+        timeout = Config().timeout if refused is not None else self.config.timeout
+        token = agree_to_start(comm, refused, timeout)
         self._path = self._path_arg or self.config.path
         self.mpi_comm = comm.Dup()
         self._coll = comm.Dup()
@@ -83,7 +107,6 @@ class Communicator:
         self.size: int = self.mpi_comm.Get_size()
         if self.size == 1:
             remove_singleton_segment_at_exit(MPI)
-        found = capmod.lookup(self.config.cache_dir, MPI.Get_library_version(), os.environ)
         self.capabilities: capmod.Capabilities | None = found.entry
         if found.ignored and self.rank == 0:
             warnings.warn(f"cudampi: {found.note}", RuntimeWarning, stacklevel=2)
@@ -99,7 +122,11 @@ class Communicator:
                 c.Free()
             raise
         self._decisions = Decisions(self._support, self._path, self.rank)
-        self._watch = Watch(self._coll, self.config.timeout)
+        self._watch = Watch(self._coll, self.config.timeout, token)
+        self._watch.drain = _drainer(self)
+        self._lock = threading.RLock()
+        """Held by one collective at a time, from its number to its end (see the class doc)."""
+        self._met = False  # two threads met here (warned once)
         self._seq = 0
         self._engines = engines_for(
             Setting(self._coll, self.mpi_comm, self.rank, self.size, self.config, one_node)
@@ -123,16 +150,19 @@ class Communicator:
         return {**self.config.agreed(), "path": self._path, **agreed(self._support)}
 
     def close(self) -> None:
-        """Finish queued calls and free the duplicated communicators."""
-        if self._closed:
-            return
-        self._closed = True
+        """Finish queued calls, tell the other ranks this one has left (a rank that then waits
+        for it in a collective raises within seconds, not at its deadline), and free the
+        duplicated communicators."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self._repeats.forget()
         self._messages.forget()
         if self._worker is not None:
             self._worker.close()
             self._worker = None
-        self._watch.close()
+        self._watch.leave()
         self._engines.close()
         self._observer.close()
         for c in (self._coll, self.mpi_comm):
@@ -154,8 +184,8 @@ class Communicator:
         """A sub-communicator of the ranks passing the same ``color`` (None for MPI.UNDEFINED)."""
 
         def build() -> Plan:
-            args.check_color(color, key)
-            return Plan(Signature("split"), lambda: self._coll.Split(color, key))
+            c, k = args.check_color(color, key)
+            return Plan(Signature("split"), lambda: self._coll.Split(c, k))
 
         new = self._run(build, "split", False)
         from mpi4py import MPI
@@ -226,6 +256,29 @@ class Communicator:
         return self._engines.get(choice.engine, choice.inner, b.lib, b.device)
 
     def _run(self, build: Callable[[], Plan], what: str, async_op: bool) -> Any:
+        """One collective, whole, under the lock (see the class doc)."""
+        if not self._lock.acquire(blocking=False):
+            self._meet(what)
+        try:
+            return self._run_locked(build, what, async_op)
+        finally:
+            self._lock.release()
+
+    def _meet(self, what: str) -> None:
+        """Another thread is in a call here: wait for it (warning once, see the class doc)."""
+        if not self._met:
+            self._met = True
+            warnings.warn(
+                f"cudampi: {what} called while another thread's collective runs on the same "
+                f"Communicator (rank {self.rank}): calls run one at a time, and the ranks pair "
+                "them in the order each rank's threads reached it, which may differ between "
+                "ranks. Give each thread its own communicator (split), or order the calls.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        self._lock.acquire()
+
+    def _run_locked(self, build: Callable[[], Plan], what: str, async_op: bool) -> Any:
         if self._closed:
             raise CommError(f"{what}: this Communicator was closed")
         self._chosen = None
@@ -305,12 +358,19 @@ class Communicator:
             self._worker.drain()
         self._engines.synchronize()
 
+    def give_up(self, reason: str) -> CommTimeoutError:
+        """Fail this communicator because a caller stopped waiting for one of its calls
+        (torch's ``Work.wait(timeout=)``), which stays pending in MPI: later calls raise at once,
+        a call waiting for its peers stops, and the process ends the MPI job at exit instead of
+        waiting for that call in MPI_Finalize. Returns the failure (the first one stays)."""
+        return self._watch.give_up(CommTimeoutError(reason))
+
     def _submit(self, fn: Callable[[], Any], what: str, async_op: bool) -> Any:
         if not self._threaded:
             return _inline(fn, what, async_op)
         if async_op:
             if self._worker is None:
-                self._worker = Worker(f"cudampi-comm-{self.rank}")
+                self._worker = Worker(f"cudampi-comm-{self.rank}", self._watch)
             return self._worker.submit(fn, what)
         if self._worker is None or self._worker.idle:
             return fn()
@@ -362,9 +422,18 @@ class Communicator:
         stream-ordered engine the GPU checks the call across ranks; on host memory the host
         check still runs first, with the signature the full path made."""
         e = self._repeats.lookup(x, out, op, path)
+        if e is None:
+            return False
+        if not self._lock.acquire(blocking=False):
+            self._meet("allreduce")
+        try:
+            return self._repeat_locked(e, x, op, out)
+        finally:
+            self._lock.release()
+
+    def _repeat_locked(self, e: Any, x: Any, op: str, out: Any) -> bool:
         if (
-            e is None
-            or self._closed
+            self._closed
             or self._watch.failed is not None
             or not self._observer.quiet()
             or (self._worker is not None and (e.sig is None or not self._worker.idle))
@@ -493,96 +562,18 @@ class Communicator:
         """Return once every rank has called barrier (in order with queued collectives)."""
         return self._call(Request(CALLS["barrier"]), async_op)
 
-    # ------------------------------------------------------------------ point-to-point
 
-    def _p2p_prepare(
-        self, x: Any, what: str, path: str | None, *, writes: bool = False
-    ) -> tuple[Any, Engine]:
-        """The flat view of message buffer ``x`` and the engine that moves it. A message on an
-        array the full path checked before, unchanged since, reuses what it decided
-        (cudampi.comm.repeat); its errors are the full path's, as nothing was remembered."""
-        op = "recv" if writes else "send"
-        e = self._messages.lookup(x, x, op, path)
-        if e is not None:
-            engine, f = e.engine, e.kind.flat(x)
-        else:
-            b = self._buf(x, what)
-            if writes:
-                args.check_writable(b, what)
-            engine = self._engine(self._choose("send", b, path), b)
-            self._messages.remember(x, x, op, path, engine, b.dtype)
-            f = flat(b)
-        if not engine.stream_ordered and engine.ops.device is not None:
-            with engine.ops.device_ctx():
-                engine.ops.begin(engine.ops.capture())  # the caller's stream is done with x
-        return f, engine
+def _drainer(c: Communicator) -> Callable[[], None]:
+    """Waits, at exit, for the calls still queued on ``c`` (each is under its deadline); held
+    weakly, so a Communicator nobody holds is still collected."""
+    ref = weakref.ref(c)
 
-    def send(self, x: Any, dest: int, tag: int = 0, *, path: str | None = None) -> None:
-        """Blocking send of ``x`` to rank ``dest``."""
-        f, engine = self._p2p_prepare(x, "x", path)
-        engine.send(f, dest, tag)
+    def drain() -> None:
+        comm = ref()
+        if comm is not None and comm._worker is not None and not comm._closed:
+            comm._worker.drain(comm.config.timeout * 2 + 10)
 
-    def recv(self, x: Any, source: int, tag: int = 0, *, path: str | None = None) -> Any:
-        """Blocking receive into ``x`` from rank ``source`` (MPI.ANY_SOURCE allowed); returns x."""
-        f, engine = self._p2p_prepare(x, "x", path, writes=True)
-        engine.recv(f, source, tag)
-        return x
-
-    def isend(self, x: Any, dest: int, tag: int = 0, *, path: str | None = None) -> Handle:
-        """Non-blocking send; ``x`` must stay untouched until the handle's ``wait()``."""
-        f, engine = self._p2p_prepare(x, "x", path)
-        return engine.isend(f, dest, tag)
-
-    def irecv(self, x: Any, source: int, tag: int = 0, *, path: str | None = None) -> Handle:
-        """Non-blocking receive into ``x``; ``wait()`` returns ``x``."""
-        f, engine = self._p2p_prepare(x, "x", path, writes=True)
-        h = engine.irecv(f, source, tag)
-        h._result = x
-        return h
-
-    def probe_any(self, x: Any, tag: int = 0, *, path: str | None = None) -> int:
-        """The rank whose message with ``tag`` (for a receive into ``x``) is first to arrive
-        from any rank, waiting up to the deadline; a receive from that rank then takes exactly
-        its message. Raises a :class:`CommError` where ``x``'s path matches messages per pair of
-        ranks (ipc: name the source), a :class:`CommTimeoutError` where no rank sent in time."""
-        from mpi4py import MPI
-
-        try:
-            choice: PathChoice | None = self.path_for("recv", x, path=path)
-        except CudampiError:
-            choice = None  # the receive itself says why
-        refused = kinds()[choice.engine].any_source if choice is not None else ""
-        if refused:
-            raise CommError(f"recv (tag {tag}, path {str(choice)!r}): {refused} (src=)")
-        status, limit = MPI.Status(), self.config.timeout
-        spin(
-            lambda: bool(self.mpi_comm.Iprobe(MPI.ANY_SOURCE, int(tag), status)),
-            limit,
-            lambda: CommTimeoutError(
-                f"recv from any rank (tag {tag}) did not start within {limit:g} s: no rank sent"
-            ),
-        )
-        return int(status.Get_source())
-
-    def flush(self) -> None:
-        """Launch the sends and receives the ipc path holds back to run as one group (a blocking
-        call, a handle's wait, a collective or :meth:`synchronize` launches them too); for
-        callers that post isend/irecv and wait elsewhere, as torch's batch_isend_irecv does."""
-        self._engines.flush()
-
-    def sendrecv(
-        self, x: Any, dest: int, out: Any, source: int, tag: int = 0, *, path: str | None = None
-    ) -> Any:
-        """Send ``x`` to ``dest`` while receiving ``out`` from ``source``; returns ``out``."""
-        of, receiver = self._p2p_prepare(out, "out", path, writes=True)
-        xf, sender = self._p2p_prepare(x, "x", path)
-        if receiver is sender:
-            sender.sendrecv(xf, dest, of, source, tag)
-            return out
-        r = receiver.irecv(of, source, tag)
-        sender.isend(xf, dest, tag).wait()
-        r.wait()
-        return out
+    return drain
 
 
 def _inline(fn: Callable[[], Any], what: str, async_op: bool) -> Any:

@@ -7,9 +7,9 @@ ends in one of three ways:
 
 - every rank arrives: the call goes on (its data then moves without a deadline: every rank is
   in it, and a rank that dies now ends the job through its launcher);
-- a rank has left the job: a process that exits with a communicator open tells its peers so
-  (:func:`_at_exit`); a rank that waits for it raises after :data:`GRACE` seconds (the leaver's
-  last call may still be completing here);
+- a rank has left: a process that closes a communicator, or exits with one open, tells its
+  peers so (:meth:`Watch.leave`, :func:`_at_exit`); a rank that waits for it raises after
+  :data:`GRACE` seconds (the leaver's last call may still be completing here);
 - the deadline passes: the ranks that wait call the roll (each asks the others which call they
   wait in, and answers while it waits itself), and :data:`ROLL_GRACE` seconds later the ranks
   that did not answer are named.
@@ -17,19 +17,28 @@ ends in one of three ways:
 Either way :class:`~cudampi.errors.CommTimeoutError` names the call, its sequence number on this
 communicator and the ranks, and the communicator is failed: later calls raise at once, and a
 process that exits after a failure aborts the MPI job (a collective left pending can hang
-MPI_Finalize). Point-to-point waits (:func:`wait_request`) have the same deadline.
+MPI_Finalize). Point-to-point waits (:func:`wait_request`) have the same deadline. A caller that
+gives up on a call itself (a handle's ``wait(timeout=)``, torch's ``Work.wait(timeout=)``) fails
+the communicator the same way (:meth:`Watch.give_up`): the call is still pending in MPI. At exit
+a process first lets the calls still queued on its communicators finish (each under its
+deadline: a peer that never makes the call fails it), then says goodbye, then aborts the job
+where any communicator of the process failed, closed or not (:func:`_at_exit`).
+
+Making a communicator starts with :func:`agree_to_start` on the caller's communicator, under the
+deadline, before any other collective: a rank that refused its arguments makes every rank raise.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from cudampi.errors import CommTimeoutError
+from cudampi.errors import CommError, CommTimeoutError
 
 GOODBYE_TAG = 32_001
 """Tag of a departing process's notice on a communicator's collective duplicate (cudampi's own
@@ -101,14 +110,20 @@ def wait_request(
 class Watch:
     """One communicator's deadline: its waits, the ranks heard leaving, its failure."""
 
-    def __init__(self, comm: Any, timeout: float) -> None:
+    def __init__(self, comm: Any, timeout: float, token: int = 0) -> None:
         self.comm = comm
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
         self.timeout = timeout
+        self.token = token
+        """This communicator's number (:func:`agree_to_start`), in its goodbyes: a goodbye sent
+        to a communicator that was freed since may reach a later one that MPI gave the same
+        context, which must not take it for its own."""
         self.departed: set[int] = set()
         self.failed: CommTimeoutError | None = None
         self.closed = False
+        self.drain: Callable[[], None] | None = None
+        """Waits for the calls still queued on the communicator (at exit, before goodbye)."""
         self._call = ("", -1)  # the call this rank waits in, for roll calls
         self._seen: dict[int, tuple[int, int]] = {}  # rank -> (seq, 1) heard in a roll call
         self._sent: list[Any] = []
@@ -124,6 +139,8 @@ class Watch:
         left_at: list[float] = []
 
         def idle() -> None:
+            if self.failed is not None:  # given up on by another thread (give_up)
+                raise self.failed
             self._listen()
             if self.departed:
                 now = time.monotonic()
@@ -152,9 +169,9 @@ class Watch:
         me = f"rank {self.rank} of {self.size}"
         if left:
             msg = (
-                f"{where}: {_ranks(left)} left the job (its process is exiting) while {me} "
-                "waits for it: its connection is closed and every rank must make the same "
-                "collective calls. The job cannot go on."
+                f"{where}: {_ranks(left)} left the job (its process is exiting) or closed this "
+                f"communicator while {me} waits for it: every rank must make the same collective "
+                "calls before it closes. The job cannot go on."
             )
         else:
             answered = answered or {}
@@ -179,23 +196,32 @@ class Watch:
                 f"{cause}; the deadline is CUDAMPI_TIMEOUT (torch: init_process_group(timeout=)). "
                 "The job cannot go on."
             )
-        self.failed = CommTimeoutError(msg)
+        return self.give_up(CommTimeoutError(msg))
+
+    def give_up(self, error: CommTimeoutError) -> CommTimeoutError:
+        """Fail this communicator with ``error`` (the first failure stays): a call left pending
+        in MPI makes later calls unsafe, and MPI_Finalize could wait for it for ever, so the
+        process ends the job at exit (:func:`_at_exit`), even once the communicator is closed."""
+        if self.failed is None:
+            self.failed = error
+            _record(error)
         return self.failed
 
     # --- messages between the ranks of this communicator ---------------------------------
 
     def _listen(self) -> None:
         """Take in goodbyes and roll calls; answer the roll while this rank waits."""
+        import numpy
         from mpi4py import MPI
 
         status = MPI.Status()
         while self.comm.Iprobe(MPI.ANY_SOURCE, GOODBYE_TAG, status):
             src = status.Get_source()
-            self.comm.Recv(bytearray(8), src, GOODBYE_TAG)
-            self.departed.add(int(src))
+            got = numpy.zeros(1, dtype=numpy.int64)
+            self.comm.Recv(got, src, GOODBYE_TAG)
+            if int(got[0]) == self.token:  # (else a goodbye to a communicator freed before)
+                self.departed.add(int(src))
         while self.comm.Iprobe(MPI.ANY_SOURCE, ROLLCALL_TAG, status):
-            import numpy
-
             src = int(status.Get_source())
             got = numpy.zeros(2, dtype=numpy.int64)
             self.comm.Recv(got, src, ROLLCALL_TAG)
@@ -225,14 +251,18 @@ class Watch:
         return {r: s for r, (s, _) in self._seen.items()}
 
     def goodbye(self) -> None:
-        """Tell every other rank that this process is leaving (at exit, communicator open)."""
+        """Tell every other rank that this rank is leaving (closing, or exiting with the
+        communicator open)."""
         if self.closed or self.size == 1:
             return
+        import numpy
+
+        note = numpy.array([self.token], dtype=numpy.int64)
         reqs = []
         for r in range(self.size):
             if r != self.rank:
                 try:
-                    reqs.append(self.comm.Isend(bytearray(0), r, GOODBYE_TAG))
+                    reqs.append(self.comm.Isend(note, r, GOODBYE_TAG))
                 except Exception:
                     pass
         until = time.monotonic() + 0.5
@@ -242,6 +272,14 @@ class Watch:
                     time.sleep(0.001)
             except Exception:
                 pass
+
+    def leave(self) -> None:
+        """The communicator is closing: say goodbye, take in the peers' goodbyes where they
+        close too (at most :data:`DRAIN` seconds), and stop watching."""
+        if not self.closed:
+            self.goodbye()
+            hear_goodbyes([self], DRAIN)
+        self.close()
 
     def close(self) -> None:
         self.closed = True
@@ -267,6 +305,51 @@ def hear_goodbyes(watches: list[Watch], seconds: float) -> None:
         time.sleep(0.001)
 
 
+def agree_to_start(comm: Any, refused: BaseException | None, timeout: float) -> int:
+    """Collective over the caller's ``comm``, the first call of making a communicator on it:
+    every rank says whether it could make its own (``refused``: the error of one that could
+    not). Returns the communicator's number (:attr:`Watch.token`, rank 0's draw) where every
+    rank could; raises on every rank otherwise (its own error on a rank that refused, a
+    :class:`CommError` naming that rank on the others). A rank that does not come within
+    ``timeout`` seconds makes the others raise a :class:`CommTimeoutError`, and the process then
+    ends the job at exit (the exchange stays pending in MPI)."""
+    import numpy
+
+    size = int(comm.Get_size())
+    if size == 1:
+        if refused is not None:
+            raise refused
+        return 0
+    mine = numpy.array([int(refused is not None), int.from_bytes(os.urandom(7), "little")])
+    every = numpy.zeros(2 * size, dtype=numpy.int64)
+    req = comm.Iallgather(mine.astype(numpy.int64), every)
+
+    def expired() -> BaseException:
+        error = CommTimeoutError(
+            f"making a Communicator: not every rank of the {size} came within {timeout:g} s "
+            f"(rank {comm.Get_rank()} waits). Every rank of the communicator passed in must make "
+            "its Communicator at the same point; the deadline is CUDAMPI_TIMEOUT. The job cannot "
+            "go on."
+        )
+        _record(error)
+        return error
+
+    spin(req.Test, timeout, expired)
+    flags = every[0::2]
+    if not flags.any():
+        return int(every[1])
+    # every rank is here: what each refused can be exchanged without a deadline
+    said = comm.allgather(None if refused is None else f"{type(refused).__name__}: {refused}")
+    if refused is not None:
+        raise refused
+    first = int(numpy.flatnonzero(flags)[0])
+    more = f" (and {int(flags.sum()) - 1} more rank(s))" if flags.sum() > 1 else ""
+    raise CommError(
+        f"making a Communicator: rank {first}{more} refused its arguments, so no rank made one: "
+        f"{said[first]}"
+    )
+
+
 def _ranks(ranks: list[int]) -> str:
     if not ranks:
         return "no rank"
@@ -276,19 +359,32 @@ def _ranks(ranks: list[int]) -> str:
 _LIVE: weakref.WeakSet[Watch] = weakref.WeakSet()
 _LOCK = threading.Lock()
 _INSTALLED: list[bool] = []
+_FAILED: list[str] = []
+"""Every failure of this process's communicators (closed ones included) and of their making."""
 
 
 def _register(watch: Watch) -> None:
     with _LOCK:
         _LIVE.add(watch)
-        if not _INSTALLED:
-            _INSTALLED.append(True)
-            atexit.register(_at_exit)
+        _install()
+
+
+def _record(error: BaseException) -> None:
+    with _LOCK:
+        _FAILED.append(str(error))
+        _install()
+
+
+def _install() -> None:
+    if not _INSTALLED:
+        _INSTALLED.append(True)
+        atexit.register(_at_exit)
 
 
 def _at_exit() -> None:
-    """At interpreter exit (before mpi4py finalizes MPI): say goodbye on every open
-    communicator; if one failed, abort the job instead of finalizing."""
+    """At interpreter exit (before mpi4py finalizes MPI): let the calls still queued on open
+    communicators finish (or fail at their deadline), say goodbye on each, and abort the job
+    instead of finalizing where any communicator of this process failed."""
 
     from mpi4py import MPI
 
@@ -296,18 +392,23 @@ def _at_exit() -> None:
         return
     live = list(_LIVE)
     for w in live:
+        if w.drain is not None and w.failed is None:
+            try:
+                w.drain()
+            except Exception:
+                pass  # its failure is recorded
+    for w in live:
         w.goodbye()
-    failed = [w.failed for w in live if w.failed is not None]
-    if not failed:
+    if not _FAILED:
         hear_goodbyes(live, DRAIN)
-    if failed:
+    if _FAILED:
         from cudampi.abort import abort_job
 
         abort_job(
             1,
-            f"cudampi: a communicator failed ({failed[0]}); aborting the MPI job at exit, since "
+            f"cudampi: a communicator failed ({_FAILED[0]}); aborting the MPI job at exit, since "
             "MPI_Finalize could wait for ever for the call left pending.\n",
         )
 
 
-__all__ = ["GRACE", "Watch", "spin", "wait_request"]
+__all__ = ["GRACE", "Watch", "agree_to_start", "spin", "wait_request"]

@@ -24,7 +24,16 @@ class Handle:
     errors: its text, or a function that makes it when asked (a message's handle is made per
     message; its text is needed only for an error). A handle with ``poll`` completes by polling
     in the thread that waits; one without is finished by another thread (the worker).
+
+    A collective's ``wait`` that gives up (its deadline, or ``timeout=``) leaves the call pending
+    in MPI: its communicator (``watch``, its :class:`~cudampi.comm.deadline.Watch`) is failed
+    then, as a call past its deadline fails it, and the process ends the job at exit instead of
+    waiting for the call in MPI_Finalize. To ask without giving up, use ``test()``.
     """
+
+    watch: Any = None
+    """A collective's communicator's :class:`~cudampi.comm.deadline.Watch` (None: a message's
+    handle, whose timeout leaves the communicator usable)."""
 
     def __init__(
         self,
@@ -94,10 +103,18 @@ class Handle:
 
     def _late(self, limit: float | None) -> Callable[[], BaseException]:
         def error() -> BaseException:
-            return CommTimeoutError(
+            late = CommTimeoutError(
                 f"{self.what} did not complete within {limit:g} s: another rank may not have "
                 "made the matching call. Check that every rank makes the same calls in the same "
                 "order (CUDAMPI_TIMEOUT sets the deadline)."
+            )
+            if self.watch is None:
+                return late
+            return self.watch.give_up(
+                CommTimeoutError(
+                    f"{late} The call stays pending, so this communicator cannot be used again "
+                    "and the MPI job ends when this process exits."
+                )
             )
 
         return error
@@ -114,11 +131,13 @@ def completed(what: str, result: Any = None, error: BaseException | None = None)
 
 
 class Worker:
-    """One daemon thread running submitted calls first-in first-out."""
+    """One daemon thread running submitted calls first-in first-out; ``watch``: the
+    communicator's (its handles fail it where a wait gives up)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, watch: Any = None) -> None:
         self._queue: queue.Queue[tuple[Callable[[], Any], Handle] | None] = queue.Queue()
         self._pending = 0
+        self._watch = watch
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -130,15 +149,17 @@ class Worker:
 
     def submit(self, fn: Callable[[], Any], what: str) -> Handle:
         h = Handle(what)
+        h.watch = self._watch
         with self._lock:
             self._pending += 1
         self._queue.put((fn, h))
         return h
 
-    def drain(self) -> None:
-        """Return once every call submitted so far has run."""
+    def drain(self, timeout: float | None = None) -> None:
+        """Return once every call submitted so far has run (a CommTimeoutError after
+        ``timeout`` seconds, which fails the communicator)."""
         if not self.idle:
-            self.submit(lambda: None, "drain").wait()
+            self.submit(lambda: None, "the calls queued before this one").wait(timeout)
 
     def _loop(self) -> None:
         while True:

@@ -85,6 +85,8 @@ def create_process_group(dist_opts: Any, pg_options: Any = None) -> CudampiProce
         # torch's timeout= (init_process_group / new_group) is this group's deadline
         config = config.replace(timeout=timeout.total_seconds())
     comm = Communicator(mpi_comm, path=options.path, config=config)
+    if runner is not None:
+        runner.give_up = comm.give_up
     pg = CudampiProcessGroup(
         comm, mpi_comm, rank, size, ranks, group_id, runner=runner, auto=options.async_ops is None
     )

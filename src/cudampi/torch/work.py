@@ -325,7 +325,13 @@ class AsyncRunner:
     that first waits for an event recorded on the caller's stream at submit time, so the
     Communicator waits for exactly what the caller had queued, not for later kernels.
     Requires MPI_THREAD_MULTIPLE: point-to-point calls stay on the caller's thread.
+
+    ``give_up`` (the group's ``Communicator.give_up``) fails the group where a ``Work.wait
+    (timeout=)`` gives up: the op is still pending in MPI, and the process must end the job at
+    exit instead of waiting for it in MPI_Finalize.
     """
+
+    give_up: Callable[[str], BaseException] | None = None
 
     def __init__(self, name: str) -> None:
         import queue
@@ -353,6 +359,7 @@ class AsyncRunner:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(devices[0]))
         work = _async_work_class()(devices)
+        work._give_up = self.give_up
         self._queue.put((fn, (devices[0], ready) if devices else None, work))
         return work
 
@@ -493,6 +500,7 @@ def _async_work_class() -> type:
             fut: Any = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
             super().__init__(devices, fut)
             self._event = threading.Event()
+            self._give_up: Callable[[str], BaseException] | None = None
 
         def _complete(self, result: Any, done: Any = None) -> None:
             self._result = result
@@ -507,15 +515,18 @@ def _async_work_class() -> type:
 
         def _host_wait(self, limit: float | None = None) -> None:
             """Wait for the runner to have run the op; at most ``limit`` seconds
-            (``Work.wait(timeout=)``: the op itself keeps the group's deadline)."""
+            (``Work.wait(timeout=)``), past which the group fails (``AsyncRunner.give_up``):
+            the op is still pending."""
             if not self._event.wait(limit):
                 from cudampi.errors import CommTimeoutError
 
-                raise as_dist_error(
-                    CommTimeoutError(
-                        f"the collective did not complete within Work.wait(timeout={limit:g} s)"
-                    )
+                why = (
+                    f"the collective did not complete within Work.wait(timeout={limit:g} s); it "
+                    "stays pending, so this process group cannot be used again and the job ends "
+                    "when this process exits"
                 )
+                error = CommTimeoutError(why) if self._give_up is None else self._give_up(why)
+                raise as_dist_error(error)
 
         def _host_done(self) -> bool:
             return self._event.is_set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cudampi.comm.args import truncated
 from cudampi.comm.arrays import ArrayOps
 from cudampi.comm.choice import Ask, DeviceSupport, PathChoice
 from cudampi.comm.deadline import wait_request
@@ -78,10 +79,15 @@ def irecv_handle(
     req = comm.Irecv(buf, source, tag)
 
     def poll(block: bool) -> bool:
-        if block:
-            req.Wait(status)
-        elif not req.Test(status):
-            return False
+        try:
+            if block:
+                req.Wait(status)
+            elif not req.Test(status):
+                return False
+        except mpi().Exception as exc:
+            if exc.Get_error_class() == mpi().ERR_TRUNCATE:
+                raise truncated("irecv", source, tag, nbytes) from exc
+            raise
         got = finish_recv(comm, status, nbytes, tag, chunk_bytes, ptr)
         if then is not None:
             then(got)
