@@ -413,11 +413,10 @@ def rank_over_the_count_limit(comm):
     """Issue 16, item 15, at a small stand-in for the C-int limit: every collective of the mpi
     engine (host, and inside staged) on messages over it runs in pieces or through cudampi's
     chunked algorithms, with right results."""
-    import cudampi.comm.engines.mpi as mpi_engine
-    from cudampi.comm import Communicator
+    from cudampi.comm import Communicator, transport
     from cudampi.config import Config
 
-    mpi_engine.COUNT_LIMIT, mpi_engine.PIECE = 1000, 300  # bytes for broadcast, else elements
+    transport.COUNT_LIMIT, transport.PIECE = 1000, 300  # bytes for broadcast, else elements
     f = Failures(comm.rank)
     with Communicator(comm, config=Config.load({}, env={})) as c:
         run_matrix(
@@ -438,6 +437,53 @@ def rank_over_the_count_limit(comm):
 def test_messages_over_the_count_limit_run_in_pieces(n):
     proc = run_mpi(n, __file__, "rank_over_the_count_limit", timeout=300)
     assert f"on {n} ranks" in proc.stdout
+
+
+def rank_p2p_over_the_count_limit(comm):
+    """At a stand-in for the C-int limit (1000 bytes): user messages over it on every host path
+    (blocking, non-blocking, sendrecv) and cudampi's broadcast
+    (gpu-ring, whose binomial tree sends whole arrays) arrive whole."""
+    import numpy as np
+
+    from cudampi.comm import Communicator, transport
+    from cudampi.config import Config
+
+    transport.COUNT_LIMIT, transport.PIECE = 1000, 300
+    r, peer = comm.rank, 1 - comm.rank
+    config = Config.load({"chunk_bytes": "256", "timeout": "20"}, env={})
+    with Communicator(comm, config=config) as c:
+        for path in ("host", "staged"):
+            for n in (999, 1001, 4000):  # bytes (uint8), around and over the limit
+                x = (np.arange(n) * (r + 3) % 251).astype(np.uint8)
+                want = (np.arange(n) * (peer + 3) % 251).astype(np.uint8)
+                y = np.zeros(n, np.uint8)
+                if r == 0:
+                    c.send(x, 1, 1, path=path)
+                    c.recv(y, 1, 2, path=path)
+                else:
+                    c.recv(y, 0, 1, path=path)
+                    c.send(x, 0, 2, path=path)
+                assert (y == want).all(), (path, n, "send/recv")
+                y[:] = 0
+                h = c.irecv(y, peer, 3, path=path)
+                c.isend(x, peer, 3, path=path).wait()
+                h.wait()
+                assert (y == want).all(), (path, n, "isend/irecv")
+                y[:] = 0
+                c.sendrecv(x, peer, y, peer, 4, path=path)
+                assert (y == want).all(), (path, n, "sendrecv")
+        for n in (999, 1001, 4000):
+            x = np.full(n, 7 if r == 0 else 0, np.uint8)
+            x[-1] = 9 if r == 0 else 0
+            c.broadcast(x, root=0, path="gpu-ring")
+            assert (x[:-1] == 7).all() and x[-1] == 9, (n, "gpu-ring broadcast")
+    if r == 0:
+        print("messages over the limit arrive whole", flush=True)
+
+
+def test_user_messages_over_the_count_limit_arrive_whole():
+    proc = run_mpi(2, __file__, "rank_p2p_over_the_count_limit", timeout=300)
+    assert "messages over the limit arrive whole" in proc.stdout
 
 
 def rank_two_gib(comm):
@@ -470,3 +516,36 @@ def test_two_gib_messages_on_the_host_path(asked):
     """Issue 16, item 15 (~6 GiB of memory for 2 ranks, a minute or two)."""
     proc = run_mpi(2, __file__, "rank_two_gib", timeout=900)
     assert "2 GiB ok" in proc.stdout
+
+
+def rank_two_gib_messages(comm, path):
+    """A user message of 2 GiB and more (send/recv) and cudampi's broadcast (gpu-ring) of one,
+    for real: MPI's large-count calls refuse them in the Open MPI 5.0 wheel (MPI_ERR_ARG)."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+
+    n = (2 << 30) + 4096
+    x = np.zeros(n, dtype=np.uint8)
+    with Communicator(comm) as c:
+        if comm.rank == 0:
+            x[::4096] = 7
+            x[-1] = 9
+            c.send(x, 1, 1, path=path)
+        else:
+            c.recv(x, 0, 1, path=path)
+            assert x[-1] == 9 and x[4096] == 7 and x[1] == 0 and x[1 << 31] == 7, "send/recv"
+            x[:] = 0
+        c.broadcast(x, root=0, path="gpu-ring")
+        assert x[-1] == 9 and x[4096] == 7 and x[1] == 0 and x[1 << 31] == 7, "broadcast"
+    if comm.rank == 0:
+        print("2 GiB messages ok", flush=True)
+
+
+@pytest.mark.parametrize(
+    "path", [pytest.param(p, marks=only_when_asked()) for p in ("host", "staged")]
+)
+def test_two_gib_user_messages(path):
+    """~2.2 GiB a rank, ~5 GiB in all, a minute or two."""
+    proc = run_mpi(2, __file__, "rank_two_gib_messages", path, timeout=900)
+    assert "2 GiB messages ok" in proc.stdout

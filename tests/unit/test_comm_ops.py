@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from cudampi.comm.arrays import COMPLEX, FLOAT, check_op, ops_allowed
 from cudampi.comm.arrays import DTYPES as ALL_DTYPES
-from cudampi.comm.arrays import check_op, ops_allowed
 from cudampi.comm.arrays.numpy import NumpyOps
 from cudampi.comm.arrays.torch import TorchOps
 from cudampi.errors import CommError
@@ -79,23 +79,32 @@ def test_reduce_matches_numpy_for_every_op(dtype, impl):
         assert np.array_equal(got, want), (impl, dtype, op, got[:6], want[:6])
 
 
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "bool"])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in FLOAT + COMPLEX and d != "bfloat16"])
 @pytest.mark.parametrize("impl", ["numpy", pytest.param("torch-kernels", marks=needs_torch)])
-def test_avg_divides_floats_and_floor_divides_integers(dtype, impl):
+def test_avg_divides_each_share_in_place_or_from_a_source(dtype, impl):
     a, _ = _pair(dtype)
     n = 3
-    want = a // a.dtype.type(n) if dtype[0] in "iu" else a / a.dtype.type(n)
-    if impl == "numpy":
-        d = a.copy()
-        NumpyOps().divide(d, n, dtype)
-    else:
-        t = torch.from_numpy(a.copy())
-        TorchOps(None, use_numpy=False).divide(t, n, dtype)
-        d = t.numpy()
-    if dtype[0] in "iu":
-        assert np.array_equal(d, want), (dtype, d[:6], want[:6])
-    else:
-        assert np.allclose(d, want, rtol=2e-3)
+    want = a / a.dtype.type(n)
+    for apart in (False, True):
+        if impl == "numpy":
+            d = np.empty_like(a) if apart else a.copy()
+            NumpyOps().divide(d, n, dtype, a if apart else None)
+        else:
+            t = torch.empty_like(torch.from_numpy(a)) if apart else torch.from_numpy(a.copy())
+            TorchOps(None, use_numpy=False).divide(
+                t, n, dtype, torch.from_numpy(a) if apart else None
+            )
+            d = t.numpy()
+        assert np.allclose(d, want, rtol=2e-3), (dtype, apart, d[:6], want[:6])
+
+
+def test_avg_is_refused_for_integers_and_named_for_floats():
+    for dtype in ("int8", "int32", "uint64"):
+        assert "avg" not in ops_allowed(dtype)
+        with pytest.raises(CommError, match=f"op='avg' is not defined for {dtype}: the sum"):
+            check_op("avg", dtype)
+    for dtype in FLOAT + COMPLEX:
+        assert check_op("avg", dtype) == "avg"
 
 
 @needs_torch

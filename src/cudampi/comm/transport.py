@@ -21,8 +21,23 @@ from typing import Any
 from cudampi.comm.arrays import ArrayOps, Stager
 from cudampi.errors import CommError
 
+COUNT_LIMIT = 2**31 - 1
+"""The largest count or displacement one MPI call is given (a C int): MPI's classic calls take
+no more, and the Open MPI 5.0 wheel refuses its large-count ``_c`` calls with MPI_ERR_ARG. A
+message over it travels in pieces (:func:`pieces`)."""
+PIECE = 1 << 30
+"""Elements (bytes for a message) of one piece of a message over :data:`COUNT_LIMIT`."""
+
 _EMPTY = bytearray(1)
 _MPI: Any = None
+
+
+def pieces(n: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in pieces MPI takes in one call: itself up to :data:`COUNT_LIMIT`, else
+    :data:`PIECE` at a time (read at call time: tests stand a small limit in for 2 GiB)."""
+    if n <= COUNT_LIMIT:
+        return [(0, n)]
+    return [(lo, min(n, lo + PIECE)) for lo in range(0, n, PIECE)]
 
 
 def mpi() -> Any:
@@ -63,7 +78,8 @@ def chunk_bounds(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
 
 class DirectTransport:
     """MPI point-to-point on the arrays' own memory. Zero-byte transfers are skipped (both sides
-    compute the same sizes, so both skip)."""
+    compute the same sizes, so both skip); a transfer over :data:`COUNT_LIMIT` bytes is several
+    messages in order (both sides cut it alike), whose requests travel as a list."""
 
     def __init__(self, comm: Any, ops: ArrayOps, tag: int = 1) -> None:
         self.comm = comm
@@ -71,31 +87,32 @@ class DirectTransport:
         self.tag = tag
 
     def isend(self, a: Any, dest: int) -> Any:
-        from mpi4py import MPI
-
-        n = self.ops.nbytes(a)
-        if n == 0:
-            return MPI.REQUEST_NULL
-        return self.comm.Isend(mem(self.ops.ptr(a), n), dest, self.tag)
+        return self._post(self.comm.Isend, a, dest)
 
     def irecv(self, a: Any, source: int) -> Any:
-        from mpi4py import MPI
+        return self._post(self.comm.Irecv, a, source)
 
+    def _post(self, call: Any, a: Any, peer: int) -> Any:
         n = self.ops.nbytes(a)
         if n == 0:
-            return MPI.REQUEST_NULL
-        return self.comm.Irecv(mem(self.ops.ptr(a), n), source, self.tag)
+            return mpi().REQUEST_NULL
+        ptr = self.ops.ptr(a)
+        if n <= COUNT_LIMIT:
+            return call(mem(ptr, n), peer, self.tag)
+        return [call(mem(ptr + lo, hi - lo), peer, self.tag) for lo, hi in pieces(n)]
 
     @staticmethod
     def wait(req: Any) -> None:
-        req.Wait()
+        if isinstance(req, list):
+            mpi().Request.Waitall(req)
+        else:
+            req.Wait()
 
     @staticmethod
     def waitall(reqs: list[Any]) -> None:
         if reqs:
-            from mpi4py import MPI
-
-            MPI.Request.Waitall(reqs)
+            flat = [q for r in reqs for q in (r if isinstance(r, list) else (r,))]
+            mpi().Request.Waitall(flat)
 
     def sendrecv(self, send: Any, dest: int, recv: Any, source: int) -> None:
         self.waitall([self.irecv(recv, source), self.isend(send, dest)])
@@ -126,7 +143,7 @@ def recv_rest(comm: Any, ptr: int, nbytes: int, done: int, source: int, tag: int
 
     status = MPI.Status()
     while done < nbytes:
-        comm.Recv(mem(ptr + done, nbytes - done), source, tag, status)
+        comm.Recv(mem(ptr + done, min(nbytes - done, COUNT_LIMIT)), source, tag, status)
         got = status.Get_count(MPI.BYTE)
         if got == 0:
             raise CommError(
@@ -219,7 +236,7 @@ class StagedTransport:
         if not opens_sequence(first, n, self.chunk_bytes):
             # one message: receive it whole, then copy to the device
             host = st.pinned(max(n, 1))
-            msg.Recv(mem(st.host_ptr(host), n))
+            msg.Recv(mem(st.host_ptr(host), min(n, COUNT_LIMIT)))
             st.wait(st.h2d(a, host, 0, min(first, n)))
             return int(src)
         # a chunk sequence: chunk k+1 arrives while chunk k is copied to the device

@@ -28,6 +28,7 @@ from cudampi.comm.arrays.base import (
     Unsupported,
     check_op,
     is_float,
+    nan_aware,
     ops_allowed,
 )
 from cudampi.errors import CommError, ConfigError
@@ -142,6 +143,7 @@ __all__ = [
     "flat",
     "is_float",
     "library",
+    "nan_aware",
     "new_like",
     "ops_allowed",
     "ops_for",

@@ -95,15 +95,30 @@ class Buf:
 # ----------------------------------------------------------------------------- reductions
 
 
+SEMANTICS = """What the reductions promise, on every path and engine:
+
+- ``max``/``min`` on floating-point dtypes propagate NaN, as NumPy's ``maximum``/``minimum`` and
+  torch's do: an element is NaN where any rank's is. (MPI's own MAX/MIN and NCCL's drop NaN;
+  the engines that use them make up for it.)
+- ``avg`` is defined for floating-point and complex dtypes: the sum of the ranks' values
+  divided by their number, each rank's value divided before the sum (as NCCL's ``ncclAvg``
+  does), so an average of values near the dtype's largest is finite where their sum is not.
+  Integers have no ``avg`` (torch's NCCL backend has none either): their sum can wrap before
+  the division, so the result could be any value; sum with ``op="sum"`` in a dtype wide enough
+  and divide.
+"""
+
+
 def ops_allowed(dtype: str) -> tuple[str, ...]:
-    """The reduction ops defined for ``dtype`` (bool: sum/max/bor = or, prod/min/band = and)."""
+    """The reduction ops defined for ``dtype`` (bool: sum/max/bor = or, prod/min/band = and;
+    see :data:`SEMANTICS`)."""
     if dtype in FLOAT:
         return ("sum", "prod", "min", "max", "avg")
     if dtype in COMPLEX:
         return ("sum", "prod", "avg")
     if dtype == "bool":
         return ("sum", "prod", "min", "max", "band", "bor", "bxor")
-    return REDUCE_OPS
+    return tuple(op for op in REDUCE_OPS if op != "avg")
 
 
 def check_op(op: Any, dtype: str) -> str:
@@ -111,9 +126,22 @@ def check_op(op: Any, dtype: str) -> str:
     if not isinstance(op, str) or op not in REDUCE_OPS:
         raise CommError(f"op={op!r} is not a reduction; use one of {', '.join(REDUCE_OPS)}")
     allowed = ops_allowed(dtype)
+    if op == "avg" and dtype != "bool" and op not in allowed:
+        raise CommError(
+            f"op='avg' is not defined for {dtype}: the sum of the ranks' values can wrap around "
+            f"in {dtype} before the division, so the average could be any value. Reduce with "
+            "op='sum' in a dtype wide enough (int64, float64) and divide by the number of ranks; "
+            f"{dtype} takes {', '.join(allowed)}"
+        )
     if op not in allowed:
         raise CommError(f"op={op!r} is not defined for {dtype}; {dtype} takes {', '.join(allowed)}")
     return op
+
+
+def nan_aware(op: str, dtype: str) -> bool:
+    """Whether ``op`` on ``dtype`` must propagate NaN (:data:`SEMANTICS`), which MPI's and
+    NCCL's own MAX/MIN do not."""
+    return op in ("max", "min") and dtype in FLOAT
 
 
 BOOL_OP = {
@@ -182,8 +210,9 @@ class ArrayOps:
         """``dst = dst (op) src`` element-wise, in place (``avg`` reduces as ``sum``)."""
         raise NotImplementedError
 
-    def divide(self, a: Any, n: int, dtype: str) -> None:
-        """Finish ``avg``: true division for floats and complex, floor division for integers."""
+    def divide(self, a: Any, n: int, dtype: str, src: Any = None) -> None:
+        """``a = (src, else a) / n`` element-wise, for ``avg``: each rank's value divided
+        before the sum (:data:`SEMANTICS`; floating-point and complex dtypes only)."""
         raise NotImplementedError
 
     def capture(self) -> Any:

@@ -9,8 +9,6 @@ from typing import Any
 
 from cudampi.comm.arrays.base import (
     BOOL_OP,
-    COMPLEX,
-    FLOAT,
     NP_OP,
     ArrayLibrary,
     ArrayOps,
@@ -86,14 +84,11 @@ class CupyOps(ArrayOps):
         with self._on_stream():
             getattr(cupy, name)(dst, src, out=dst)
 
-    def divide(self, a: Any, n: int, dtype: str) -> None:
+    def divide(self, a: Any, n: int, dtype: str, src: Any = None) -> None:
         import cupy
 
         with self._on_stream():
-            if dtype in FLOAT or dtype in COMPLEX:
-                cupy.true_divide(a, a.dtype.type(n), out=a)
-            else:
-                cupy.floor_divide(a, a.dtype.type(n), out=a)
+            cupy.true_divide(a if src is None else src, a.dtype.type(n), out=a)
 
     def capture(self) -> Any:
         import cupy

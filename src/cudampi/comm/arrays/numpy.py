@@ -7,8 +7,6 @@ from typing import Any
 
 from cudampi.comm.arrays.base import (
     BOOL_OP,
-    COMPLEX,
-    FLOAT,
     NP_OP,
     ArrayLibrary,
     ArrayOps,
@@ -70,13 +68,10 @@ class NumpyOps(ArrayOps):
         name = BOOL_OP[core(op)] if dtype == "bool" else NP_OP[core(op)]
         getattr(numpy, name)(dst, src, out=dst)
 
-    def divide(self, a: Any, n: int, dtype: str) -> None:
+    def divide(self, a: Any, n: int, dtype: str, src: Any = None) -> None:
         import numpy
 
-        if dtype in FLOAT or dtype in COMPLEX:
-            numpy.true_divide(a, a.dtype.type(n), out=a)
-        else:
-            numpy.floor_divide(a, a.dtype.type(n), out=a)
+        numpy.true_divide(a if src is None else src, a.dtype.type(n), out=a)
 
 
 NUMPY_OPS = NumpyOps()

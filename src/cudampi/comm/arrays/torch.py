@@ -9,8 +9,6 @@ from typing import Any
 
 from cudampi.comm.arrays.base import (
     BOOL_OP,
-    COMPLEX,
-    FLOAT,
     ArrayLibrary,
     ArrayOps,
     Buf,
@@ -122,19 +120,14 @@ class TorchOps(ArrayOps):
             else:
                 getattr(torch, _TORCH_OP[c])(dst, src, out=dst)
 
-    def divide(self, a: Any, n: int, dtype: str) -> None:
+    def divide(self, a: Any, n: int, dtype: str, src: Any = None) -> None:
         if self.use_numpy and dtype != "bfloat16":
-            NUMPY_OPS.divide(a.numpy(), n, dtype)
+            NUMPY_OPS.divide(a.numpy(), n, dtype, None if src is None else src.numpy())
             return
         import torch
 
         with self._on_stream():
-            if dtype in FLOAT or dtype in COMPLEX:
-                a.div_(n)
-            elif dtype in ("uint16", "uint32", "uint64"):
-                _unsigned_floordiv(torch, a, n, dtype)
-            else:
-                torch.floor_divide(a, n, out=a)
+            torch.div(a if src is None else src, n, out=a)
 
     def capture(self) -> Any:
         if self.device is None:
@@ -191,21 +184,6 @@ def _unsigned_reduce(torch: Any, dst: Any, src: Any, c: str, dtype: str) -> None
         torch.bitwise_xor(d, flip, out=d)
     else:
         getattr(torch, _TORCH_OP[c])(d, s, out=d)
-
-
-def _unsigned_floordiv(torch: Any, a: Any, n: int, dtype: str) -> None:
-    twin = _signed_twin(torch, dtype)
-    s = a.view(twin)
-    if dtype != "uint64":
-        wide = s.to(torch.int64) & ((1 << (s.element_size() * 8)) - 1)
-        s.copy_(torch.floor_divide(wide, n).to(twin))
-        return
-    # uint64: halve with a logical shift so the value fits int64, divide, then fix the remainder.
-    half = (s >> 1) & 0x7FFFFFFFFFFFFFFF
-    q = torch.floor_divide(half, n) << 1
-    rem = s - q * n  # exact: true value - q*n < 2n, wrap-around cancels
-    q += torch.floor_divide(rem, n)
-    s.copy_(q)
 
 
 class TorchStager:

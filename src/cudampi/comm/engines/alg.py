@@ -90,31 +90,27 @@ class AlgEngine(DirectP2P):
             self.direct,
         )
 
-    def _copy(self, xf: Any) -> Any:
+    def _work(self, xf: Any, op: str, dtype: str, scratch: bool) -> Any:
+        """The array the algorithm reduces in place: ``xf`` itself where it is a scratch copy,
+        else a copy; divided for ``avg`` (:meth:`share`)."""
         n = int(xf.shape[0])
-        work = self.ops.empty(max(1, n), xf)[:n]
-        self.ops.copy(work, xf)
+        work = xf if scratch else self.ops.empty(max(1, n), xf)[:n]
+        self.share(work, xf, op, dtype)
         return work
 
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
-        if xf is not of:
-            self.ops.copy(of, apart(self.ops, xf, of))
+        self.share(of, xf if xf is of else apart(self.ops, xf, of), op, dtype)
         algorithms.allreduce(self._ctx(of), of, op, dtype)
-        self.finish_avg(of, op, dtype)
 
     def reduce(
         self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
-        is_root = self.setting.rank == root
-        if is_root:
+        if self.setting.rank == root:
             work = of
-            if xf is not of:
-                self.ops.copy(of, apart(self.ops, xf, of))
+            self.share(of, xf if xf is of else apart(self.ops, xf, of), op, dtype)
         else:
-            work = xf if scratch else self._copy(xf)
+            work = self._work(xf, op, dtype, scratch)
         algorithms.reduce(self._ctx(work), work, op, dtype, root)
-        if is_root:
-            self.finish_avg(of, op, dtype)
 
     def broadcast(self, xf: Any, root: int) -> None:
         algorithms.broadcast(self._ctx(xf), xf, root)
@@ -145,9 +141,8 @@ class AlgEngine(DirectP2P):
     def reduce_scatterv(
         self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
-        work = xf if scratch else self._copy(xf)
+        work = self._work(xf, op, dtype, scratch)
         algorithms.reduce_scatterv(self._ctx(xf), work, of, counts, op, dtype)
-        self.finish_avg(of, op, dtype)
 
     def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
         send = apart(self.ops, xf, of)

@@ -7,7 +7,7 @@ the caller's memory, never copies) that are already valid for the call. Every ra
 method with the same counts, op and root; an engine never checks that again.
 
 Collectives (``xf`` the input, ``of`` the output; ``op`` a reduction valid for ``dtype``, ``avg``
-included: an engine finishes ``avg`` itself, so it may fuse the division)::
+included: an engine divides each rank's share itself, before the sum (:meth:`Engine.share`))::
 
     allreduce(xf, of, op, dtype)                  xf is of: in place
     reduce(xf, of, op, dtype, root, scratch=False)  of is written on root only; xf is of: in place
@@ -305,10 +305,14 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
 
-    def finish_avg(self, of: Any, op: str, dtype: str) -> None:
-        """Divide a sum by the number of ranks where ``op`` is ``avg``."""
+    def share(self, dst: Any, src: Any, op: str, dtype: str) -> None:
+        """``dst`` = ``src`` (``src is dst``: in place; else apart from it), divided by the
+        number of ranks where ``op`` is ``avg``: each rank's share, before the sum, so the sum
+        cannot overflow where the average fits (:data:`cudampi.comm.arrays.base.SEMANTICS`)."""
         if op == "avg":
-            self.ops.divide(of, self.setting.size, dtype)
+            self.ops.divide(dst, self.setting.size, dtype, None if src is dst else src)
+        elif src is not dst:
+            self.ops.copy(dst, src)
 
 
 class CollectivesOnly(Engine):
@@ -339,11 +343,6 @@ class CollectivesOnly(Engine):
     @unimplemented
     def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
         raise self._no_p2p()
-
-
-def core_op(op: str) -> str:
-    """The reduction that runs on the wire: ``avg`` is a ``sum`` divided afterwards."""
-    return "sum" if op == "avg" else op
 
 
 class Engines:

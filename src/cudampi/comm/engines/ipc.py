@@ -495,20 +495,20 @@ class HierEngine(Engine):
 
     # ------------------------------------------------------------------ hierarchical
 
+    # avg: the node's engine divides by the node's ranks, the cross engine by the nodes, each
+    # before its sum: sum / (ranks per node * nodes) without an overflow in between.
+
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
-        core = "sum" if op == "avg" else op
         counts = self._node_split(int(xf.shape[0]))
         part = self._scratch(counts[self.local], xf)
-        self.node.reduce_scatterv(xf, part, counts, core, dtype)
+        self.node.reduce_scatterv(xf, part, counts, op, dtype)
         self._settle()
-        self.cross.allreduce(part, part, core, dtype)
+        self.cross.allreduce(part, part, op, dtype)
         self.node.allgatherv(part, of, counts)
-        self.finish_avg(of, op, dtype)
 
     def reduce_scatterv(
         self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
-        core = "sum" if op == "avg" else op
         L, me = self.per_node, self.local
         mine = [counts[m * L + me] for m in range(self.nodes)]
         part = self._scratch(sum(mine), xf)
@@ -516,12 +516,11 @@ class HierEngine(Engine):
         for m in range(self.nodes):
             block = counts[m * L : (m + 1) * L]
             self.node.reduce_scatterv(
-                xf[lo : lo + sum(block)], part[pos : pos + block[me]], block, core, dtype
+                xf[lo : lo + sum(block)], part[pos : pos + block[me]], block, op, dtype
             )
             lo, pos = lo + sum(block), pos + block[me]
         self._settle()
-        self.cross.reduce_scatterv(part, of, mine, core, dtype, scratch=True)
-        self.finish_avg(of, op, dtype)
+        self.cross.reduce_scatterv(part, of, mine, op, dtype, scratch=True)
 
     def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
         L = self.per_node

@@ -4,35 +4,37 @@ It runs the ``host`` and ``native`` paths, direct device point-to-point, and, on
 the inside of the staged engine. Buffers are handed to MPI by address, so the same calls serve
 host arrays and, where `cudampi doctor` proved the library handles them, device arrays.
 Reductions need an MPI datatype and op: float16 and bfloat16 have none here, so paths choose
-cudampi's own algorithms (the ``alg`` engine) for them.
+cudampi's own algorithms (the ``alg`` engine) for them. What the reductions promise
+(:data:`cudampi.comm.arrays.base.SEMANTICS`) holds here too: MPI's MAX and MIN drop NaN on
+floats (C's comparisons), so float max/min on host memory reduce with a user op of NumPy's
+``maximum``/``minimum`` (:func:`nan_op`; docs/reliability.md has its cost), and on device memory
+with cudampi's algorithm; ``avg`` divides each rank's value before MPI's SUM.
 
 Counts and displacements are C ints in MPI's classic calls (and the large-count ``_c`` calls of
 the Open MPI 5.0 wheel refuse more with MPI_ERR_ARG): messages of 2 GiB and more run in pieces
 (allreduce, reduce, broadcast) or, for the vector collectives, through cudampi's algorithms,
-whose messages are chunked (:data:`COUNT_LIMIT`).
+whose messages are cut to size (:data:`cudampi.comm.transport.COUNT_LIMIT`); user messages as
+a chunk sequence (:mod:`cudampi.comm.engines.p2p`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from cudampi.comm import transport
 from cudampi.comm.algorithms import offsets
-from cudampi.comm.arrays import ArrayOps
+from cudampi.comm.arrays import ArrayOps, nan_aware
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Engine
 from cudampi.comm.engines.p2p import DirectP2P, apart, bytes_spec, message_route, overlap
-from cudampi.comm.transport import mem, typed_mem
+from cudampi.comm.transport import mem, pieces, typed_mem
 from cudampi.errors import DeviceError
 
 NO_MPI_TYPE = ("float16", "bfloat16")
-COUNT_LIMIT = 2**31 - 1
-"""The largest count or displacement one MPI call is given (a C int)."""
-PIECE = 1 << 30
-"""Elements (bytes for broadcast) of one piece of a message over :data:`COUNT_LIMIT`."""
 
 
 _TYPES: dict[str, Any] = {}
-_OPS: dict[tuple[str, bool], Any] = {}
+_OPS: dict[tuple[str, str], Any] = {}
 
 
 def mpi_type(dtype: str) -> Any:
@@ -63,32 +65,44 @@ def mpi_type(dtype: str) -> Any:
 
 
 def mpi_op(op: str, dtype: str) -> Any:
-    """The MPI op for ``op`` on ``dtype`` (bool: logical ops; avg: SUM, divided afterwards)."""
-    if not _OPS:
+    """The MPI op for ``op`` on ``dtype`` in host memory (bool: logical ops; avg: SUM of the
+    divided values; float max/min: :func:`nan_op`)."""
+    found = _OPS.get((op, dtype))
+    if found is None:
+        found = _OPS[(op, dtype)] = _make_op(op, dtype)
+    return found
+
+
+def _make_op(op: str, dtype: str) -> Any:
+    from mpi4py import MPI
+
+    if nan_aware(op, dtype):
+        return nan_op(op)
+    if dtype == "bool":
+        logical = {"sum": "LOR", "max": "LOR", "bor": "LOR", "prod": "LAND", "min": "LAND"}
+        return getattr(MPI, logical.get(op) or {"band": "LAND", "bxor": "LXOR"}[op])
+    return getattr(MPI, "SUM" if op == "avg" else op.upper())
+
+
+_NAN_OPS: dict[str, Any] = {}
+
+
+def nan_op(op: str) -> Any:
+    """A commutative MPI user op for float max/min that propagates NaN: NumPy's ``maximum`` /
+    ``minimum`` on the two buffers MPI hands it (host memory, float32 or float64)."""
+    if op not in _NAN_OPS:
+        import numpy
         from mpi4py import MPI
 
-        for name, lop in (
-            ("sum", MPI.LOR),
-            ("max", MPI.LOR),
-            ("bor", MPI.LOR),
-            ("prod", MPI.LAND),
-            ("min", MPI.LAND),
-            ("band", MPI.LAND),
-            ("bxor", MPI.LXOR),
-        ):
-            _OPS[(name, True)] = lop
-        for name, aop in (
-            ("sum", MPI.SUM),
-            ("avg", MPI.SUM),
-            ("prod", MPI.PROD),
-            ("min", MPI.MIN),
-            ("max", MPI.MAX),
-            ("band", MPI.BAND),
-            ("bor", MPI.BOR),
-            ("bxor", MPI.BXOR),
-        ):
-            _OPS[(name, False)] = aop
-    return _OPS[(op, dtype == "bool")]
+        fn = numpy.maximum if op == "max" else numpy.minimum
+
+        def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            kind = numpy.float32 if datatype.Get_size() == 4 else numpy.float64
+            acc = numpy.frombuffer(inoutbuf, dtype=kind)
+            fn(numpy.frombuffer(inbuf, dtype=kind), acc, out=acc)
+
+        _NAN_OPS[op] = MPI.Op.Create(combine, commute=True)
+    return _NAN_OPS[op]
 
 
 def can_reduce(dtype: str) -> bool:
@@ -281,29 +295,47 @@ class MpiEngine(DirectP2P):
         """cudampi's algorithms on the same arrays, for vector collectives over the limit."""
         return self.peer("alg")
 
-    @staticmethod
-    def _pieces(n: int) -> list[tuple[int, int]]:
-        if n <= COUNT_LIMIT:
-            return [(0, n)]
-        return [(lo, min(n, lo + PIECE)) for lo in range(0, n, PIECE)]
+    def _nan_on_device(self, op: str, dtype: str) -> bool:
+        """Float max/min on device memory: MPI's MAX/MIN drop NaN and a user op cannot read
+        device memory, so cudampi's algorithm reduces them (on the same arrays)."""
+        return self.ops.device is not None and nan_aware(op, dtype)
+
+    def _shares(self, xf: Any, dtype: str, into: Any = None, scratch: bool = False) -> Any:
+        """``avg``: this rank's share, ``xf`` divided by the number of ranks (before the sum:
+        :data:`~cudampi.comm.arrays.base.SEMANTICS`), into ``into`` (else in place where ``xf``
+        is a scratch copy, else a new array), ready for MPI to read."""
+        n = int(xf.shape[0])
+        if into is None:
+            into = xf if scratch else self.ops.empty(max(1, n), xf)[:n]
+        self.ops.divide(into, self.setting.size, dtype, None if into is xf else apart(
+            self.ops, xf, into))  # fmt: skip
+        self.ops.fence()
+        return into
 
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
-        if int(of.shape[0]) <= COUNT_LIMIT:  # one MPI call (nearly every call): no slicing
+        if self._nan_on_device(op, dtype):
+            return self.peer("alg").allreduce(xf, of, op, dtype)
+        if op == "avg":
+            xf = self._shares(xf, dtype, of)
+        if int(of.shape[0]) <= transport.COUNT_LIMIT:  # one MPI call (nearly every call)
             allreduce(self.setting.coll, self.ops, xf, of, op, dtype)
-            self.finish_avg(of, op, dtype)
             return
-        for lo, hi in self._pieces(int(of.shape[0])):
+        for lo, hi in pieces(int(of.shape[0])):
             out = of if hi - lo == int(of.shape[0]) else of[lo:hi]
             send = out if xf is of else (xf if out is of else xf[lo:hi])
             allreduce(self.setting.coll, self.ops, send, out, op, dtype)
-        self.finish_avg(of, op, dtype)
+        return None
 
     def reduce(
         self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
+        if self._nan_on_device(op, dtype):
+            return self.peer("alg").reduce(xf, of, op, dtype, root, scratch=scratch)
         is_root = self.setting.rank == root
+        if op == "avg":
+            xf = self._shares(xf, dtype, of if is_root else None, scratch)
         n = int(xf.shape[0])
-        for lo, hi in self._pieces(n):
+        for lo, hi in pieces(n):
             whole = hi - lo == n
             if is_root:
                 out = of if whole else of[lo:hi]
@@ -311,17 +343,16 @@ class MpiEngine(DirectP2P):
             else:
                 send = out = xf if whole else xf[lo:hi]  # no output off the root
             reduce(self.setting.coll, self.ops, send, out, op, dtype, root)
-        if is_root:
-            self.finish_avg(of, op, dtype)
+        return None
 
     def broadcast(self, xf: Any, root: int) -> None:
         n, isz = int(xf.shape[0]), self._isz(xf)
-        for lo, hi in self._pieces(n * isz):
+        for lo, hi in pieces(n * isz):
             a, b = -(-lo // isz), min(n, -(-hi // isz))  # pieces on element bounds
             broadcast(self.setting.coll, self.ops, xf if b - a == n else xf[a:b], root)
 
     def _over(self, counts: list[int], a: Any) -> bool:
-        return sum(counts) * self._isz(a) > COUNT_LIMIT
+        return sum(counts) * self._isz(a) > transport.COUNT_LIMIT
 
     def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
         if self._over(counts, xf):
@@ -341,10 +372,12 @@ class MpiEngine(DirectP2P):
     def reduce_scatterv(
         self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
-        if self._over(counts, xf):
+        if self._over(counts, xf) or self._nan_on_device(op, dtype):
             return self._large().reduce_scatterv(xf, of, counts, op, dtype, scratch=scratch)
+        if op == "avg":
+            xf = self._shares(xf, dtype, scratch=scratch)
         reduce_scatterv(self.setting.coll, self.ops, xf, of, counts, op, dtype)
-        self.finish_avg(of, op, dtype)
+        return None
 
     def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
         import numpy

@@ -1,20 +1,26 @@
 """What the engines that move messages with MPI share, below all of them: MPI buffer specs of a
 flat array, copying an input apart from an output it overlaps, handles over MPI requests, and
 user point-to-point straight on the arrays' memory (:class:`DirectP2P`, the ``mpi`` and ``alg``
-engines' messages; the ``staged`` engine's handles)."""
+engines' messages; the ``staged`` engine's handles).
+
+A message over MPI's count limit (:data:`cudampi.comm.transport.COUNT_LIMIT`, 2 GiB) is sent as
+a chunk sequence, the staged engine's framing (:mod:`cudampi.comm.transport`), which every
+receiver takes; a receive into a buffer over the limit posts its first receive at the limit and
+takes the rest of a sequence from there."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from cudampi.comm import transport
 from cudampi.comm.args import truncated
 from cudampi.comm.arrays import ArrayOps
 from cudampi.comm.choice import Ask, DeviceSupport, PathChoice
 from cudampi.comm.deadline import wait_request
 from cudampi.comm.engines.base import Engine
 from cudampi.comm.handle import Handle
-from cudampi.comm.transport import finish_recv, mem, mpi
+from cudampi.comm.transport import chunk_bounds, finish_recv, mem, mpi
 from cudampi.errors import DeviceError
 
 
@@ -48,10 +54,22 @@ def apart(ops: ArrayOps, a: Any, b: Any) -> Any:
 def request_handle(
     what: str | Callable[[], str], req: Any, keep: Any = None, timeout: float | None = None
 ) -> Handle:
-    """A handle over one MPI request; ``keep`` (a staging buffer) lives until it completes;
-    ``timeout``: its wait's deadline; ``what``: as :class:`Handle` takes it."""
+    """A handle over one MPI request (or a list of them: a chunk sequence); ``keep`` (a staging
+    buffer) lives until it completes; ``timeout``: its wait's deadline; ``what``: as
+    :class:`Handle` takes it."""
+    if isinstance(req, list):
+        reqs = req
 
-    def poll(block: bool) -> bool:
+        def poll_all(block: bool) -> bool:
+            _ = keep
+            if block:
+                mpi().Request.Waitall(reqs)
+                return True
+            return bool(mpi().Request.Testall(reqs))
+
+        return Handle(what, poll_all, timeout)
+
+    def poll(block: bool) -> bool:  # (one request: the common case, kept short)
         _ = keep
         if block:
             req.Wait()
@@ -104,19 +122,42 @@ class DirectP2P(Engine):
     def _ptr(self, f: Any) -> Callable[[], int]:
         return lambda: self.ops.ptr(f)
 
+    def _big(self, f: Any) -> bool:
+        """Is ``f`` over the count limit? (An element count far below it answers without the
+        size: a small message pays one comparison.)"""
+        limit = transport.COUNT_LIMIT
+        return int(f.shape[0]) > limit >> 4 and self.ops.nbytes(f) > limit
+
+    def _post_send(self, f: Any, dest: int, tag: int) -> Any:
+        """The send's request: one, or a chunk sequence's list of them (see the module doc)."""
+        s = self.setting
+        if not self._big(f):
+            return s.p2p.Isend(bytes_spec(self.ops, f), dest, tag)
+        ptr, n = self.ops.ptr(f), self.ops.nbytes(f)
+        bounds = chunk_bounds(n, s.config.chunk_bytes)
+        return [s.p2p.Isend(mem(ptr + lo, hi - lo), dest, tag) for lo, hi in bounds]
+
+    def _recv_spec(self, f: Any) -> Any:
+        """The first receive's buffer: ``f``, or its first :data:`COUNT_LIMIT` bytes."""
+        if not self._big(f):
+            return bytes_spec(self.ops, f)
+        return mem(self.ops.ptr(f), transport.COUNT_LIMIT)
+
     def send(self, f: Any, dest: int, tag: int) -> None:
-        req = self.setting.p2p.Isend(bytes_spec(self.ops, f), dest, tag)
-        wait_request(req, self.setting.config.timeout, lambda: f"send to rank {dest} (tag {tag})")
+        req = self._post_send(f, dest, tag)
+        what = lambda: f"send to rank {dest} (tag {tag})"  # noqa: E731
+        for r in req if isinstance(req, list) else (req,):
+            wait_request(r, self.setting.config.timeout, what)
 
     def recv(self, f: Any, source: int, tag: int) -> None:
         s = self.setting
         status = mpi().Status()
-        req = s.p2p.Irecv(bytes_spec(self.ops, f), source, tag)
+        req = s.p2p.Irecv(self._recv_spec(f), source, tag)
         wait_request(req, s.config.timeout, lambda: f"recv from rank {source} (tag {tag})", status)
         finish_recv(s.p2p, status, self.ops.nbytes(f), tag, s.config.chunk_bytes, self._ptr(f))
 
     def isend(self, f: Any, dest: int, tag: int) -> Handle:
-        req = self.setting.p2p.Isend(bytes_spec(self.ops, f), dest, tag)
+        req = self._post_send(f, dest, tag)
         return request_handle(
             lambda: f"isend to rank {dest} (tag {tag})", req, timeout=self.setting.config.timeout
         )
@@ -125,7 +166,7 @@ class DirectP2P(Engine):
         s = self.setting
         return irecv_handle(
             s.p2p,
-            bytes_spec(self.ops, f),
+            self._recv_spec(f),
             self.ops.nbytes(f),
             self._ptr(f),
             source,
@@ -139,10 +180,11 @@ class DirectP2P(Engine):
         two handles."""
         s = self.setting
         status = mpi().Status()
-        rreq = s.p2p.Irecv(bytes_spec(self.ops, of), source, tag)
-        sreq = s.p2p.Isend(bytes_spec(self.ops, xf), dest, tag)
+        rreq = s.p2p.Irecv(self._recv_spec(of), source, tag)
+        sreq = self._post_send(xf, dest, tag)
         timeout = s.config.timeout
-        wait_request(sreq, timeout, lambda: f"isend to rank {dest} (tag {tag})")
+        for r in sreq if isinstance(sreq, list) else (sreq,):
+            wait_request(r, timeout, lambda: f"isend to rank {dest} (tag {tag})")
         wait_request(rreq, timeout, lambda: f"irecv from rank {source} (tag {tag})", status)
         finish_recv(s.p2p, status, self.ops.nbytes(of), tag, s.config.chunk_bytes, self._ptr(of))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from cudampi.comm.arrays import ArrayOps, Stager, stager_for
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
-from cudampi.comm.engines.base import Engine, Engines, Setting, core_op
+from cudampi.comm.engines.base import Engine, Engines, Setting
 from cudampi.comm.engines.p2p import irecv_handle, request_handle
 from cudampi.comm.handle import Handle
 from cudampi.comm.transport import StagedTransport, mem
@@ -201,24 +201,24 @@ class StagedEngine(Engine):
 
     # ------------------------------------------------------------------ collectives
 
+    # The host engine reduces the staged copies with the call's own op (it divides avg's
+    # shares there, before the sum).
+
     def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
-        inner, core = self.inner, core_op(op)
-        self._pieces(xf, of, xf, lambda h: inner.allreduce(h, h, core, dtype))
-        self.finish_avg(of, op, dtype)
+        inner = self.inner
+        self._pieces(xf, of, xf, lambda h: inner.allreduce(h, h, op, dtype))
 
     def reduce(
         self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
-        inner, core = self.inner, core_op(op)
+        inner = self.inner
         is_root = self.setting.rank == root
         self._pieces(
             xf,
             of if is_root else None,
             xf,
-            lambda h: inner.reduce(h, h, core, dtype, root, scratch=True),
+            lambda h: inner.reduce(h, h, op, dtype, root, scratch=True),
         )
-        if is_root:
-            self.finish_avg(of, op, dtype)
 
     def broadcast(self, xf: Any, root: int) -> None:
         inner = self.inner
@@ -251,9 +251,8 @@ class StagedEngine(Engine):
     ) -> None:
         mine = counts[self.setting.rank]
         hx, ho = self._in(xf), self._buffer(of, mine)
-        self.inner.reduce_scatterv(hx, ho, counts, core_op(op), dtype, scratch=True)
+        self.inner.reduce_scatterv(hx, ho, counts, op, dtype, scratch=True)
         self._out(of, ho, mine)
-        self.finish_avg(of, op, dtype)
 
     def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
         hx, ho = self._in(xf), self._buffer(xf, sum(recv_counts))
