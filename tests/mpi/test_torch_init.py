@@ -196,3 +196,37 @@ def test_a_script_ending_right_after_gloo_collectives_exits_cleanly(tmp_path, wo
         proc = run_launched(argv, mpi_env(), 120, "script")
         assert proc.returncode == 0, f"run {run}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
         assert proc.stdout.count("done") == 2, proc.stdout
+
+
+AGAIN = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+import cudampi.torch
+
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+rounds = int(sys.argv[1])
+for i in range(rounds):
+    backend = "gloo" if i % 2 else "cudampi"
+    dist.init_process_group(backend)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert t.tolist() == [2.0] * 4, (i, t)
+    if dist.get_rank() == 0:
+        time.sleep(0.5)  # rank 1 comes back to init_process_group first
+    dist.destroy_process_group()
+print(f"{rounds} rounds ok", flush=True)
+"""
+
+
+def test_destroy_then_init_again_under_cudampi_launch(tmp_path):
+    """Each init under ``cudampi launch`` starts env://'s TCPStore on the same MASTER_PORT: a
+    rank that came back first reached rank 0's previous store, closed under it when rank 0
+    destroyed its group (DistNetworkError, or a wait for ever, before)."""
+    script = tmp_path / "again.py"
+    script.write_text(textwrap.dedent(AGAIN))
+    argv = [sys.executable, "-m", "cudampi", "launch", "-n", "2", str(script), "6"]
+    proc = run_launched(argv, mpi_env(), 120, "6 rounds of init and destroy")
+    assert proc.returncode == 0 and "6 rounds ok" in proc.stdout, (
+        proc.stdout[-2000:] + proc.stderr[-4000:]
+    )

@@ -171,6 +171,32 @@ def lightning_hint(modules: Iterable[str]) -> str:
     )
 
 
+def together(timeout: timedelta) -> None:
+    """Where MPI runs already (a group made before, destroyed since): return once every rank of
+    the MPI job is here, at most ``timeout``. env:// starts each group's TCPStore on the same
+    MASTER_PORT: without this a rank that comes back to ``init_process_group`` first reaches
+    rank 0's previous store, which rank 0 closes when it gets to ``destroy_process_group``
+    (DistNetworkError "Failed to recv", or a wait for a store that never fills)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    world = mpi.COMM_WORLD
+    if world.Get_size() == 1:
+        return
+    from cudampi.comm.deadline import spin
+    from cudampi.errors import CommTimeoutError
+
+    seconds = timeout.total_seconds()
+    spin(
+        world.Ibarrier().Test,
+        seconds,
+        lambda: CommTimeoutError(
+            f"init_process_group: not every rank of the MPI job came within {seconds:g} s "
+            f"(rank {world.Get_rank()} of {world.Get_size()} waits): every rank must call it"
+        ),
+    )
+
+
 def wrap_env_handler(handlers: dict[str, Callable[..., Any]]) -> None:
     """Make ``handlers['env']`` fall back to :func:`mpi_rendezvous` where env:// would fail.
 
@@ -182,8 +208,10 @@ def wrap_env_handler(handlers: dict[str, Callable[..., Any]]) -> None:
         return
 
     def env_or_mpi(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+        timeout = kwargs.get("timeout", timedelta(minutes=30))
         if needs_mpi_rendezvous(url, os.environ):
-            return _rendezvous(url, kwargs.get("timeout", timedelta(minutes=30)), env_ranks=True)
+            return _rendezvous(url, timeout, env_ranks=True)
+        together(timeout)
         return original(url, **kwargs)
 
     env_or_mpi._cudampi_wrapped = True  # type: ignore[attr-defined]
