@@ -1,14 +1,19 @@
-"""The fault matrix of issue 16: every fault x launcher x API, each cell a real job.
+"""The fault matrix: every fault x launcher x API, each cell a real job.
 
-    python tools/fault_matrix.py                 # all 48 cells, a Markdown table on stdout
+    python tools/fault_matrix.py                 # all 72 cells, a Markdown table on stdout
     python tools/fault_matrix.py --json out.json --cells skip,exit0 --ranks 3
 
 Faults (rank 1 injects it at the 4th of a loop of collectives): ``raise`` an exception,
 ``exit3`` (sys.exit(3)), ``exit0`` (sys.exit(0) in the middle of the loop), ``sigkill``,
 ``skip`` (skips a collective, then works on for a minute), ``mismatch`` (its
-CUDAMPI_CHUNK_BYTES differs from the others'). Two faults are of the job's environment, on
-every rank: ``badsetting`` (CUDAMPI_CHUNK_BYTES=inf) and ``badcache`` (a capabilities cache of
-'[' * 200000). Launchers: ``cudampi launch`` and plain
+CUDAMPI_CHUNK_BYTES differs from the others'), ``closeexit`` (closes its communicator, or
+destroys its group, then works on for a minute before it exits: the others must hear it left),
+``waitexit`` (stuck for two minutes, past the cell's limit, while the others, whose collectives
+are non-blocking, give up waiting for theirs with ``wait(timeout=2)`` and exit). ``halfmade``: rank 1's communicator is refused where it is made
+(``path='nope'``), before the loop. Two faults are of the job's environment, on every rank:
+``badsetting`` (CUDAMPI_CHUNK_BYTES=inf) and ``badcache`` (a capabilities cache of
+'[' * 200000); ``threads``: every rank runs the 4th to 8th collectives from two threads at once.
+Launchers: ``cudampi launch`` and plain
 ``mpiexec`` (the Open MPI wheel beside this python), ``torchrun`` (with the MPICH wheel's
 libmpi, which cudampi's PMI server joins). APIs: ``comm`` (a cudampi Communicator,
 CUDAMPI_TIMEOUT=5) and ``torch`` (the cudampi backend, init_process_group(timeout=5 s)).
@@ -17,9 +22,10 @@ A cell passes when the job ends non-zero within its limit (90 s), the fault is n
 and what it did, by the launcher or by the ranks that waited for it), and no process of the
 job is left 2 s afterwards (its launcher, its ranks, the PMI server: every process that carries
 the cell's mark in its environment; those are then killed). Every other rank must have ended
-with an error of its own or been ended by the launcher; the table says which. A ``badcache``
-cell passes the other way round: the cache is named (a warning) and the job runs to its end,
-exit 0, every rank through its loop.
+with an error of its own or been ended by the launcher; the table says which. ``badcache`` and
+``threads`` cells pass the other way round: the cache, or the threads that meet on one
+communicator, are named (a warning) and the job runs to its end, exit 0, every rank through its
+loop.
 """
 
 from __future__ import annotations
@@ -37,16 +43,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FAULTS = ("raise", "exit3", "exit0", "sigkill", "skip", "mismatch", "badsetting", "badcache")
-LOOP_FAULTS = FAULTS[:6]
+FAULTS = (
+    "raise",
+    "exit3",
+    "exit0",
+    "sigkill",
+    "skip",
+    "mismatch",
+    "closeexit",
+    "waitexit",
+    "halfmade",
+    "badsetting",
+    "badcache",
+    "threads",
+)
+LOOP_FAULTS = FAULTS[:8]
 """Rank 1 injects these at the 4th collective of its loop."""
 JOB_FAULTS = {
     "badsetting": "every rank has CUDAMPI_CHUNK_BYTES=inf",
     "badcache": "every rank's capabilities cache is '[' * 200000",
+    "threads": "every rank runs collectives from two threads at once",
 }
-"""Faults of the job's environment rather than of rank 1: a bad setting must end the job with
-the setting named; a corrupt cache must be named and cost nothing else (the job runs to its
-end, exit 0)."""
+"""Faults of the job rather than of rank 1: a bad setting must end the job with the setting
+named; a corrupt cache, or threads meeting on one communicator, must be named and cost nothing
+else (the job runs to its end, exit 0)."""
+RUNS_ON = ("badcache", "threads")
+"""The faults whose job must run to its end."""
 LAUNCHERS = ("cudampi-launch", "mpiexec", "torchrun")
 APIS = ("comm", "torch")
 LIMIT = 90.0
@@ -68,16 +90,23 @@ def say(what):
 
 
 rank = int(rank_env)
+refused = "nope" if fault == "halfmade" and rank_env == "1" else None
 try:
     if api == "torch":
         from datetime import timedelta
         import torch, torch.distributed as dist
         import cudampi.torch
-        dist.init_process_group("cudampi", timeout=timedelta(seconds=TIMEOUT))
+        opts = cudampi.torch.Options(path=refused, async_ops=True if fault == "waitexit" else None)
+        dist.init_process_group("cudampi", timeout=timedelta(seconds=TIMEOUT), pg_options=opts)
         rank = dist.get_rank()
         t = torch.ones(1024)
-        def step():
-            dist.all_reduce(t)
+        def step(x=t):
+            if fault == "waitexit":
+                dist.all_reduce(x, async_op=True).wait(timedelta(seconds=2))
+            else:
+                dist.all_reduce(x)
+        leave = dist.destroy_process_group
+        fresh = lambda: torch.ones(1024)
     else:
         import numpy as np
         if os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun: torch's group joins MPI first
@@ -88,10 +117,15 @@ try:
         from cudampi.comm import Communicator
         comm = MPI.COMM_WORLD
         rank = comm.rank
-        c = Communicator(comm)
+        c = Communicator(comm, path=refused)
         x = np.ones(1024)
-        def step():
-            c.allreduce(x, out=x)
+        def step(x=x):
+            if fault == "waitexit":
+                c.allreduce(x, out=x, async_op=True).wait(timeout=2)
+            else:
+                c.allreduce(x, out=x)
+        leave = c.close
+        fresh = lambda: np.ones(1024)
     for i in range(40):
         if rank == 1 and i == 3 and fault in LOOP_FAULTS:
             say(f"injects {fault}")
@@ -103,9 +137,17 @@ try:
                 sys.exit(0)
             if fault == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            if fault == "skip":
-                time.sleep(60)
+            if fault == "closeexit":
+                leave()
+            if fault in ("skip", "closeexit", "waitexit"):
+                time.sleep(120 if fault == "waitexit" else 60)  # waitexit: past the limit
                 sys.exit(0)
+        if fault == "threads" and 3 <= i < 8:
+            import threading
+            other = threading.Thread(target=step, args=(fresh(),))
+            other.start()
+            step()
+            other.join()
         step()
         time.sleep(0.02)
     say("finished the loop")
@@ -206,16 +248,20 @@ def _procs(cell_id: str) -> list[tuple[int, str]]:
 
 _NAMED = re.compile(
     r"(rank 1\b.*(left the job|did not arrive|exited|killed|raised|MPI_Abort|without "
-    r"MPI_Finalize|planted failure|disagree)|chunk_bytes.*CUDAMPI_CHUNK_BYTES|"
-    r"planted failure on rank 1)"
+    r"MPI_Finalize|planted failure|disagree|refused its arguments)|"
+    r"chunk_bytes.*CUDAMPI_CHUNK_BYTES|planted failure on rank 1)"
 )
 
 
 _JOB_NAMED = {
     "badsetting": re.compile(r"CUDAMPI_CHUNK_BYTES='inf': expected a size"),
     "badcache": re.compile(r"cudampi: the capabilities cache was not read: .* nests too deeply"),
+    "threads": re.compile(r"cudampi: allreduce called while another thread's collective runs"),
+    "waitexit": re.compile(r"did not complete within (Work\.wait\(timeout=)?2 s"),
+    "closeexit": re.compile(r"rank 1 left the job \(its process is exiting\) or closed"),
 }
-"""How each fault of the job's environment is named."""
+"""How each fault of the job is named where :data:`_NAMED` does not say (the ranks that gave up
+waiting in ``waitexit`` know only that theirs did not complete)."""
 
 
 def _job_fault_env(fault: str, tmp: Path) -> dict[str, str]:
@@ -275,7 +321,7 @@ def run_cell(fault: str, launcher: str, api: str, ranks: int, mpich: Path | None
     )
     pattern = _JOB_NAMED.get(fault, _NAMED)
     named = [
-        ln[m.start() if fault in JOB_FAULTS else 0 :].strip()
+        ln[m.start() if fault in _JOB_NAMED else 0 :].strip()
         for ln in out.splitlines()
         if (m := pattern.search(ln)) and "injects" not in ln
     ]
@@ -283,7 +329,7 @@ def run_cell(fault: str, launcher: str, api: str, ranks: int, mpich: Path | None
     problems = [cell.why] if cell.why else []
     finished = re.findall(r"FAULT-MATRIX rank (\d+) finished the loop", out)
     cell.finished = sorted(int(r) for r in set(finished))
-    if fault == "badcache":  # named, and nothing else: every rank runs to its end
+    if fault in RUNS_ON:  # named, and nothing else: every rank runs to its end
         if cell.exit_code != 0:
             problems.append(f"exit status {cell.exit_code}")
         if len(finished) != ranks:

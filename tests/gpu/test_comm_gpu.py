@@ -121,6 +121,39 @@ def rank_gpu_matrix(comm, lib):
         print(f"checked {f.checked} results")
 
 
+def rank_gpu_semantics(comm, lib):
+    """NaN in max/min and avg's overflow on device arrays, on every engine that runs here (the
+    CPU test's :func:`~tests.mpi.test_comm_semantics.check_semantics`): NCCL's own max/min
+    drop NaN (fmaxf), and a sum that overflows makes avg infinite."""
+    import numpy as np
+
+    from cudampi.comm import Communicator
+    from cudampi.errors import CudampiError
+    from tests.mpi.test_comm_collectives import lib_dtypes
+    from tests.mpi.test_comm_semantics import check_semantics
+
+    _setup(comm, lib)
+    wrong: list[str] = []
+    with Communicator(comm) as c:
+        probe = to_lib(np.zeros(8), lib, "float32")
+        runs, skipped = [], []
+        for path in ("staged", "gpu-ring", "native", "ipc", "nccl"):
+            try:
+                why = c.refusal("allreduce", probe, "max", path=path) or ""
+            except CudampiError as exc:
+                why = str(exc)
+            every = [w for w in comm.allgather(why) if w]  # it runs where every rank runs it
+            if every:
+                skipped.append(f"{path}: {every[0]}")
+            else:
+                runs.append(path)
+        dtypes = lib_dtypes(lib, ("float16", "bfloat16", "float32", "float64"))
+        check_semantics(c, lib, runs, dtypes, wrong)
+    assert not wrong, f"rank {comm.rank}: {len(wrong)} wrong:\n" + "\n".join(wrong[:30])
+    if comm.rank == 0:
+        print(f"semantics ok on {runs}; not run here: {skipped}", flush=True)
+
+
 def _p2p(c, lib, paths, f: Failures) -> None:
     pairs = [(a, b) for a in paths for b in paths if a != "native" and b != "native"]
     for n in (0, 1, 1000, 1 << 20):
@@ -287,6 +320,15 @@ def test_gpu_collectives_every_path_match_numpy(lib):
     proc = run_mpi(2, __file__, "rank_gpu_matrix", lib, timeout=900)
     print(proc.stdout)
     assert "checked" in proc.stdout
+
+
+@pytest.mark.parametrize("lib", _libs() or ["none"])
+def test_gpu_nan_and_avg_mean_what_they_mean_on_the_cpu(lib):
+    if lib == "none":
+        pytest.skip("neither torch nor CuPy is installed")
+    proc = run_mpi(2, __file__, "rank_gpu_semantics", lib, timeout=600)
+    print(proc.stdout)
+    assert "semantics ok on" in proc.stdout
 
 
 @pytest.mark.parametrize("lib", _libs() or ["none"])

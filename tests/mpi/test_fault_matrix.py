@@ -2,8 +2,8 @@
 job must end non-zero within its limit, name the fault, and leave no process behind (a corrupt
 capabilities cache must be named and let the job end well). CI runs two cells (the others are
 covered by tests/mpi/test_torch_faults.py, test_comm_deadline.py, test_launch_real.py,
-test_config_real.py and test_cache_real.py); one per launcher and the whole matrix (48 cells,
-~7 minutes here) run with ``pytest -m slow``."""
+test_config_real.py, test_cache_real.py, test_comm_threads.py and test_comm_lifecycle.py); one
+per launcher and fault kind and the whole matrix (72 cells) run with ``pytest -m slow``."""
 
 from __future__ import annotations
 
@@ -52,6 +52,10 @@ def _cell(fault: str, launcher: str, api: str):
         pytest.param("skip", "mpiexec", "torch", marks=only_when_asked()),
         pytest.param("sigkill", "torchrun", "torch", marks=only_when_asked()),
         pytest.param("badcache", "torchrun", "torch", marks=only_when_asked()),
+        pytest.param("threads", "mpiexec", "torch", marks=only_when_asked()),
+        pytest.param("halfmade", "cudampi-launch", "comm", marks=only_when_asked()),
+        pytest.param("waitexit", "mpiexec", "comm", marks=only_when_asked()),
+        pytest.param("closeexit", "torchrun", "torch", marks=only_when_asked()),
     ],
 )
 def test_a_cell_of_each_launcher(fault, launcher, api):
