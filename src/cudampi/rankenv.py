@@ -117,6 +117,19 @@ def mpi_launcher(env: Mapping[str, str]) -> tuple[str, int, int] | None:
     return info.label, info.rank, info.size
 
 
+ALLOCATIONS = {"slurm": "SLURM_JOB_ID", "pbs": "PBS_JOBID", "lsf": "LSB_JOBID"}
+"""The batch systems whose allocation a process can be inside, and the variable that says so."""
+
+
+def allocation(env: Mapping[str, str]) -> str | None:
+    """The batch system whose allocation this process runs in (a batch script, salloc's
+    shell, a job step), or None."""
+    for system, var in ALLOCATIONS.items():
+        if env.get(var) or (system == "slurm" and env.get("SLURM_JOBID")):
+            return system
+    return None
+
+
 @dataclass(frozen=True)
 class RankEnv:
     """This process's place in its job, every number known (see :func:`rank_env`)."""
