@@ -311,14 +311,20 @@ def lookup(
 
 def save(cache_dir: str | os.PathLike[str], caps: Capabilities) -> Path:
     """Add or replace ``caps`` (under its key on its host) in the cache, atomically (write then
-    rename). ``OSError`` if the folder cannot be made or written."""
+    rename), under an exclusive lock of the folder's ``capabilities.lock``: hosts sharing the
+    folder (a home on NFS, ``cudampi doctor --hosts``) save at once without losing each other's
+    entries. ``OSError`` if the folder cannot be made or written."""
+    import fcntl
+
     path = cache_file(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    entries = load_all(cache_dir)
-    entries[entry_name(caps.key, caps.host)] = caps.to_json()
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(entries, indent=2, sort_keys=True))
-    tmp.replace(path)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = load_all(cache_dir)
+        entries[entry_name(caps.key, caps.host)] = caps.to_json()
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(entries, indent=2, sort_keys=True))
+        tmp.replace(path)
     return path
 
 
