@@ -64,7 +64,9 @@ def sh(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.Comple
 class Cluster:
     """``n`` nodes on one bridge; see the module docstring."""
 
-    def __init__(self, tmp: Path, n: int = 4, tag: str = "cj") -> None:
+    def __init__(
+        self, tmp: Path, n: int = 4, tag: str = "cj", login: dict[str, str] | None = None
+    ) -> None:
         self.tmp = tmp
         self.n = n
         pid = f"{os.getpid() % 100000}"
@@ -78,6 +80,8 @@ class Cluster:
             f"ssh -i {self.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
             "-o BatchMode=yes -o LogLevel=ERROR -o ConnectTimeout=5"
         )
+        self.base_login = dict(login or {})
+        """What every node's sessions get (the site's own settings)."""
         self.login: dict[int, dict[str, str]] = {}
 
     # -- bring up, take down -----------------------------------------------------------------
@@ -114,7 +118,7 @@ class Cluster:
 
     def start_sshd(self, i: int) -> None:
         conf = self.tmp / f"sshd{i}.conf"
-        login = self.login.get(i, {})
+        login = {**self.base_login, **self.login.get(i, {})}
         # one SetEnv line: sshd keeps the first of a repeated keyword
         setenv = f"SetEnv {' '.join(f'{k}={v}' for k, v in login.items())}\n" if login else ""
         conf.write_text(
@@ -174,8 +178,8 @@ class Cluster:
     # -- faults ------------------------------------------------------------------------------
 
     def set_login_env(self, i: int, env: dict[str, str]) -> None:
-        """Node i's sessions get ``env`` (sshd's SetEnv: what its shell startup would set);
-        ``{}`` takes it away again."""
+        """Node i's sessions get ``env`` besides the site's (sshd's SetEnv: what its shell
+        startup would set); ``{}`` takes it away again."""
         self.login[i] = dict(env)
         self.stop_sshd(i)
         self.start_sshd(i)

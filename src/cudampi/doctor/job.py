@@ -96,8 +96,9 @@ class JobResult:
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     unanswered: dict[str, str] = field(default_factory=dict)
     """node -> why it gave no facts, in words ("did not answer in 30 s: ssh ok, ...")."""
-    down: set[str] = field(default_factory=set)
-    """Nodes ssh could not reach: left out of the links that follow."""
+    down: dict[str, str] = field(default_factory=dict)
+    """Nodes ssh could not reach (node -> why, as ``unanswered`` says it): left out of the
+    links that follow."""
     links: list[Link] = field(default_factory=list)
     rounds: list[list[tuple[str, str]]] = field(default_factory=list)
     links_run: bool = True
@@ -111,18 +112,58 @@ Progress = Callable[[str], None]
 
 
 def _summary_message(stderr: str) -> str:
-    """``cudampi launch``'s summary of a failed job, on one line (else its last stderr line)."""
+    """``cudampi launch``'s summary of a failed job on one line (its head, each fault and the
+    first line of each fault's error), with the MPI's own error where the summary has none; else
+    the last line of stderr."""
     lines = stderr.splitlines()
     start = None
     for i, line in enumerate(lines):
-        if line.startswith("cudampi launch: ") and not line.startswith("cudampi launch: note"):
+        text = line.strip()
+        if text.startswith("cudampi launch: ") and not text.startswith("cudampi launch: note"):
             start = i
     if start is None:
         tail = [ln.strip() for ln in lines if ln.strip()]
         return tail[-1] if tail else ""
-    head = lines[start].removeprefix("cudampi launch: ")
-    rest = [ln.strip().removeprefix("- ") for ln in lines[start + 1 :] if ln.startswith("  - ")]
-    return "; ".join([head, *rest])
+    parts = [lines[start].strip().removeprefix("cudampi launch: ")]
+    quoted = False
+    for line in lines[start + 1 :]:
+        text = line.strip()
+        if text.startswith("- "):
+            parts.append(text[2:])
+            quoted = False
+        elif text.startswith("| ") and not quoted:
+            parts[-1] += f" ({text[2:]})"
+            quoted = True
+    said = mpi_error(stderr[: stderr.rfind(lines[start])] if lines[start] else stderr)
+    if said and not any(said in p for p in parts):
+        parts.append(f"the MPI said: {said}")
+    return "; ".join(parts)
+
+
+_ERROR_WORDS = ("Fatal error", "Aborting", "failed", "refused", "not found", "No route")
+
+
+def mpi_error(text: str) -> str:
+    """The line of an MPI's (or a launcher's) own output that says what went wrong: the last
+    frame of an MPICH error stack, an Open MPI help message's error line, or the first line
+    with an error word. "" when there is none."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    for i, line in enumerate(lines):
+        if line.endswith("error stack:"):
+            stack = []
+            for frame in lines[i + 1 :]:
+                if not frame or frame.startswith(("-----", "[")):
+                    break
+                stack.append(frame)
+            if stack:
+                return stack[-1].split(":", 1)[-1].strip() or stack[-1]
+    for i, line in enumerate(lines):
+        if line.startswith("Error:") and i > 0 and lines[i - 1].startswith("Message:"):
+            return f"{lines[i - 1].removeprefix('Message:').strip()}: {line[6:].strip()}"
+    for line in lines:
+        if any(w in line for w in _ERROR_WORDS) and not line.startswith(("cudampi", "- ")):
+            return line[:200]
+    return ""
 
 
 def launch(
@@ -459,7 +500,7 @@ class JobDoctor:
         suspects: set[str] = set()
         total = len(result.rounds)
         for i, pairs in enumerate(result.rounds, 1):
-            todo = [p for p in pairs if not set(p) & result.down]
+            todo = [p for p in pairs if not set(p) & set(result.down)]
             for a, b in pairs:
                 if (a, b) not in todo:
                     dead = ", ".join(n for n in (a, b) if n in result.down)
@@ -475,8 +516,9 @@ class JobDoctor:
                 if lk.status == "failed":
                     suspects.update((lk.a, lk.b))
                     for n in (lk.a, lk.b):
-                        if self.ssh_check(n).startswith("ssh failed"):
-                            result.down.add(n)
+                        said = self.ssh_check(n)
+                        if said.startswith("ssh failed") and n not in result.down:
+                            result.down[n] = f"did not answer: {said}, MPI job failed: {lk.message}"
             result.links += got
 
     # -- all of it ---------------------------------------------------------------------------
@@ -488,7 +530,7 @@ class JobDoctor:
         self.gather_facts(result)
         for node, why in result.unanswered.items():
             if "ssh failed" in why:
-                result.down.add(node)
+                result.down[node] = why
         if self.o.links:
             self.measure_links(result)
         else:

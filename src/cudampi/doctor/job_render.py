@@ -28,8 +28,10 @@ LABEL = 22
 
 
 def unanswered_findings(result: JobResult) -> list[Finding]:
+    """A node that gave no facts, or went down during the link test: why, and the fix."""
     out = []
-    for node, why in result.unanswered.items():
+    gone = {n: w for n, w in result.down.items() if n not in result.unanswered}
+    for node, why in {**result.unanswered, **gone}.items():
         if "ssh failed" in why:
             fix = (
                 f"check that {node} is up and on the network (ssh {node} true; its name, "
@@ -42,14 +44,13 @@ def unanswered_findings(result: JobResult) -> list[Finding]:
             )
         else:
             fix = f"check {node} in the batch system (sinfo -n {node}, scontrol show node)"
+        after = (
+            "its links after that were not measured"
+            if node in gone
+            else "it was left out of the rest of this report"
+        )
         out.append(
-            Finding(
-                node,
-                f"{node} {why}",
-                f"no job can include {node}: it was left out of the rest of this report",
-                fix,
-                "fail",
-            )
+            Finding(node, f"{node} {why}", f"no job can include {node}: {after}", fix, "fail")
         )
     return out
 
@@ -90,7 +91,7 @@ def job_findings(result: JobResult) -> tuple[list[Difference], list[Finding]]:
     findings += difference_findings(diffs)
     findings += check_findings(result, diffs)
     alive = [n for n in result.nodes if n in result.facts]
-    findings += link_findings(result.links, alive)
+    findings += link_findings(result.links, alive, said=set(result.down))
     return diffs, findings
 
 
@@ -103,7 +104,12 @@ def _wrap(text: str, width: int) -> list[str]:
 
 
 def _cell(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "~"
+    """``text`` in ``width`` characters: a path keeps its end, anything else its start."""
+    if len(text) <= width:
+        return text
+    if "/" in text:
+        return "~" + text[len(text) - width + 1 :]
+    return text[: width - 1] + "~"
 
 
 def render_job_text(result: JobResult, width: int | None = None) -> str:
@@ -315,7 +321,7 @@ def job_json(result: JobResult) -> dict[str, Any]:
         "nodes": list(result.nodes),
         "launcher": result.launcher,
         "unanswered": dict(result.unanswered),
-        "down": sorted(result.down),
+        "down": dict(result.down),
         "table": {"rows": names, "cells": cells},
         "differences": [d.to_json() for d in diffs],
         "facts": result.facts,

@@ -133,9 +133,9 @@ def _ucx(f: Facts) -> str:
     if not f.ucx:
         return "none"
     u = f.ucx[0]
-    ver = u.version.version if u.version and u.version.version else "?"
+    ver = u.version.version if u.version and u.version.version else None
     cuda = ",".join(u.transports.cuda) if u.transports is not None else ""
-    return f"{ver} ({u.source})" + (f" {cuda}" if cuda else "")
+    return (f"{ver} ({u.source})" if ver else u.source) + (f" {cuda}" if cuda else "")
 
 
 def _cuda_runtime(code: int) -> str:

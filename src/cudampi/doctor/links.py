@@ -194,15 +194,19 @@ def median_of_others(values: Mapping[str, float], name: str) -> float | None:
     return statistics.median(others) if others else None
 
 
-def link_findings(links: Iterable[Link], nodes: Sequence[str]) -> list[Finding]:
-    """Slow links, late links, links with wrong data and failed links; where every bad link
-    shares one node, that node is named once for them."""
+def link_findings(
+    links: Iterable[Link], nodes: Sequence[str], said: set[str] | None = None
+) -> list[Finding]:
+    """Failed links, nodes that refuse MPI's connections, slow and late links, links with wrong
+    data; where every bad link shares one node, that node is named once for them. The nodes of
+    ``said`` are already named (down): their failed links are not said again."""
     links = list(links)
-    findings: list[Finding] = []
-    findings += _failed(links, nodes)
+    refusing = _refusing(links, nodes)
+    named = {f.subject for f in refusing} | set(said or ())
+    findings = _failed(links, nodes, named)
+    findings += refusing
     findings += _slow(links, nodes)
     findings += _wrong(links)
-    findings += _refusing(links, nodes)
     return findings
 
 
@@ -220,10 +224,12 @@ def _by_node(bad: Sequence[Link], links: Sequence[Link], nodes: Sequence[str]) -
     return out
 
 
-def _failed(links: Sequence[Link], nodes: Sequence[str]) -> list[Finding]:
-    failed = [lk for lk in links if lk.status == "failed"]
+def _failed(links: Sequence[Link], nodes: Sequence[str], said: set[str]) -> list[Finding]:
+    """Failed links: once for a node all of whose links failed, else each link (not the links
+    of the nodes in ``said``, named for them elsewhere)."""
+    failed = [lk for lk in links if lk.status == "failed" and not (said & {lk.a, lk.b})]
     out: list[Finding] = []
-    named = _by_node(failed, links, nodes)
+    named = _by_node(failed, [lk for lk in links if not (said & {lk.a, lk.b})], nodes)
     for node, count in named.items():
         msgs = "; ".join(dict.fromkeys(lk.message for lk in failed if lk.has(node)))
         out.append(
@@ -349,7 +355,7 @@ def _refusing(links: Sequence[Link], nodes: Sequence[str]) -> list[Finding]:
             Finding(
                 node,
                 f"{node} does not accept TCP connections on the ports MPI uses ({seen}), "
-                "though its launcher (ssh) reaches it",
+                "though the launcher reaches it (its facts came)",
                 f"MPI ranks on other nodes cannot connect to ranks on {node}: jobs with {node} "
                 "fail or hang in their first message",
                 f"open {node}'s firewall to the job's network (e.g. iptables -I INPUT -s "
