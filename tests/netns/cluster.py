@@ -114,6 +114,9 @@ class Cluster:
         sh("ip", "-n", ns, "addr", "add", f"{self.addr[i]}/24", "dev", "cm0")
         sh("ip", "-n", ns, "link", "set", "cm0", "up")
         sh("ip", "-n", ns, "link", "set", "lo", "up")
+        for other in self.ns:  # a node made again has a new MAC: forget the old one
+            if other != ns:
+                sh("ip", "-n", other, "neigh", "flush", "all", check=False)
         self.start_sshd(i)
 
     def start_sshd(self, i: int) -> None:

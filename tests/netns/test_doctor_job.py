@@ -160,6 +160,25 @@ def test_a_node_whose_mpi_ports_are_blocked_is_named(cluster: Cluster, tmp_path:
     assert [f["subject"] for f in report["findings"]] == ["node3"], report["findings"]
 
 
+def test_the_doctor_as_the_ranks_of_a_job_diagnoses_its_nodes(cluster: Cluster, tmp_path: Path):
+    """``cudampi launch --hosts node1:1,node2:1 python -m cudampi doctor``: no --hosts for the
+    doctor; its ranks find their nodes and rank 0 reports both."""
+    argv = cluster.in_host(
+        0,
+        sys.executable, "-m", "cudampi", "launch", "--ssh", cluster.ssh,
+        "--hosts", "node1:1,node2:1", "--timeout", "200",
+        sys.executable, "-m", "cudampi", "doctor", "--ssh", cluster.ssh, "--no-runtime",
+        "--no-links", "--json", "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    p = subprocess.run(
+        argv, capture_output=True, text=True, timeout=240, env=doctor_env(), cwd=ROOT
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    report = json.loads(p.stdout)  # rank 0's report alone: rank 1 printed nothing
+    assert report["nodes"] == ["node1", "node2"], report["nodes"]
+    assert set(report["facts"]) == {"node1", "node2"} and report["findings"] == []
+
+
 def test_a_node_that_goes_down_mid_way_is_named(cluster: Cluster, tmp_path: Path):
     """node4 answers with its facts, then its namespace is deleted as the links start: the
     doctor must name it (ssh fails) within its timeouts, and measure the rest."""

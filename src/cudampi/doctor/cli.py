@@ -242,13 +242,23 @@ def run(args: argparse.Namespace) -> int:
     from cudampi.rankenv import allocation, launched_by
 
     launcher = launched_by(os.environ)
-    if launcher.rank not in (None, 0):
-        # Started on several ranks (mpirun -n N cudampi doctor): rank 0 diagnoses and prints;
-        # the others would only repeat it and start N copies of the probe jobs.
+    given = bool(args.hosts or args.hostfile)
+    spans = (launcher.local_size or 0) < (launcher.size or 0)
+    if spans and launcher.local_size and not given:
+        # A rank of a job over several nodes: rank 0 diagnoses every node of the job.
+        from cudampi.doctor.job import hosts_of_this_job
+
+        hosts = hosts_of_this_job(args.node_timeout)
+        if hosts is None:
+            return 0
+        args.hosts, given = ",".join(hosts), True
+    elif launcher.rank not in (None, 0):
+        # Started on several ranks of one node (mpirun -n N cudampi doctor): rank 0 diagnoses
+        # and prints; the others would only repeat it and start N copies of the probe jobs.
         return 0
     config = Config.load({"probe_timeout": args.timeout, "cache_dir": args.cache_dir})
     options = _options(args, config)
-    if args.hosts or args.hostfile or (launcher.rank is None and allocation(os.environ)):
+    if given or (launcher.rank is None and allocation(os.environ)):
         code = _run_job(args, options)
         if code is not None:
             return code

@@ -115,6 +115,7 @@ def _summary_message(stderr: str) -> str:
     """``cudampi launch``'s summary of a failed job on one line (its head, each fault and the
     first line of each fault's error), with the MPI's own error where the summary has none; else
     the last line of stderr."""
+    stderr = stderr.replace("\x00", "")  # Open MPI writes NUL bytes among its lines
     lines = stderr.splitlines()
     start = None
     for i, line in enumerate(lines):
@@ -538,6 +539,39 @@ class JobDoctor:
         result.wall_s = time.monotonic() - t0
         result.jobs = self.jobs
         return result
+
+
+def hosts_of_this_job(timeout: float) -> list[str] | None:
+    """Where the ranks of the job this process is a rank of run (``mpirun -n 8 --map-by
+    ppr:1:node cudampi doctor``, ``srun``, ``cudampi launch ... cudampi doctor``): every rank
+    tells its host name over MPI; rank 0 gets them in rank order (each host once), the others
+    None. MPI is finalized after, so rank 0 can start the doctor's own jobs. A job whose ranks
+    cannot reach each other is ended after ``timeout`` s with that said."""
+    import socket
+
+    from mpi4py import MPI
+
+    from cudampi.abort import abort_job
+
+    comm = MPI.COMM_WORLD
+
+    def stuck() -> None:
+        abort_job(
+            1,
+            f"cudampi doctor: the ranks of this job could not tell each other their hosts in "
+            f"{timeout:g} s: MPI does not work between its nodes. Run the doctor from one node "
+            "with the job's hosts instead: cudampi doctor --hosts h1,h2,... (or --hostfile)\n",
+            comm,
+        )
+
+    watch = threading.Timer(timeout, stuck)
+    watch.daemon = True
+    watch.start()
+    names = comm.allgather(socket.gethostname())
+    watch.cancel()
+    rank = comm.rank
+    MPI.Finalize()
+    return list(dict.fromkeys(names)) if rank == 0 else None
 
 
 def run_job(options: JobOptions, progress: Progress | None = None) -> JobResult:

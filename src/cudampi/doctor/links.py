@@ -40,6 +40,8 @@ def rounds(nodes: Sequence[str]) -> list[list[tuple[str, str]]]:
     """
     if len(set(nodes)) != len(nodes):
         raise ValueError(f"a node is named twice: {list(nodes)!r}")
+    if len(nodes) < 2:
+        return []
     ring: list[str | None] = list(nodes)
     if len(ring) % 2:
         ring.append(None)  # the node paired with None rests that round
