@@ -136,10 +136,12 @@ def render_job_text(result: JobResult, width: int | None = None) -> str:
         if result.links_run
         else "links not tested (--no-links)"
     )
+    if result.links_run and len(result.facts) < 2:
+        links = "no links (one node)"
     lines.append("-" * min(width, 100))
     lines.append(
         f"job doctor {'FAILED' if code else 'passed'}: {len(result.facts)} of "
-        f"{len(result.nodes)} nodes, {links} ({result.jobs} jobs, {result.wall_s:.1f} s): "
+        f"{len(result.nodes)} nodes, {links} ({result.jobs} job{'s' if result.jobs != 1 else ''}, {result.wall_s:.1f} s): "
         f"{fails} fail, {warns} warn -> exit {code}"
     )
     return "\n".join(lines) + "\n"
@@ -155,22 +157,30 @@ def _head(result: JobResult) -> str:
 
 
 def _facts_table(result: JobResult, diffs: Sequence[Difference], width: int) -> list[str]:
+    """Every fact a row: one value across the row where every node has it, else a cell per
+    node (``*`` on the odd ones); settings only where they differ."""
     nodes = [n for n in result.nodes if n in result.facts]
     rows, cells = table({n: result.facts[n] for n in nodes})
     odd = {d.fact: set(d.odd) for d in diffs}
-    shown = [r for r in rows if not r.startswith("env ") or r in odd]
     same_env = [r[4:] for r in rows if r.startswith("env ") and r not in odd]
     cw = max(8, min(24, (width - LABEL) // max(1, len(nodes))))
-    out = ["[nodes] facts of each node; * differs from the other nodes (see the findings)"]
-    out.append(_cell("", LABEL).ljust(LABEL) + "".join(_cell(n, cw - 1).ljust(cw) for n in nodes))
-    for r in shown:
+    out = ["[nodes] the facts of each node; * differs from the other nodes (see the findings)"]
+    out.append((" " * LABEL + "".join(_cell(n, cw - 1).ljust(cw) for n in nodes)).rstrip())
+    for r in rows:
+        if r.startswith("env ") and r not in odd:
+            continue
         row = _cell(r, LABEL - 1).ljust(LABEL)
+        values = {cells[n].get(r, "-") for n in nodes}
+        if r not in odd and len(values) == 1:
+            every = "" if len(nodes) == 1 else " (every node)"
+            out.append(row + _cell(values.pop(), width - LABEL - len(every)) + every)
+            continue
         for n in nodes:
             mark = "*" if n in odd.get(r, ()) else ""
             row += (_cell(cells[n].get(r, "-"), cw - 1 - len(mark)) + mark).ljust(cw)
         out.append(row.rstrip())
     if same_env:
-        out.append(f"the same on every node: {', '.join(same_env)}")
+        out.append(_cell(f"set the same on every node: {', '.join(same_env)}", width))
     for node in result.unanswered:
         out.append(f"{node}: no facts (see the findings)")
     return out
@@ -213,8 +223,7 @@ def _matrix(
 def _links(result: JobResult, width: int) -> list[str]:
     nodes = [n for n in result.nodes if n in result.facts]
     by = {(lk.a, lk.b): lk for lk in result.links}
-    _, findings = job_findings(result)
-    bad = {f.subject for f in findings}
+    bad = {f.subject for f in link_findings(result.links, nodes, said=set(result.down))}
 
     def mark(lk: Link) -> str:
         return "*" if lk.name in bad or lk.a in bad or lk.b in bad else ""

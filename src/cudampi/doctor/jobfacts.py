@@ -113,7 +113,7 @@ def node_summary(f: Facts, checks: Sequence[Check]) -> dict[str, Any]:
     if shm is not None:
         put(
             "/dev/shm",
-            f"{_gib(shm.size)} ({_gib(shm.free)} free)",
+            f"{_gib(shm.size)}, {_gib(shm.free)} free",
             f"{_gib(shm.size)} {_status(by, '/dev/shm')}",
         )
     else:
@@ -151,7 +151,7 @@ def _verdict(check: Check | None) -> str:
 
 
 def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB" if n >= (1 << 30) else f"{n >> 20} MiB"
+    return f"{n / (1 << 30):.1f}G" if n >= (1 << 30) else f"{n >> 20}M"
 
 
 @dataclass(frozen=True)
