@@ -41,12 +41,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 def doctor(
-    c: Cluster, tmp: Path, *args: str, timeout: float = 240
+    c: Cluster, tmp: Path, *args: str, timeout: float = 240, runtime: bool = False
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """``cudampi doctor --hosts node1,...`` on node1: the text report and the JSON of one run."""
+    """``cudampi doctor --hosts node1,...`` on node1: the text report and the JSON of one run
+    (the nodes' runtime probes only when asked: most faults do not need them)."""
     saved = tmp / "doctor.json"
     p = subprocess.run(
-        doctor_argv(c, tmp, "--save-json", str(saved), *args),
+        doctor_argv(c, tmp, "--save-json", str(saved), *args, runtime=runtime),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -57,11 +58,12 @@ def doctor(
     return p, json.loads(saved.read_text())
 
 
-def doctor_argv(c: Cluster, tmp: Path, *args: str) -> list[str]:
+def doctor_argv(c: Cluster, tmp: Path, *args: str, runtime: bool = False) -> list[str]:
     return c.in_host(
         0,
         sys.executable, "-m", "cudampi", "doctor", "--hosts", ",".join(c.names),
-        "--ssh", c.ssh, "--no-runtime", "--cache-dir", str(tmp / "cache"), *args,
+        "--ssh", c.ssh, *([] if runtime else ["--no-runtime"]),
+        "--cache-dir", str(tmp / "cache"), *args,
     )  # fmt: skip
 
 
@@ -129,9 +131,11 @@ def test_a_node_with_another_mpi_is_named(cluster: Cluster, tmp_path: Path):
 
 
 def test_a_node_with_another_cudampi_setting_is_named(cluster: Cluster, tmp_path: Path):
+    """With the nodes' runtime probes: each node caches what it proved under its own name, in
+    the one cache folder they share (as a home on NFS), none lost."""
     cluster.set_login_env(3, {"CUDAMPI_CHUNK_BYTES": "1M"})
     try:
-        p, report = doctor(cluster, tmp_path, "--no-links")
+        p, report = doctor(cluster, tmp_path, "--no-links", runtime=True)
     finally:
         cluster.set_login_env(3, {})
     assert p.returncode == 1, p.stdout + p.stderr
@@ -140,6 +144,11 @@ def test_a_node_with_another_cudampi_setting_is_named(cluster: Cluster, tmp_path
     assert "every cudampi Communicator across these nodes stops at its creation" in f["consequence"]
     assert "set CUDAMPI_CHUNK_BYTES the same on every node" in f["fix"]
     assert len(report["findings"]) == 1, report["findings"]
+    cache = json.loads((tmp_path / "cache" / "capabilities.json").read_text())
+    assert sorted(e["host"] for e in cache.values()) == cluster.names, sorted(cache)
+    assert {n: report["facts"][n]["rows"]["host p2p"][:2] for n in cluster.names} == dict.fromkeys(
+        cluster.names, "ok"
+    )
 
 
 def test_a_node_whose_mpi_ports_are_blocked_is_named(cluster: Cluster, tmp_path: Path):

@@ -14,7 +14,7 @@ import pytest
 from cudampi.doctor.job import JobResult, _summary_message, mpi_error
 from cudampi.doctor.job_render import job_json, render_job_text
 from cudampi.doctor.jobfacts import difference_findings, differences, settings_of
-from cudampi.doctor.links import Link, link_findings, parse_refused, rounds
+from cudampi.doctor.links import Link, link_findings, outliers, parse_refused, rounds
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor-job"
 
@@ -192,3 +192,12 @@ def test_the_json_has_every_part_and_the_exit_code():
     assert data["findings"][0]["subject"] == "node3"
     assert "ssh reaches node3" in data["findings"][0]["fix"]
     assert set(data) >= {"nodes", "table", "differences", "links", "rounds", "facts", "launcher"}
+
+
+def test_an_outlier_measured_again_keeps_the_better_figures():
+    late = ok("a", "d", 0.5, lat=400.0)
+    assert outliers(healthy(ad=late)) == [late]
+    best = late.best_of(ok("a", "d", 1.2, lat=9.0))
+    assert (best.latency_us, best.gbps, best.measured) == (9.0, 1.2, 2)
+    assert link_findings(healthy(ad=best), NODES) == []  # a busy moment, not the link
+    assert late.best_of(Link("a", "d", "failed")) is late

@@ -42,6 +42,7 @@ from cudampi.doctor.links import (
     NODE_TIMEOUT,
     Link,
     link_from_report,
+    outliers,
     parse_refused,
     rounds,
 )
@@ -52,6 +53,8 @@ from cudampi.probe.runtime import DEVICE_TESTS, HOST_TESTS, launch_env
 
 LAUNCH = (sys.executable, "-m", "cudampi", "launch")
 SSH_TIMEOUT = 10.0
+CONFIRM_AT_MOST = 8
+"""Outlier links measured again, alone; more than this many is a pattern, not a busy moment."""
 PROBE_JOBS = len(HOST_TESTS) + 2 * (len(DEVICE_TESTS) + 1)
 """The most probe jobs one node's doctor runs (the device ones twice with the libucx recipe):
 with the probe timeout, the bound on a node's doctor."""
@@ -357,6 +360,12 @@ class JobDoctor:
         got, run = self.facts_job(names or None, result.launcher.get("nprocs"))
         if not names:  # inside an allocation: the nodes are where the ranks ran
             result.nodes = names = list(got)
+            expected = result.launcher.get("nprocs") or 0
+            if len(got) < expected:
+                result.unanswered["(the allocation)"] = (
+                    f"{expected - len(got)} of its {expected} nodes did not answer: "
+                    f"{run.message or f'exit status {run.returncode}'}"
+                )
         result.facts.update(got)
         missing = [n for n in names if n not in got]
         if not missing or len(names) == 1:
@@ -521,6 +530,18 @@ class JobDoctor:
                         if said.startswith("ssh failed") and n not in result.down:
                             result.down[n] = f"did not answer: {said}, MPI job failed: {lk.message}"
             result.links += got
+        self.confirm(result)
+
+    def confirm(self, result: JobResult) -> None:
+        """Measure each outlier again, alone (nothing else running between the nodes), and keep
+        the better figures: a link slow because of a busy moment is not named."""
+        again = outliers(result.links)[:CONFIRM_AT_MOST]
+        for lk in again:
+            self.say(f"links: {lk.name} again, alone (it stood out)")
+            got, _run = self.pairs_job([(lk.a, lk.b)], result)
+            if got:
+                i = result.links.index(lk)
+                result.links[i] = lk.best_of(got[0])
 
     # -- all of it ---------------------------------------------------------------------------
 

@@ -163,17 +163,20 @@ def _facts_table(result: JobResult, diffs: Sequence[Difference], width: int) -> 
     rows, cells = table({n: result.facts[n] for n in nodes})
     odd = {d.fact: set(d.odd) for d in diffs}
     same_env = [r[4:] for r in rows if r.startswith("env ") and r not in odd]
-    cw = max(8, min(24, (width - LABEL) // max(1, len(nodes))))
+    label = max(
+        LABEL, min(34, 2 + max(len(r) for r in rows if not r.startswith("env ") or r in odd))
+    )
+    cw = max(8, min(24, (width - label) // max(1, len(nodes))))
     out = ["[nodes] the facts of each node; * differs from the other nodes (see the findings)"]
-    out.append((" " * LABEL + "".join(_cell(n, cw - 1).ljust(cw) for n in nodes)).rstrip())
+    out.append((" " * label + "".join(_cell(n, cw - 1).ljust(cw) for n in nodes)).rstrip())
     for r in rows:
         if r.startswith("env ") and r not in odd:
             continue
-        row = _cell(r, LABEL - 1).ljust(LABEL)
+        row = _cell(r, label - 1).ljust(label)
         values = {cells[n].get(r, "-") for n in nodes}
         if r not in odd and len(values) == 1:
             every = "" if len(nodes) == 1 else " (every node)"
-            out.append(row + _cell(values.pop(), width - LABEL - len(every)) + every)
+            out.append(row + _cell(values.pop(), width - label - len(every)) + every)
             continue
         for n in nodes:
             mark = "*" if n in odd.get(r, ()) else ""

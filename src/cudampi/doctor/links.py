@@ -8,6 +8,7 @@ round, so each pair has its nodes' links to itself while it is measured.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -81,6 +82,8 @@ class Link:
     refused_by: tuple[str, ...] = ()
     """Nodes whose MPI TCP port refused the other's connection (from the MPI's own message)."""
     wall_s: float = 0.0
+    measured: int = 1
+    """How many times it was measured (an outlier is measured again, alone: the best counts)."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -118,7 +121,23 @@ class Link:
             "message": self.message,
             "refused_by": list(self.refused_by),
             "wall_s": round(self.wall_s, 3),
+            "measured": self.measured,
         }
+
+    def best_of(self, again: Link) -> Link:
+        """This link with the better of its and ``again``'s figures (a busy moment only ever
+        makes a link look slower)."""
+        if again.status != "ok" or self.status != "ok":
+            return self
+        return dataclasses.replace(
+            self,
+            latency_us=_least(self.latency_us, again.latency_us),
+            latency_median_us=_least(self.latency_median_us, again.latency_median_us),
+            gbps_ab=_most(self.gbps_ab, again.gbps_ab),
+            gbps_ba=_most(self.gbps_ba, again.gbps_ba),
+            wrong=self.wrong + again.wrong,
+            measured=self.measured + again.measured,
+        )
 
 
 def link_from_report(a: str, b: str, report: Mapping[str, Any], wall_s: float = 0.0) -> Link:
@@ -149,6 +168,23 @@ def link_from_report(a: str, b: str, report: Mapping[str, Any], wall_s: float = 
         device=device,
         wall_s=wall_s,
     )
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    both = [v for v in (a, b) if v is not None]
+    return min(both) if both else None
+
+
+def _most(a: float | None, b: float | None) -> float | None:
+    both = [v for v in (a, b) if v is not None]
+    return max(both) if both else None
+
+
+def outliers(links: Sequence[Link]) -> list[Link]:
+    """The measured links that stand out (slow or late against the others' median)."""
+    ok = [lk for lk in links if lk.status == "ok"]
+    thin, late = _outliers(ok)
+    return [lk for lk in ok if lk.name in thin or lk.name in late]
 
 
 def _num(value: Any) -> float | None:
