@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cudampi.doctor.job import JobResult, _summary_message, mpi_error
+from cudampi.doctor.job import JobResult, _summary_message, mpi_error, unreachable
 from cudampi.doctor.job_render import job_json, render_job_text
 from cudampi.doctor.jobfacts import difference_findings, differences, settings_of
 from cudampi.doctor.links import Link, link_findings, outliers, parse_refused, rounds
@@ -201,3 +201,9 @@ def test_an_outlier_measured_again_keeps_the_better_figures():
     assert (best.latency_us, best.gbps, best.measured) == (9.0, 1.2, 2)
     assert link_findings(healthy(ad=best), NODES) == []  # a busy moment, not the link
     assert late.best_of(Link("a", "d", "failed")) is late
+
+
+def test_the_hosts_the_launcher_could_not_reach():
+    down = _summary_message((FIX / "openmpi-node-down.txt").read_text())
+    assert unreachable(down) == {"node4"}
+    assert unreachable(_summary_message((FIX / "openmpi-tcp-refused.txt").read_text())) == set()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -259,6 +260,14 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             pass
 
 
+_HOST_GONE = re.compile(r"host (\S+) (?:cannot be reached|was lost during the run)")
+
+
+def unreachable(message: str) -> set[str]:
+    """The hosts ``cudampi launch``'s summary says it could not reach or lost."""
+    return set(_HOST_GONE.findall(message))
+
+
 def markers(lines: Sequence[str], prefix: str) -> list[dict[str, Any]]:
     out = []
     for line in lines:
@@ -477,6 +486,10 @@ class JobDoctor:
                 links += got
                 done = {(lk.a, lk.b) for lk in got}
                 rest = [p for p in group if p not in done]
+                # a host the launcher itself says it could not reach fails its pair at once
+                gone = unreachable(run.message)
+                links += [self.failed_link(a, b, run, addresses) for a, b in rest if {a, b} & gone]
+                rest = [p for p in rest if not {p[0], p[1]} & gone]
                 if len(group) > 1:
                     again += rest
                 else:
