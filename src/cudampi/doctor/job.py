@@ -377,6 +377,15 @@ class JobDoctor:
                 )
         result.facts.update(got)
         missing = [n for n in names if n not in got]
+        gone = [n for n in missing if n in unreachable(run.message)]
+        for n in gone if len(gone) < len(names) else ():
+            result.unanswered[n] = self.why(n, run)  # the launcher named it: no need to ask again
+        missing = [n for n in missing if n not in result.unanswered]
+        if gone and len(missing) > 1:
+            self.say(f"node facts: again without {', '.join(gone)}")
+            got, run = self.facts_job(missing)
+            result.facts.update(got)
+            missing = [n for n in missing if n not in got]
         if not missing or len(names) == 1:
             for n in missing:
                 result.unanswered[n] = self.why(n, run)
@@ -416,7 +425,8 @@ class JobDoctor:
                 said = "ssh ok"
             else:
                 last = [ln for ln in p.stderr.splitlines() if ln.strip()]
-                said = f"ssh failed: {last[-1].strip() if last else f'exit {p.returncode}'}"
+                why = last[-1].strip().removeprefix("ssh: ") if last else f"exit {p.returncode}"
+                said = f"ssh failed: {why}"
         except subprocess.TimeoutExpired:
             said = f"ssh failed: no answer in {SSH_TIMEOUT:g} s"
         except OSError as exc:
