@@ -15,6 +15,7 @@ from cudampi.doctor.job import JobResult, _summary_message, mpi_error, unreachab
 from cudampi.doctor.job_render import job_json, render_job_text
 from cudampi.doctor.jobfacts import difference_findings, differences, settings_of
 from cudampi.doctor.links import Link, link_findings, outliers, parse_refused, rounds
+from cudampi.doctor.node import NodeLines, emit
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor-job"
 
@@ -207,3 +208,19 @@ def test_the_hosts_the_launcher_could_not_reach():
     down = _summary_message((FIX / "openmpi-node-down.txt").read_text())
     assert unreachable(down) == {"node4"}
     assert unreachable(_summary_message((FIX / "openmpi-tcp-refused.txt").read_text())) == set()
+
+
+def test_a_nodes_summary_travels_in_whole_lines_under_4_kib(capsys: pytest.CaptureFixture[str]):
+    """Each line is one write below PIPE_BUF, so the launcher never cuts one with another
+    node's output; the lines of two nodes, interleaved, put together again."""
+    big = {"name": "a", "checks": [{"detail": "x" * 500, "i": i} for i in range(40)]}
+    emit("a", big)
+    emit("b", {"name": "b"})
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) > 3 and all(len(line.encode()) < 4096 for line in out)
+    lines, got = NodeLines(), {}
+    for line in [out[-1], *out[:-1]]:  # b's line first, then a's in order
+        whole = lines.add(line)
+        if whole is not None:
+            got[whole[0]] = whole[1]
+    assert got == {"a": big, "b": {"name": "b"}}

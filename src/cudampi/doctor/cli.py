@@ -239,16 +239,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks < 2:
         raise ConfigError(f"--ranks must be at least 2 (p2p needs a peer), got {args.ranks!r}")
+    from cudampi.names import MPI_LAUNCHERS
     from cudampi.rankenv import allocation, launched_by
 
     launcher = launched_by(os.environ)
     given = bool(args.hosts or args.hostfile)
-    spans = (launcher.local_size or 0) < (launcher.size or 0)
-    if spans and launcher.local_size and not given:
-        # A rank of a job over several nodes: rank 0 diagnoses every node of the job.
+    mpi = launched_by(os.environ, MPI_LAUNCHERS)
+    if not given and mpi.rank is not None and 0 < (mpi.local_size or 0) < (mpi.size or 0):
+        # A rank of an MPI job over several nodes: rank 0 diagnoses every node of the job.
         from cudampi.doctor.job import hosts_of_this_job
 
-        hosts = hosts_of_this_job(args.node_timeout)
+        hosts = hosts_of_this_job(mpi.size or 0, mpi.rank, args.node_timeout)
         if hosts is None:
             return 0
         args.hosts, given = ",".join(hosts), True

@@ -47,8 +47,8 @@ from cudampi.doctor.links import (
     parse_refused,
     rounds,
 )
-from cudampi.doctor.node import HELLO, MARKER, options_json
-from cudampi.errors import ConfigError
+from cudampi.doctor.node import HELLO, MARKER, NodeLines, options_json
+from cudampi.errors import ConfigError, LaunchError
 from cudampi.probe.links import MARKER as LINK_MARKER
 from cudampi.probe.runtime import DEVICE_TESTS, HOST_TESTS, launch_env
 
@@ -346,11 +346,12 @@ class JobDoctor:
         args += [options_json(node), *(names or ())]
         got: dict[str, dict[str, Any]] = {}
         total = len(names) if names else expected
+        lines = NodeLines()
 
         def seen(line: str) -> None:
-            if line.startswith(MARKER):
-                for m in markers([line], MARKER):
-                    got[str(m["name"])] = m
+            whole = lines.add(line) if line.startswith(MARKER) else None
+            if whole is not None:
+                got[whole[0]] = whole[1]
                 self.say(f"node facts: {len(got)} of {total or '?'} nodes")
 
         self.count()
@@ -585,12 +586,13 @@ class JobDoctor:
         return result
 
 
-def hosts_of_this_job(timeout: float) -> list[str] | None:
-    """Where the ranks of the job this process is a rank of run (``mpirun -n 8 --map-by
-    ppr:1:node cudampi doctor``, ``srun``, ``cudampi launch ... cudampi doctor``): every rank
-    tells its host name over MPI; rank 0 gets them in rank order (each host once), the others
-    None. MPI is finalized after, so rank 0 can start the doctor's own jobs. A job whose ranks
-    cannot reach each other is ended after ``timeout`` s with that said."""
+def hosts_of_this_job(size: int, rank: int, timeout: float) -> list[str] | None:
+    """Where the ranks of the MPI job this process is rank ``rank`` of ``size`` in run
+    (``mpirun -n 8 --map-by ppr:1:node cudampi doctor``, ``srun``, ``cudampi launch ...
+    cudampi doctor``): every rank tells its host name over MPI; rank 0 gets them in rank order
+    (each host once), the others None. MPI is finalized after, so rank 0 can start the doctor's
+    own jobs. Ranks that cannot reach each other are ended after ``timeout`` s with that said;
+    ranks that are not one MPI job (a launcher without its MPI plug-in) are told so."""
     import socket
 
     from mpi4py import MPI
@@ -613,9 +615,17 @@ def hosts_of_this_job(timeout: float) -> list[str] | None:
     watch.start()
     names = comm.allgather(socket.gethostname())
     watch.cancel()
-    rank = comm.rank
+    together = comm.size == size
     MPI.Finalize()
-    return list(dict.fromkeys(names)) if rank == 0 else None
+    if rank != 0:
+        return None
+    if not together:
+        raise LaunchError(
+            f"the launcher started {size} ranks but MPI sees a world of {len(names)}: they are "
+            "not one MPI job (srun needs --mpi=pmix for Open MPI). Run the doctor from one node "
+            "with the job's hosts instead: cudampi doctor --hosts h1,h2,... (or --hostfile)"
+        )
+    return list(dict.fromkeys(names))
 
 
 def run_job(options: JobOptions, progress: Progress | None = None) -> JobResult:

@@ -6,7 +6,8 @@ It says it is there (a ``CUDAMPI_NODE_HELLO`` line, at once), runs the single-no
 ``cudampi doctor`` there would) and measures the copy rate between each pair of this node's
 GPUs that can reach each other directly; then prints one ``CUDAMPI_NODE {json}`` line: this
 node's column of the job's table (:func:`cudampi.doctor.jobfacts.node_summary`), its checks and
-its GPU links. OPTIONS is the JSON of :class:`~cudampi.doctor.gather.DoctorOptions`; NAME...
+its GPU links (in lines of :data:`CHUNK` characters: ``CUDAMPI_NODE NAME I/N PART``, put
+together by :func:`NodeLines.add`). OPTIONS is the JSON of :class:`~cudampi.doctor.gather.DoctorOptions`; NAME...
 are the job's node names, of which this node reports the one that means itself. No MPI call is
 made between the nodes: a node whose MPI cannot reach the others still reports.
 """
@@ -23,6 +24,9 @@ from typing import Any
 
 HELLO = "CUDAMPI_NODE_HELLO "
 MARKER = "CUDAMPI_NODE "
+CHUNK = 3000
+"""Characters of the JSON per line: each line is one write of less than PIPE_BUF (4 KiB), so
+the launcher forwards it whole, never cut by another node's output."""
 PEER_BYTES = 64 << 20
 """Bytes of each GPU-to-GPU copy of the copy-peer measure."""
 
@@ -116,6 +120,38 @@ def run(options_text: str, names: Sequence[str]) -> dict[str, Any]:
     }
 
 
+def emit(name: str, data: dict[str, Any]) -> None:
+    """``data`` on stdout as ``CUDAMPI_NODE NAME I/N PART`` lines (see :data:`CHUNK`)."""
+    text = json.dumps(data, separators=(",", ":"))
+    parts = [text[i : i + CHUNK] for i in range(0, len(text), CHUNK)]
+    for i, part in enumerate(parts, 1):
+        print(f"{MARKER}{name} {i}/{len(parts)} {part}", flush=True)
+
+
+class NodeLines:
+    """The nodes' :func:`emit` lines, put together: :meth:`add` returns a node's whole summary
+    when its last part arrives."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, dict[int, str]] = {}
+
+    def add(self, line: str) -> tuple[str, dict[str, Any]] | None:
+        try:
+            name, seq, part = line[len(MARKER) :].split(" ", 2)
+            i, n = (int(x) for x in seq.split("/"))
+        except ValueError:
+            return None
+        have = self.parts.setdefault(name, {})
+        have[i] = part
+        if len(have) < n:
+            return None
+        try:
+            data = json.loads("".join(have[k] for k in range(1, n + 1)))
+        except (KeyError, ValueError):
+            return None
+        return (name, data) if isinstance(data, dict) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
@@ -124,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     name = my_name(args[1:])
     hello = {"name": name, "hostname": socket.gethostname()}
     print(HELLO + json.dumps(hello), flush=True)
-    result = run(args[0], args[1:])
-    print(MARKER + json.dumps({"name": name, **result}), flush=True)
+    emit(name, {"name": name, **run(args[0], args[1:])})
     return 0
 
 
