@@ -1,9 +1,12 @@
-"""Who started this process, and where it sits in its job: read from the launcher's variables.
+"""Who started this process, where it sits in its job, and which batch job it runs in: read from
+the launchers' variables.
 
 The one reader of every launcher's environment (the ground floor: the probe, the observer, the
 launcher, the torch backend, ``cudampi.init()`` and the benchmarks all ask it). Pure: it reads a
-mapping (``os.environ``), so every launcher's variables are tested without that launcher.
-The launchers and their order are :data:`cudampi.names.LAUNCHERS`.
+mapping (``os.environ``), so every launcher's variables are tested without that launcher. Which
+variable means what is a table in :mod:`cudampi.names` (:data:`~cudampi.names.RANK_VARS` for the
+processes a launcher starts, :data:`~cudampi.names.JOB_VARS` for a batch system's jobs); the
+launchers and their order are :data:`cudampi.names.LAUNCHERS`.
 """
 
 from __future__ import annotations
@@ -13,45 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cudampi.errors import LaunchError
-from cudampi.names import LAUNCHER_LABELS, LAUNCHERS, MPI_LAUNCHERS
-
-
-@dataclass(frozen=True)
-class _Vars:
-    """One launcher's variables (a tuple: the first one set counts)."""
-
-    rank: str
-    size: tuple[str, ...]
-    local_rank: tuple[str, ...] = ()
-    local_size: tuple[str, ...] = ()
-    node_rank: tuple[str, ...] = ()
-    needs: tuple[str, ...] = ()
-    """Set (to anything) only where this launcher started the process."""
-    needs_int: tuple[str, ...] = ()
-    """The first of these that is set must be an integer for this launcher to count."""
-
-
-_VARS = {
-    "torchrun": _Vars(
-        "RANK", ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",), ("GROUP_RANK",),
-        needs=("TORCHELASTIC_RUN_ID",),
-    ),
-    "openmpi": _Vars(
-        "OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_LOCAL_RANK",),
-        ("OMPI_COMM_WORLD_LOCAL_SIZE",),
-    ),
-    "mpich": _Vars("PMI_RANK", ("PMI_SIZE",), ("MPI_LOCALRANKID",), ("MPI_LOCALNRANKS",)),
-    # a job step's tasks only: a batch script has SLURM_PROCID and SLURM_NTASKS but no step
-    "slurm": _Vars(
-        "SLURM_PROCID", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
-        ("SLURM_LOCALID",), (), ("SLURM_NODEID",), needs_int=("SLURM_STEP_ID", "SLURM_STEPID"),
-    ),
-    "pmix": _Vars("PMIX_RANK", ("OMPI_COMM_WORLD_SIZE",)),
-    "env": _Vars(
-        "RANK", ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",),
-        ("GROUP_RANK", "NODE_RANK"), needs_int=("WORLD_SIZE",),
-    ),
-}  # fmt: skip
+from cudampi.names import (
+    JOB_SYSTEMS,
+    JOB_VARS,
+    LAUNCHER_LABELS,
+    LAUNCHERS,
+    MPI_LAUNCHERS,
+    RANK_VARS,
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +56,7 @@ def launched_by(
     about to trust the numbers); otherwise it reads as not given (the doctor's report).
     """
     for name in (n for n in LAUNCHERS if n in among and n != "none"):
-        v = _VARS[name]
+        v = RANK_VARS[name]
         if not all(k in env for k in v.needs):
             continue
         if v.needs_int and _int(env, v.needs_int, strict) is None:
@@ -94,8 +66,8 @@ def launched_by(
             continue
         node = _int(env, v.node_rank, strict)
         local_size = _int(env, v.local_size, strict)
-        if name == "slurm":
-            local_size = _slurm_local_size(env, node, strict)
+        if v.tasks_per_node:
+            local_size = _local_size(env, v.tasks_per_node, node, strict)
         return LauncherInfo(
             name,
             rank,
@@ -117,17 +89,32 @@ def mpi_launcher(env: Mapping[str, str]) -> tuple[str, int, int] | None:
     return info.label, info.rank, info.size
 
 
-ALLOCATIONS = {"slurm": "SLURM_JOB_ID", "pbs": "PBS_JOBID", "lsf": "LSB_JOBID"}
-"""The batch systems whose allocation a process can be inside, and the variable that says so."""
+def dies_with_launcher(launcher: str) -> bool:
+    """Is a process that ``launcher`` started the child of the launcher's own daemon, so that
+    it may ask to die with it (see :attr:`cudampi.names.RankVars.daemon`)?"""
+    v = RANK_VARS.get(launcher)
+    return v is not None and v.daemon
 
 
-def allocation(env: Mapping[str, str]) -> str | None:
-    """The batch system whose allocation this process runs in (a batch script, salloc's
-    shell, a job step), or None."""
-    for system, var in ALLOCATIONS.items():
-        if env.get(var) or (system == "slurm" and env.get("SLURM_JOBID")):
-            return system
-    return None
+def forms_mpi_job(launcher: str) -> bool:
+    """Do the processes ``launcher`` started always form one MPI job (so rank 0's address can
+    be broadcast over MPI)?"""
+    v = RANK_VARS.get(launcher)
+    return v is not None and v.mpi_job
+
+
+def rank_nodelist(env: Mapping[str, str], launcher: str) -> str | None:
+    """The node list of this process's own job as ``launcher``'s variables give it (Slurm's
+    compressed form: the step's nodes), or None."""
+    v = RANK_VARS.get(launcher)
+    return _first(env, v.nodes) if v is not None else None
+
+
+def job_key(env: Mapping[str, str]) -> str:
+    """The values of every launcher's job-naming variables, in one string: the ranks of one job
+    see the same one (a port they agree on without talking is derived from it)."""
+    names = [k for n in LAUNCHERS if n in RANK_VARS for k in RANK_VARS[n].job_key]
+    return "|".join(env.get(k, "") for k in names)
 
 
 @dataclass(frozen=True)
@@ -139,7 +126,8 @@ class RankEnv:
     local_rank: int
     local_world_size: int
     launcher: str
-    """torchrun, openmpi, mpich, slurm, env (RANK/WORLD_SIZE given) or none (plain python)."""
+    """torchrun, openmpi, mpich, slurm, lsf, env (RANK/WORLD_SIZE given) or none (plain
+    python)."""
     node_rank: int | None = None
 
 
@@ -172,6 +160,65 @@ def rank_env(env: Mapping[str, str]) -> RankEnv:
     return RankEnv(rank, size, local_rank, local_size, info.name, info.node_rank)
 
 
+@dataclass(frozen=True)
+class JobEnv:
+    """The batch job this process runs in, as its system's variables give it (raw values: the
+    system's launcher family in :mod:`cudampi.launch.launchers` reads the files and lists)."""
+
+    system: str
+    """One of :data:`cudampi.names.JOB_SYSTEMS`."""
+    job_id: str
+    nodes: str | None = None
+    """The node list (Slurm's compressed form)."""
+    nodefile: str | None = None
+    """The path of a file naming one host per line, once per slot."""
+    host_counts: str | None = None
+    """``host count host count ...``."""
+    tasks: int | None = None
+    tasks_from: str | None = None
+    """The variable that gave ``tasks``."""
+    node_count: int | None = None
+    evidence: tuple[str, ...] = ()
+    """The variables that gave the values above."""
+
+    @property
+    def label(self) -> str:
+        return LAUNCHER_LABELS[self.system]
+
+
+def job_env(env: Mapping[str, str], among: Sequence[str] = JOB_SYSTEMS) -> JobEnv | None:
+    """The job of the first batch system of ``among`` (in :data:`~cudampi.names.JOB_SYSTEMS`
+    order) whose job id ``env`` holds; None outside every batch job."""
+    for system in (s for s in JOB_SYSTEMS if s in among):
+        v = JOB_VARS[system]
+        job_id = _first(env, v.job_id)
+        if not job_id:
+            continue
+        fields = (v.job_id, v.nodes, v.nodefile, v.host_counts, v.tasks, v.node_count)
+        return JobEnv(
+            system,
+            job_id,
+            _first(env, v.nodes),
+            _first(env, v.nodefile),
+            _first(env, v.host_counts),
+            _int(env, v.tasks, strict=False),
+            _set_name(env, v.tasks),
+            _int(env, v.node_count, strict=False),
+            tuple(n for n in (_set_name(env, names) for names in fields) if n is not None),
+        )
+    return None
+
+
+def job_node_count(env: Mapping[str, str]) -> int | None:
+    """The node count a batch system's variables give (of the first system that gives one),
+    whether or not its job id is set; None where none does."""
+    for system in JOB_SYSTEMS:
+        count = _int(env, JOB_VARS[system].node_count, strict=False)
+        if count is not None:
+            return count
+    return None
+
+
 def parse_tasks_per_node(text: str) -> list[int]:
     """Slurm's ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``) -> ``[2, 2, 2, 1]``."""
     out: list[int] = []
@@ -186,8 +233,10 @@ def parse_tasks_per_node(text: str) -> list[int]:
     return out
 
 
-def _slurm_local_size(env: Mapping[str, str], node: int | None, strict: bool) -> int | None:
-    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+def _local_size(
+    env: Mapping[str, str], names: Sequence[str], node: int | None, strict: bool
+) -> int | None:
+    per_node = _first(env, names)
     if not per_node or node is None:
         return None
     try:
@@ -197,6 +246,16 @@ def _slurm_local_size(env: Mapping[str, str], node: int | None, strict: bool) ->
             raise
         return None
     return counts[node] if node < len(counts) else None
+
+
+def _first(env: Mapping[str, str], names: Sequence[str]) -> str | None:
+    """The value of the first of ``names`` that is set and not empty."""
+    name = _set_name(env, names)
+    return env[name] if name is not None else None
+
+
+def _set_name(env: Mapping[str, str], names: Sequence[str]) -> str | None:
+    return next((n for n in names if env.get(n)), None)
 
 
 def _int(env: Mapping[str, str], names: Sequence[str], strict: bool) -> int | None:

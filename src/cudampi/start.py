@@ -19,7 +19,7 @@ from typing import Any
 
 from cudampi.errors import ConfigError, LaunchError
 from cudampi.net import free_port, routed_address
-from cudampi.rankenv import rank_env
+from cudampi.rankenv import forms_mpi_job, job_key, rank_env
 
 
 @dataclass(frozen=True)
@@ -48,20 +48,16 @@ _STATE: dict[str, RankInfo] = {}
 
 def _job_port(env: MutableMapping[str, str]) -> int:
     """A port every rank of one job computes alike without talking (from the job's id)."""
-    key = "|".join(
-        env.get(k, "")
-        for k in (
-            "PMIX_NAMESPACE",
-            "OMPI_MCA_ess_base_jobid",
-            "SLURM_JOB_ID",
-            "SLURM_STEP_ID",
-            "PMI_PORT",
-            "HYDI_CONTROL_FD",
-            "MASTER_ADDR",
-        )
-    )
+    key = f"{job_key(env)}|{env.get('MASTER_ADDR', '')}"
     digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
     return 20000 + digest % 20000
+
+
+def _rank0_host(launcher: str, env: MutableMapping[str, str]) -> str | None:
+    """Rank 0's host where the launcher's variables say it (Slurm's step node list)."""
+    from cudampi.launch.launchers import rendezvous_host
+
+    return rendezvous_host(launcher, env)
 
 
 def _rendezvous_by_mpi() -> tuple[str, int]:
@@ -178,20 +174,13 @@ def _init_env(env: MutableMapping[str, str], select_device: bool) -> RankInfo:
             env.setdefault(
                 "MASTER_PORT", str(free_port() if re_.world_size == 1 else _job_port(env))
             )
-        elif re_.launcher in ("openmpi", "mpich"):
+        elif (host := _rank0_host(re_.launcher, env)) is not None:
+            env.setdefault("MASTER_ADDR", host)
+            env.setdefault("MASTER_PORT", str(_job_port(env)))
+        elif forms_mpi_job(re_.launcher):
             addr, port = _rendezvous_by_mpi()
             env.setdefault("MASTER_ADDR", addr)
             env.setdefault("MASTER_PORT", str(port))
-        elif re_.launcher == "slurm" and (
-            env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-        ):
-            from cudampi.launch.detect import expand_nodelist
-
-            nodes = expand_nodelist(
-                env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "", env
-            )
-            env.setdefault("MASTER_ADDR", nodes[0])
-            env.setdefault("MASTER_PORT", str(_job_port(env)))
         else:
             raise LaunchError(
                 f"rank {re_.rank} of {re_.world_size} spans hosts but MASTER_ADDR/MASTER_PORT "

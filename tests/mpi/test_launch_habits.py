@@ -160,3 +160,66 @@ def test_hydra_hostfile_and_ppn(tmp_path):
     p = launch("-f", str(hosts), "-ppn", "2", "--tag-output", *CHECK, python=MPICH_PY)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[0] rank 0 ok" in p.stdout and "OK 2" in p.stdout
+
+
+# ------------------------------------------------- more flags people type from habit
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--np", "2"], ["-N", "2"], ["--npernode", "2"], ["--map-by", "ppr:2:node"]],
+    ids=["np", "N", "npernode", "map-by"],
+)
+def test_mpirun_spellings_of_ranks_and_ranks_per_node(flags):
+    """``--np 2`` was "ambiguous option"; ``-N``/``--map-by`` the top-level usage and no hint."""
+    p = launch(*flags, *CHECK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "OK 2" in p.stdout
+
+
+def test_standalone_is_this_machine():
+    p = launch("--standalone", "--nproc-per-node", "2", *CHECK)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "OK 2" in p.stdout
+    bad = launch("--standalone", "-H", f"{HOST}:2", *CHECK)
+    assert bad.returncode == 2 and "--standalone runs every rank on this machine" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "hint"),
+    [
+        (["--report-bindings"], "-- --report-bindings"),
+        (["--mca", "btl", "tcp,self"], "-- --mca [their values]"),
+        (["--map-by", "slot"], "-- --map-by slot"),
+    ],
+    ids=["report-bindings", "mca", "map-by-slot"],
+)
+def test_a_launchers_own_flag_before_the_command_says_where_it_goes(flags, hint):
+    p = launch("-n", "2", *flags, *CHECK)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "usage: cudampi launch" in p.stderr and "COMMAND ..." not in p.stderr, p.stderr
+    assert hint in p.stderr, p.stderr
+    assert "OK" not in p.stdout
+
+
+def test_more_ranks_than_the_hosts_slots_is_refused_as_mpirun_does():
+    """``-n 3 -H host:2`` ran 3 ranks on 2 slots without a word; mpirun refuses it."""
+    p = launch("-n", "3", "-H", f"{HOST}:2", TARGET, "check", "3", "--flag", "a b")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"-n 3 is more than the 2 slots of the hosts ({HOST}:2)" in p.stderr
+    assert "--oversubscribe" in p.stderr and "OK" not in p.stdout
+    ok = launch(
+        "-n", "3", "-H", f"{HOST}:2", "--oversubscribe", TARGET, "check", "3", "--flag", "a b"
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "OK 3" in ok.stdout
+
+
+def test_a_dry_run_looks_up_no_host(tmp_path):
+    """A dry run prints the command for hosts this machine cannot resolve (yet)."""
+    env = {"TMPDIR": str(tmp_path)}  # where the dry run keeps its hostfile
+    p = launch("--dry-run", "-H", "nodea.invalid:1,nodeb.invalid:1", TARGET, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "#   nodea.invalid slots=1" in p.stdout and "#   nodeb.invalid slots=1" in p.stdout
+    assert "# dry run: host names were not looked up" in p.stdout
+    assert "--hostfile" in p.stdout.splitlines()[-1]

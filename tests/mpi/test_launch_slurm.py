@@ -97,6 +97,10 @@ class Slurm:
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
             "OverSubscribe=FORCE\n"
         )
+        # PMIx's per-step folders in this test's own folder: every fresh slurmctld numbers its
+        # jobs from 1, so a folder another run left in /tmp (spmix_appdir_0_1.0) breaks step 1.0
+        (t / "pmix").mkdir()
+        (t / "mpi.conf").write_text(f"PMIxCliTmpDirBase={t / 'pmix'}\n")
         self.run("slurmctld", "-i")
         self.run("slurmd")
         deadline = time.monotonic() + 60
@@ -175,6 +179,14 @@ def test_dry_run_inside_an_allocation_is_srun(slurm: Slurm):
     assert "-n 2: the allocation's tasks (SLURM_NTASKS)" in p.stdout
 
 
+def test_standalone_inside_an_allocation_runs_on_this_machine(slurm: Slurm):
+    """torchrun's --standalone: this machine's ranks, so the MPI's mpiexec, not srun."""
+    p = slurm.salloc(2, "--standalone", "-n", "2", "--dry-run", TARGET)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = p.stdout.strip().splitlines()[-1]
+    assert "srun" not in line and "mpiexec -n 2" in line, line
+
+
 def test_a_failing_rank_under_srun_is_named(slurm: Slurm):
     p = slurm.salloc(2, TARGET, "raise", "1")
     assert p.returncode == 1, p.stdout + p.stderr
@@ -221,7 +233,7 @@ def test_nodelists_are_read_by_scontrol_inside_an_allocation(slurm: Slurm, tmp_p
     # python-hostlist made unimportable: the names must come from `scontrol show hostnames`.
     (tmp_path / "hostlist.py").write_text("raise ImportError('not here: scontrol must answer')\n")
     code = (
-        "from cudampi.launch.detect import expand_nodelist; "
+        "from cudampi.launch.launchers.slurm import expand_nodelist; "
         "print('NAMES', ' '.join(expand_nodelist('rack[1-2]-node[01-02],login1')))"
     )
     env = dict(slurm.env)

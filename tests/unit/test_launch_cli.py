@@ -32,6 +32,10 @@ def parse(*argv: str) -> argparse.Namespace:
         (["--nproc-per-node", "2", "--nnodes", "1", "t.py"], {"gpus_per_node": 2, "nnodes": 1}),
         (["--nproc_per_node=8", "t.py"], {"gpus_per_node": 8}),
         (["--tag-output", "--json-file", "out.json", "t.py"], {"tag_output": True}),
+        (["--np", "4", "t.py"], {"nprocs": 4}),
+        (["-N", "2", "t.py"], {"gpus_per_node": 2}),
+        (["--map-by", "ppr:2:node", "t.py"], {"gpus_per_node": 2}),
+        (["--standalone", "t.py"], {"standalone": True}),
     ],
 )
 def test_habitual_flags_mean_what_they_mean_elsewhere(argv, want):
@@ -72,3 +76,24 @@ def test_what_a_command_becomes(tmp_path, monkeypatch):
         split_target(None, ["nope-not-here"])
     os.chmod(prog, 0o644)  # a file that is not executable is a Python script, as before
     assert split_target(None, ["./a.out"]) == ((str(prog),), ())
+
+
+def test_only_work_folders_whose_launch_is_gone_are_removed(tmp_path):
+    import os
+
+    from cudampi.launch.workdir import PREFIX, remove_stale, start_time
+
+    me = os.getpid()
+    owners = {
+        "dead": "4194304 1\n",  # above pid_max: no such process
+        "reused": f"{me} 1\n",  # this pid, but started at another time
+        "alive": f"{me} {start_time(me)}\n",
+        "kept": None,  # a dry run's: no owner
+    }
+    for name, owner in owners.items():
+        (tmp_path / f"{PREFIX}{name}").mkdir()
+        if owner is not None:
+            (tmp_path / f"{PREFIX}{name}" / "owner").write_text(owner)
+    removed = sorted(os.path.basename(p) for p in remove_stale(str(tmp_path)))
+    assert removed == [f"{PREFIX}dead", f"{PREFIX}reused"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{PREFIX}alive", f"{PREFIX}kept"]

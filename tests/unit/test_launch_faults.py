@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cudampi.launch.faults import HostFailure, RankFailure, build_result, parse_launcher_output
+from cudampi.launch.faults import (
+    HostFailure,
+    LauncherEvents,
+    RankFailure,
+    build_result,
+    parse_launcher_output,
+)
 from cudampi.launch.rankreport import (
     NO_TOKEN,
     SUMMARY_LINES,
@@ -179,6 +185,10 @@ def test_build_result_merges_reports_launcher_and_fault_files():
     assert (
         build_result(-2, [], parse_launcher_output("", "openmpi"), interrupted=True).exit_code
         == 130
+    )
+    term = build_result(-2, [], LauncherEvents(), interrupted=True, stopped_by=15)
+    assert (
+        term.exit_code == 143 and "terminated (SIGTERM): every rank was stopped" in term.summary()
     )
 
 

@@ -6,8 +6,22 @@ import pytest
 
 from cudampi.errors import ConfigError, LaunchError
 from cudampi.launch.argv import build_command
-from cudampi.launch.hosts import Host, hostfile_text, parse_hostfile, parse_hosts
-from cudampi.launch.plan import Launcher, LaunchPlan, Machine, PlanRequest, UcxRecipe, make_plan
+from cudampi.launch.hosts import (
+    Host,
+    hostfile_text,
+    parse_hostfile,
+    parse_hosts,
+    parse_slot_lines,
+)
+from cudampi.launch.plan import (
+    Allocation,
+    Launcher,
+    LaunchPlan,
+    Machine,
+    PlanRequest,
+    UcxRecipe,
+    make_plan,
+)
 
 OMPI = Launcher("openmpi", "/v/bin/mpiexec", "5.0.11", "Open MPI")
 MPICH = Launcher("mpich", "/m/bin/mpiexec", "5.0.2", "MPICH")
@@ -18,6 +32,11 @@ UCX = UcxRecipe(
     tuple(f"{U}/lib/{n}" for n in ("libucs.so.0", "libucm.so.0", "libuct.so.0", "libucp.so.0")),
     f"{U}/lib/ucx",
 )
+
+
+def job(*nodes: str) -> Allocation:
+    """A Slurm allocation of ``nodes``, as srun's family reads it."""
+    return Allocation("slurm", "77", nodes=nodes)
 
 
 def plan(launcher=OMPI, machine=None, mpi="openmpi", **kw):
@@ -42,10 +61,17 @@ def test_parse_hosts_and_hostfiles_in_both_formats():
         parse_hosts(",")
     with pytest.raises(ConfigError, match="at least 1"):
         parse_hosts("h1:0")
+    with pytest.raises(ConfigError, match="more than a launcher can count"):
+        parse_hosts(f"h1:{2**31}")
+    with pytest.raises(ConfigError, match="more than a launcher can count"):
+        parse_hostfile(f"h1 slots={2**31}\n")
+    with pytest.raises(ConfigError, match="'h1:²' is not a host name"):
+        parse_hosts("h1:²")  # a digit to str.isdigit, not to int()
+    assert parse_slot_lines("a\nb\na\n\n") == (Host("a", 2), Host("b", 1))
 
 
 def test_expand_slurm_nodelist():
-    from cudampi.launch.detect import expand_nodelist
+    from cudampi.launch.launchers.slurm import expand_nodelist
 
     outside = {"PATH": "/nonexistent"}  # no scontrol, no allocation: python-hostlist
     assert expand_nodelist("gpu[01-03,7],login1", outside) == [
@@ -152,6 +178,18 @@ def test_too_many_ranks_for_the_hosts_slots_is_a_usage_error():
         plan(nprocs=3, gpus_per_node=2)
 
 
+@pytest.mark.parametrize("launcher", [OMPI, MPICH, SRUN], ids=["openmpi", "mpich", "srun"])
+def test_more_ranks_than_slots_on_one_host_is_refused_unless_asked(launcher):
+    """mpirun refuses ``-n 3 -H localhost:2``; every launcher of cudampi does, the same way."""
+    m = Machine(cores=8, local_names=frozenset({"localhost"}))
+    with pytest.raises(ConfigError, match=r"-n 3 is more than the 2 slots .*--oversubscribe"):
+        plan(launcher, m, nprocs=3, hosts=(Host("localhost", 2),))
+    assert (
+        plan(launcher, m, nprocs=3, hosts=(Host("localhost", 2),), oversubscribe=True).nprocs == 3
+    )
+    assert not plan(launcher, m, nprocs=3, hosts=(Host("localhost"),)).oversubscribe
+
+
 def test_cuda_aware_wheel_recipe_is_exactly_the_device_wheels_one():
     p = plan(nprocs=2, machine=Machine(cores=8, gpus=2, ucx=UCX))
     argv = list(build_command(p).argv)
@@ -207,7 +245,7 @@ def test_mpich_argv_is_exact():
 
 
 def test_srun_argv_puts_the_rank_env_in_srun_environment():
-    m = Machine(cores=8, gpus=4, ucx=UCX, is_root=True, slurm_nodes=("gpu01", "gpu02"))
+    m = Machine(cores=8, gpus=4, ucx=UCX, is_root=True, allocation=job("gpu01", "gpu02"))
     p = plan(launcher=SRUN, machine=m, gpus_per_node=4)
     cmd = build_command(p)
     assert p.nprocs == 8
@@ -320,7 +358,7 @@ def test_torchrun_nnodes_and_nproc_per_node():
         plan(gpus_per_node=4, nnodes=2)
     one = plan(gpus_per_node=2, nnodes=1)
     assert one.nprocs == 2
-    srun = plan(SRUN, Machine(cores=8, slurm_nodes=("a", "b", "c")), gpus_per_node=2, nnodes=2)
+    srun = plan(SRUN, Machine(cores=8, allocation=job("a", "b", "c")), gpus_per_node=2, nnodes=2)
     assert srun.nprocs == 4 and "-N 2" in " ".join(build_command(srun).argv)
     with pytest.raises(ConfigError, match="allocation has 3 node"):
-        plan(SRUN, Machine(cores=8, slurm_nodes=("a", "b", "c")), gpus_per_node=2, nnodes=4)
+        plan(SRUN, Machine(cores=8, allocation=job("a", "b", "c")), gpus_per_node=2, nnodes=4)

@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks < 2:
         raise ConfigError(f"--ranks must be at least 2 (p2p needs a peer), got {args.ranks!r}")
     from cudampi.names import MPI_LAUNCHERS
-    from cudampi.rankenv import allocation, launched_by
+    from cudampi.rankenv import job_env, launched_by
 
     launcher = launched_by(os.environ)
     given = bool(args.hosts or args.hostfile)
@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     config = Config.load({"probe_timeout": args.timeout, "cache_dir": args.cache_dir})
     options = _options(args, config)
-    if given or (launcher.rank is None and allocation(os.environ)):
+    if given or (launcher.rank is None and job_env(os.environ) is not None):
         code = _run_job(args, options)
         if code is not None:
             return code

@@ -20,6 +20,7 @@ from cudampi.env.recommended import (
     UCX_FAQ,
     setting,
 )
+from cudampi.rankenv import job_node_count
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,9 @@ def _split(value: str) -> list[str]:
 
 
 def _infer_multi_node(env: Mapping[str, str]) -> bool | None:
-    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
-        if env.get(var, "").isdigit():
-            return int(env[var]) > 1
+    nodes = job_node_count(env)
+    if nodes is not None:
+        return nodes > 1
     if env.get("K_MPI_JOB_ROLE") or env.get("OMPI_MCA_orte_default_hostfile"):
         return True  # set by the Kubeflow MPI Operator for launcher and workers
     return None

@@ -3,9 +3,11 @@
     cudampi launch [-n N] [--hosts h1:4,h2:4 | --hostfile F] [--gpus-per-node G]
                    [options] (script.py | -m module | program) [args...] [-- raw launcher flags...]
 
-The flags people type from habit work too: mpirun's ``-np`` and ``-H``/``--host``, Hydra's
-``-f`` and ``-ppn``, torchrun's ``--nproc-per-node`` and ``--nnodes``. Everything after the first
-``--`` that follows the command goes to the launcher unchanged.
+The flags people type from habit work too: mpirun's ``-np``/``--np``, ``-H``/``--host``,
+``-N``/``--npernode`` and ``--map-by ppr:N:node``, Hydra's ``-f`` and ``-ppn``, torchrun's
+``--nproc-per-node``, ``--nnodes`` and ``--standalone``. Everything after the first ``--`` that
+follows the command goes to the launcher unchanged; any other flag before the command is refused
+with that hint.
 """
 
 from __future__ import annotations
@@ -13,21 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from cudampi import net
 from cudampi.config import seconds_arg
-from cudampi.errors import ConfigError, LaunchError
-from cudampi.launch import detect
-from cudampi.launch.hosts import Host, parse_hostfile, parse_hosts
-from cudampi.launch.plan import BINDS, GPU_BINDS, LaunchPlan, Machine, PlanRequest, make_plan
+from cudampi.errors import ConfigError
+from cudampi.launch import workdir as workdirs
+from cudampi.launch.hosts import Host, parse_hostfile, parse_hosts, read_hostfile
+from cudampi.launch.plan import BINDS, GPU_BINDS, LaunchPlan, PlanRequest
+from cudampi.launch.prepare import BOOTSTRAP, plan_launch, rank_command
 
-BOOTSTRAP = ("-m", "cudampi.launch.rank")
+__all__ = ["BOOTSTRAP", "EXEC", "add_arguments", "prepare", "run", "split_target"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(script.py | -m module | program) [args...] [-- launcher flags...]"
     )
     parser.add_argument(
-        "-n", "-np", "--nprocs", dest="nprocs", type=int, default=None, help="number of ranks"
+        "-n",
+        "-np",
+        "--np",
+        "--nprocs",
+        dest="nprocs",
+        type=int,
+        default=None,
+        help="number of ranks (mpirun's -n/-np/--np)",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -59,10 +69,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         "--nproc_per_node",
         "-ppn",
+        "-N",
+        "--npernode",
         dest="gpus_per_node",
         type=int,
         default=None,
-        help="ranks per node, one per GPU (torchrun's --nproc-per-node, Hydra's -ppn)",
+        help="ranks per node, one per GPU (torchrun's --nproc-per-node, Hydra's -ppn, "
+        "mpirun's -N/--npernode)",
+    )
+    parser.add_argument(
+        "--map-by",
+        dest="gpus_per_node",
+        type=_map_by,
+        metavar="ppr:N:node",
+        help="mpirun's spelling of N ranks per node (other mappings: pass them after --)",
+    )
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="torchrun's single-node job: every rank on this machine (no hosts, no batch job's "
+        "nodes)",
     )
     parser.add_argument(
         "--nnodes",
@@ -167,6 +193,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="script.py, or any program (python train.py, ./a.out, cudampi bench ...), and its "
         "arguments",
     )
+    _refuse_unknown_flags(parser)
+
+
+def _refuse_unknown_flags(parser: argparse.ArgumentParser) -> None:
+    """argparse hands a subcommand's unknown flags to the top-level parser, which then prints
+    the top-level usage and nothing about them: refuse them here, saying where launcher flags
+    go."""
+    known = parser.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
+        ns, extra = known(args, namespace)
+        flags = [a for a in extra if a.startswith("-")]
+        if flags:
+            parser.error(
+                f"{parser.prog} does not take {', '.join(map(repr, flags))}. A launcher's own "
+                f"flags go after the command and --, unchanged: {parser.prog} -n 2 script.py "
+                f"-- {' '.join(shlex.quote(f) for f in flags)} [their values]"
+            )
+        return ns, extra
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def _map_by(text: str) -> int:
+    """mpirun's ``--map-by ppr:N:node`` (N ranks per node); other mappings are the launcher's."""
+    m = re.fullmatch(r"ppr:([0-9]+):node", text.strip().lower())
+    if m is None or int(m.group(1)) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--map-by {text!r}: cudampi launch takes ppr:N:node (N ranks per node, like "
+            f"--gpus-per-node N); for Open MPI's other mappings pass them after the command and "
+            f"--: cudampi launch -n 2 script.py -- --map-by {shlex.quote(text)}"
+        )
+    return int(m.group(1))
 
 
 def _nnodes(text: str) -> int:
@@ -282,69 +341,21 @@ def _ssh(text: str | None) -> tuple[str, ...]:
         raise ConfigError(f"--ssh {text!r}: {exc} (quote it as a shell would)") from None
 
 
-def _check_resolves(hosts: tuple[Host, ...]) -> None:
-    for h in hosts:
-        try:
-            socket.getaddrinfo(h.name, None)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise LaunchError(
-                f"host {h.name!r} cannot be reached: its name does not resolve ({exc}). Fix the "
-                f"name in --hosts/--hostfile or add it to /etc/hosts or DNS"
-            ) from None
-
-
-def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
-    """Detect the launcher and the machine, and decide the plan (runs nothing)."""
+def request(args: argparse.Namespace) -> PlanRequest:
+    """The flags as one :class:`PlanRequest` (the hosts read, the command wrapped in the rank
+    bootstrap)."""
     command, raw = split_target(args.module, args.target)
     hosts: tuple[Host, ...] = ()
-    if args.hosts:
+    if args.hosts is not None:
         hosts = parse_hosts(args.hosts)
-    elif args.hostfile:
-        try:
-            hosts = parse_hostfile(Path(args.hostfile).read_text())
-        except OSError as exc:
-            raise ConfigError(f"--hostfile {args.hostfile!r}: {exc.strerror}") from None
-    launcher = detect.find_launcher(args.launcher)
-    beside = detect.mpi_flavour()
-    mpi = beside[0] if beside else launcher.flavour
-    if launcher.flavour != "slurm" and mpi != launcher.flavour:
-        raise LaunchError(
-            f"{launcher.path!r} is {launcher.name} {launcher.version} but this python's MPI "
-            f"(beside {sys.executable!r}) is {beside[1] if beside else '?'}: ranks would not "
-            f"join one job. Use --launcher with the matching mpiexec"
+    elif args.hostfile is not None:
+        hosts = parse_hostfile(read_hostfile(args.hostfile))
+    if args.standalone and (hosts or (args.nnodes or 1) > 1):
+        raise ConfigError(
+            "--standalone runs every rank on this machine: drop --hosts/--hostfile and --nnodes"
         )
-    ifaces = net.interfaces()
-    names = net.local_names(ifaces)
-    local = names | {h.name for h in hosts if net.is_local(h.name, names)}
-    remote = [h for h in hosts if h.name not in local]
-    subnet = ifname = None
-    if remote:
-        _check_resolves(tuple(remote))
-        iface = net.route_interface(remote[0].name, ifaces)
-        if iface is not None and not iface.loopback:
-            subnet, ifname = iface.network, iface.name
-    slurm_nodes: tuple[str, ...] = ()
-    slurm_ntasks = None
-    if launcher.flavour == "slurm":
-        nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-        slurm_nodes = tuple(detect.expand_nodelist(nodelist))
-        ntasks = os.environ.get("SLURM_NTASKS", "")
-        slurm_ntasks = int(ntasks) if ntasks.isdigit() else None
-    machine = Machine(
-        cores=detect.query_physical_cores(),
-        gpus=len(detect.query_gpus()),
-        is_root=os.geteuid() == 0,
-        ucx=detect.find_ucx_recipe(),
-        local_names=local,
-        subnet=subnet,
-        ifname=ifname,
-        slurm_nodes=slurm_nodes,
-        slurm_ntasks=slurm_ntasks,
-        report_dir=os.path.join(workdir, "reports"),
-        env_names=frozenset(os.environ),
-    )
-    req = PlanRequest(
-        command=(sys.executable, *BOOTSTRAP, *command),
+    return PlanRequest(
+        command=rank_command(command),
         nprocs=args.nprocs,
         hosts=hosts,
         gpus_per_node=args.gpus_per_node,
@@ -355,21 +366,56 @@ def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
         cuda_aware=args.cuda_aware,
         oversubscribe=args.oversubscribe,
         master_addr=args.master_addr,
-        master_port=args.master_port if args.master_port is not None else net.free_port(),
+        master_port=args.master_port,
         ifname=args.ifname,
         rsh_agent=_ssh(args.ssh),
         extra=raw,
         env=_exports(args.export),
     )
-    return make_plan(req, launcher, machine, mpi)
+
+
+def prepare(args: argparse.Namespace, workdir: str) -> LaunchPlan:
+    """Detect the launcher and the machine, and decide the plan (runs nothing; a dry run looks
+    up no host name)."""
+    return plan_launch(
+        request(args),
+        workdir,
+        launcher=args.launcher,
+        resolve_hosts=not args.dry_run,
+        use_job=not args.standalone,
+    )
+
+
+def _check_output(path: str | None) -> None:
+    """``--json-file``'s folder takes a new file: checked before the job runs, so its result
+    is not lost after it."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"--json-file {path!r} is a folder; give a file name")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".cudampi-", dir=target.parent or ".")
+    except OSError as exc:
+        raise ConfigError(
+            f"--json-file {path!r}: cannot write in {str(target.parent)!r} ({exc.strerror}); "
+            "give a path in a folder you can write to"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _emit_json(data: object, args: argparse.Namespace, *, dry_run: bool) -> None:
-    """JSON to --json-file, else stdout for a dry run (nothing else is there), else stderr."""
+    """JSON to --json-file (whole or not at all), else stdout for a dry run (nothing else is
+    there), else stderr."""
     text = json.dumps(data, indent=2) + "\n"
     if args.json_file:
+        target = Path(args.json_file)
         try:
-            Path(args.json_file).write_text(text)
+            fd, tmp = tempfile.mkstemp(prefix=".cudampi-", dir=target.parent or ".")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, target)
         except OSError as exc:
             raise ConfigError(f"--json-file {args.json_file!r}: {exc.strerror}") from None
     elif dry_run:
@@ -381,9 +427,10 @@ def _emit_json(data: object, args: argparse.Namespace, *, dry_run: bool) -> None
 def run(args: argparse.Namespace) -> int:
     from cudampi.launch.runner import command_for, execute, write_hostfile
 
-    workdir = tempfile.mkdtemp(prefix="cudampi-launch-")
-    keep = False
     want_json = args.json or args.json_file is not None
+    _check_output(args.json_file)
+    workdir = workdirs.new_workdir()
+    keep = False
     try:
         plan = prepare(args, workdir)
         if args.dry_run:
@@ -409,5 +456,4 @@ def run(args: argparse.Namespace) -> int:
             _emit_json(result.to_json(), args, dry_run=False)
         return result.exit_code
     finally:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        workdirs.release(workdir, keep_it=keep)

@@ -1,63 +1,43 @@
 """What went wrong in a job: rank reports + the launcher's own messages -> one summary.
 
-``parse_launcher_output(text, flavour)`` reads the failure messages of Open MPI (prterun), MPICH
-Hydra and srun (tested on real captured output in tests/fixtures/launch); ``build_result`` merges
-them with the ranks' tagged reports (:mod:`cudampi.launch.rankreport`) and fault files into a
-:class:`JobResult` naming host, rank, exit code or signal and the first lines of the error.
+``parse_launcher_output(text, flavour)`` has the launcher's family read its failure messages
+(Open MPI's prterun, MPICH's Hydra, srun: tested on real captured output in
+tests/fixtures/launch); ``build_result`` merges them with the ranks' tagged reports
+(:mod:`cudampi.launch.rankreport`) and fault files into a :class:`JobResult` naming host, rank,
+exit code or signal and the first lines of the error.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import signal as _signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cudampi.launch.events import (
+    HostFailure,
+    LauncherEvents,
+    RankFailure,
+    Seen,
+    signal_name,
+)
+from cudampi.launch.launchers import family
 from cudampi.launch.rankreport import RankReport
 
-
-@dataclass(frozen=True)
-class RankFailure:
-    rank: int | None
-    host: str | None
-    exit_code: int | None = None
-    signal: int | None = None
-    lines: tuple[str, ...] = ()
-    """First lines of its error (its traceback's last line first)."""
-    pid: int | None = None
-
-    def describe(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else "a rank"
-        where = f" on host {self.host}" if self.host else ""
-        if self.signal is not None:
-            how = f"was killed by signal {self.signal} ({signal_name(self.signal)})"
-        elif self.exit_code is not None:
-            how = f"exited with code {self.exit_code}"
-        else:
-            how = "failed"
-        return f"{who}{where} {how}"
-
-
-@dataclass(frozen=True)
-class HostFailure:
-    host: str
-    problem: str
-    """unreachable (its daemon never started) or lost (it went away during the run)."""
-    detail: str = ""
-
-    def describe(self) -> str:
-        what = "cannot be reached" if self.problem == "unreachable" else "was lost during the run"
-        return f"host {self.host} {what}" + (f": {self.detail}" if self.detail else "")
-
-
-@dataclass(frozen=True)
-class LauncherEvents:
-    ranks: tuple[RankFailure, ...] = ()
-    hosts: tuple[HostFailure, ...] = ()
-    problems: tuple[str, ...] = ()
-    """Launcher-level failures in words, each with its fix."""
+__all__ = [
+    "HostFailure",
+    "JobResult",
+    "LauncherEvents",
+    "RankFailure",
+    "build_result",
+    "exit_status",
+    "launcher_crash",
+    "parse_launcher_output",
+    "signal_name",
+]
 
 
 @dataclass(frozen=True)
@@ -70,6 +50,8 @@ class JobResult:
     hosts: tuple[HostFailure, ...] = ()
     problems: tuple[str, ...] = ()
     interrupted: bool = False
+    stopped_by: int | None = None
+    """The signal that stopped ``cudampi launch`` (and so the job): SIGINT (Ctrl-C), SIGTERM."""
     timed_out: float | None = None
     """The --timeout (seconds) that stopped the job, if it did."""
     duration_s: float = 0.0
@@ -86,6 +68,9 @@ class JobResult:
         head = "cudampi launch: "
         if self.timed_out is not None:
             head += f"stopped after --timeout {self.timed_out:g} s: every rank was stopped"
+        elif self.interrupted and self.stopped_by not in (None, _signal.SIGINT):
+            sig = self.stopped_by or 0
+            head += f"terminated ({signal_name(sig)}): every rank was stopped"
         elif self.interrupted:
             head += "interrupted (Ctrl-C): every rank was stopped"
         else:
@@ -114,204 +99,41 @@ class JobResult:
         return d
 
 
-def signal_name(sig: int) -> str:
-    try:
-        return _signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-_SIG_BY_TEXT = {
-    "Killed": 9,
-    "Segmentation fault": 11,
-    "Aborted": 6,
-    "Terminated": 15,
-    "Bus error": 7,
-    "Floating point exception": 8,
-    "Interrupt": 2,
-    "Hangup": 1,
-    "Illegal instruction": 4,
-}
-
-_WS = r"\s+"
-_OMPI_EXIT = re.compile(r"Process name:\s*\[[^\]]*?,(\d+)\]\s+Exit code:\s*(\d+)")
-_OMPI_SIGNAL = re.compile(
-    r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)", re.S
-)
-_OMPI_ABORT = re.compile(
-    r"MPI_ABORT was invoked on rank (\d+) in communicator \S+.*?Errorcode:\s*(-?\d+)", re.S
-)
-_OMPI_ABORT_NODE = re.compile(r'process rank (\d+) with PID \d+ on node (\S+) calling\s+"abort"')
-_OMPI_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exiting\s+improperly")
-_OMPI_DAEMON = re.compile(r"Remote host:\s+(\S+)\s+Daemon exit status:\s*(-?\d+)")
-_OMPI_LOST = re.compile(
-    r"lost communication with a remote daemon\.(?:.*?\n)*?\s*Remote daemon:\s*\[[^\]]*?,(\d+)\]"
-    r"\s+on node\s+(\S+)",
-)
-_SSH = re.compile(
-    r"ssh: (?:connect to host (\S+) port \d+: (.+)|Could not resolve hostname ([^:\s]+): (.+))"
-)
-_SSH_TIMEOUT = re.compile(r"Connection to (\S+) port \d+ timed out")
-_SSH_CLOSED = re.compile(r"^Connection to (\S+) closed by remote host\.?\r?$", re.M)
-_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE:\s*(\d+)")
-_HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*?\(signal (\d+)\)")
-_HYDRA_ABORT = re.compile(r"Abort\((-?\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
-_SRUN_MPI_PLUGIN = re.compile(r"srun: error: Couldn't load specified plugin name for mpi/(\w+)")
-_SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$", re.M)
-
-
-def _ranks(spec: str) -> list[int]:
-    out = []
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        if lo.isdigit():
-            out += list(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def _names(host: str, short: str) -> bool:
-    """Is ``short`` (how Open MPI names a node: its own, often short, hostname) ``host``?"""
-    return host == short or host.split(".")[0] == short
-
-
-class _Seen:
-    """What the launcher's output said so far: failed ranks and hosts, problems, and ssh's own
-    words about each host (they name a host best: Open MPI shortens names in its messages)."""
-
-    def __init__(self, text: str, remote: Sequence[str] = ()) -> None:
-        self.remote = tuple(remote)
-        """The hosts that are not this machine, in the order given: Open MPI numbers their
-        daemons 1, 2, ... in that order (0 is the launcher's own)."""
-        self.ranks: dict[int | None, RankFailure] = {}
-        self.hosts: dict[str, HostFailure] = {}
-        self.problems: list[str] = []
-        self.ssh_detail: dict[str, str] = {}
-        for m in _SSH.finditer(text):
-            host = m.group(1) or m.group(3)
-            self.ssh_detail[host] = (m.group(2) or m.group(4) or "").strip()
-        for m in _SSH_TIMEOUT.finditer(text):
-            self.ssh_detail[m.group(1)] = "ssh connection timed out"
-        self.lost = {m.group(1) for m in _SSH_CLOSED.finditer(text)}
-        for host in self.lost:
-            self.ssh_detail[host] = "its ssh connection closed"
-
-    def add_rank(self, f: RankFailure) -> None:
-        old = self.ranks.get(f.rank)
-        if old is None:
-            self.ranks[f.rank] = f
-            return
-        self.ranks[f.rank] = RankFailure(
-            f.rank,
-            old.host or f.host,
-            old.exit_code if old.exit_code is not None else f.exit_code,
-            old.signal if old.signal is not None else f.signal,
-            old.lines or f.lines,
-        )
-
-    def add_host(self, h: HostFailure) -> None:
-        old = self.hosts.get(h.host)
-        if old is None or (not old.detail and h.detail):
-            self.hosts[h.host] = h
-
-    def ssh_name(self, short: str) -> str:
-        """Open MPI names a remote node by its own hostname; ssh by the name we gave it."""
-        for h in self.ssh_detail:
-            if _names(h, short):
-                return h
-        unnamed = [h for h in self.ssh_detail if h not in self.hosts]
-        return unnamed[0] if len(unnamed) == 1 else short
-
-
-def _openmpi_output(text: str, seen: _Seen) -> None:
-    if "Unable to get the user home directory" in text:
-        seen.problems.append(
-            "Open MPI cannot start without a home folder (HOME is unset or not a folder "
-            "where the launcher or a rank runs). Fix: export HOME=/path/to/a/folder"
-        )
-    for m in _OMPI_EXIT.finditer(text):
-        seen.add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
-    for m in _OMPI_SIGNAL.finditer(text):
-        seen.add_rank(RankFailure(int(m.group(1)), m.group(2), signal=int(m.group(3))))
-    for m in _OMPI_ABORT.finditer(text):
-        seen.add_rank(RankFailure(int(m.group(1)), None, exit_code=int(m.group(2))))
-    for m in _OMPI_ABORT_NODE.finditer(text):
-        seen.add_rank(RankFailure(int(m.group(1)), m.group(2)))
-    for m in _OMPI_IMPROPER.finditer(text):
-        seen.add_rank(
-            RankFailure(int(m.group(1)), m.group(2), lines=("exited without finalizing MPI",))
-        )
-    for m in _OMPI_DAEMON.finditer(text):
-        name = seen.ssh_name(m.group(1))
-        detail = seen.ssh_detail.get(name, f"its daemon exited with status {m.group(2)}")
-        if name != m.group(1):
-            detail += f" (Open MPI calls it {m.group(1)})"
-        seen.add_host(HostFailure(name, "lost" if name in seen.lost else "unreachable", detail))
-    for m in _OMPI_LOST.finditer(text):
-        vpid, node = int(m.group(1)), m.group(2)
-        name = seen.ssh_name(node)
-        given = [h for h in seen.remote if _names(h, node)]
-        if given:
-            name = given[0]
-        elif name == node and 1 <= vpid <= len(seen.remote):
-            name = seen.remote[vpid - 1]  # the name the user gave, not the node's own
-        detail = "its daemon stopped answering"
-        if name != node:
-            detail += f" (Open MPI calls it {node})"
-        seen.add_host(HostFailure(name, "lost", detail))
-
-
-def _hydra_output(text: str, seen: _Seen) -> None:
-    for m in _HYDRA_ABORT.finditer(text):
-        seen.add_rank(RankFailure(int(m.group(2)), None, exit_code=int(m.group(1))))
-    sig = _HYDRA_SIGNAL.search(text)
-    for m in _HYDRA_BAD.finditer(text):
-        # Hydra's PID is the first process of that host's proxy that did not exit by itself
-        # (pmiserv_cb.c: the first !WIFEXITED status): one killed by a signal. Its fault file
-        # names its rank (build_result).
-        pid, host, code = int(m.group(1)), m.group(2), int(m.group(3))
-        if sig is not None and int(sig.group(1)) == code:
-            seen.add_rank(RankFailure(None, host, signal=code, pid=pid))
-        else:
-            seen.add_rank(RankFailure(None, host, exit_code=code, pid=pid))
-
-
-def _srun_output(text: str, seen: _Seen) -> None:
-    for m in _SRUN_MPI_PLUGIN.finditer(text):
-        seen.problems.append(
-            f"srun cannot start MPI ranks: its mpi/{m.group(1)} plugin failed to load (Slurm "
-            f"without PMIx support, e.g. libpmix missing). Fix: run "
-            f"`cudampi launch --launcher mpirun` inside the allocation, or install PMIx for Slurm"
-        )
-    for m in _SRUN.finditer(text):
-        host, what = m.group(1), m.group(3).strip()
-        code_m = re.match(r"Exited with exit code (\d+)", what)
-        for r in _ranks(m.group(2)):
-            if code_m:
-                seen.add_rank(RankFailure(r, host, exit_code=int(code_m.group(1))))
-            else:
-                name = what.replace(" (core dumped)", "")
-                seen.add_rank(RankFailure(r, host, signal=_SIG_BY_TEXT.get(name), lines=(what,)))
-    if re.search(r"CANCELLED AT|_step_signal: Terminating", text):
-        # --kill-on-bad-exit: srun terminated the others because one failed; not their fault.
-        first = [k for k, f in seen.ranks.items() if f.signal != 15]
-        if first:
-            seen.ranks = {k: f for k, f in seen.ranks.items() if f.signal != 15}
-
-
-_OUTPUT_OF = {"openmpi": _openmpi_output, "mpich": _hydra_output, "slurm": _srun_output}
-
-
 def parse_launcher_output(text: str, flavour: str, remote: Sequence[str] = ()) -> LauncherEvents:
-    """Rank and host failures that the launcher itself reported in ``text`` (its stderr);
-    ``remote``: the job's hosts that are not this machine, in the order given."""
-    seen = _Seen(text, remote)
-    if flavour in _OUTPUT_OF:
-        _OUTPUT_OF[flavour](text, seen)
-    for host, detail in seen.ssh_detail.items():
-        if host not in seen.hosts:
-            seen.add_host(HostFailure(host, "lost" if host in seen.lost else "unreachable", detail))
-    return LauncherEvents(
-        tuple(seen.ranks.values()), tuple(seen.hosts.values()), tuple(seen.problems)
+    """Rank and host failures that the launcher itself reported in ``text`` (its stderr), read
+    by its family; ``remote``: the job's hosts that are not this machine, in the order given."""
+    seen = Seen(text, remote)
+    family(flavour).read_output(text, seen)
+    return seen.events()
+
+
+CRASH_SIGNALS = (
+    _signal.SIGSEGV,
+    _signal.SIGBUS,
+    _signal.SIGABRT,
+    _signal.SIGILL,
+    _signal.SIGFPE,
+)
+"""Signals a process gets from its own fault: the launcher that dies of one crashed."""
+
+
+def launcher_crash(path: str, name: str, sig: int, remote: Sequence[str] = ()) -> str:
+    """What the launcher at ``path`` (``name``: its MPI) dying of signal ``sig``, which cudampi
+    launch did not send, means: the launcher's fault, not a rank's; its ranks went with it."""
+    launcher = f"the launcher {os.path.basename(path)} ({name})"
+    if sig in CRASH_SIGNALS:
+        what = f"{launcher} itself crashed (killed by signal {sig}, {signal_name(sig)})"
+        fix = "run the job again; if it crashes again, report it to the MPI's developers"
+    else:
+        what = (
+            f"{launcher} itself was killed by signal {sig} ({signal_name(sig)}), not by "
+            "cudampi launch"
+        )
+        fix = "find what killed it (the OOM killer: dmesg; a batch system's time limit)"
+    where = " and on the other hosts" if remote else ""
+    return (
+        f"{what}: the launcher failed, not a rank; the ranks on this host{where} were stopped "
+        f"with it. Fix: {fix}"
     )
 
 
@@ -327,6 +149,7 @@ def build_result(
     fault_files: Mapping[int, str] | None = None,
     *,
     interrupted: bool = False,
+    stopped_by: int | None = None,
     stopped_for_fault: bool = False,
     duration_s: float = 0.0,
     argv: Iterable[str] = (),
@@ -391,7 +214,7 @@ def build_result(
     if code == 0 and (failures or events.hosts or events.problems):
         code = 1
     if interrupted:
-        code = 130
+        code = 128 + (stopped_by or _signal.SIGINT)
     return JobResult(
         exit_code=code,
         launcher_rc=launcher_rc,
@@ -399,6 +222,7 @@ def build_result(
         hosts=events.hosts,
         problems=events.problems,
         interrupted=interrupted,
+        stopped_by=stopped_by if interrupted else None,
         duration_s=duration_s,
         argv=tuple(argv),
     )

@@ -1,10 +1,11 @@
 """What the user asked for + what the machine has -> one decided :class:`LaunchPlan` (pure).
 
 Nothing here looks at the machine: :mod:`cudampi.launch.detect` finds the launcher, the cores,
-the UCX recipe and the interfaces, and passes them in; :mod:`cudampi.launch.hosts` reads the
-hosts; :mod:`cudampi.launch.argv` spells the plan as its launcher's argv. So every plan and argv
-can be tested for every launcher on any machine, and ``cudampi launch --dry-run`` prints exactly
-what a run executes.
+the UCX recipe, the interfaces and the batch job's facts, and passes them in;
+:mod:`cudampi.launch.hosts` reads the hosts; the launcher's family
+(:mod:`cudampi.launch.launchers`) answers the plan's questions about its launcher and spells the
+plan as its argv. So every plan and argv can be tested for every launcher on any machine, and
+``cudampi launch --dry-run`` prints exactly what a run executes.
 """
 
 from __future__ import annotations
@@ -12,13 +13,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from cudampi.config import BIND_CPU, BIND_GPU, GPUS_PER_NODE, LAUNCHER, REPORT_DIR
 from cudampi.errors import ConfigError
-from cudampi.launch.hosts import Host, multi_host, slot_name, total_slots
+from cudampi.launch.hosts import MAX_SLOTS, Host, multi_host, slot_name, total_slots
+from cudampi.launch.launchers import Allocation, Launcher, LauncherFamily, LaunchPlan, family
 from cudampi.mpiexec import ROOT_ENV
-from cudampi.names import LAUNCH_FLAVOURS
+
+__all__ = [
+    "BINDS",
+    "GPU_BINDS",
+    "Allocation",
+    "LaunchPlan",
+    "Launcher",
+    "Machine",
+    "PlanRequest",
+    "UcxRecipe",
+    "make_plan",
+]
 
 BINDS = ("gpu", "none", "core", "numa", "socket")
 """gpu: every rank binds itself to the cores of its GPU's NUMA node (the launcher binds
@@ -51,24 +63,6 @@ def forwarded_settings(names: frozenset[str], env: dict[str, str]) -> tuple[str,
 
 
 @dataclass(frozen=True)
-class Launcher:
-    """One launcher binary and what it is."""
-
-    flavour: str
-    path: str
-    version: str = ""
-    name: str = ""
-    """Human name of the implementation: 'Open MPI', 'MPICH', 'Intel MPI', 'Slurm'."""
-
-    def __post_init__(self) -> None:
-        if self.flavour not in LAUNCH_FLAVOURS:
-            raise ConfigError(
-                f"launcher flavour must be one of {', '.join(LAUNCH_FLAVOURS)}, "
-                f"got {self.flavour!r}"
-            )
-
-
-@dataclass(frozen=True)
 class UcxRecipe:
     """The CUDA-aware PyPI stack: libucx (libucx-cu12/cu13) preloaded under Open MPI's pml ucx."""
 
@@ -77,56 +71,6 @@ class UcxRecipe:
 
     def env(self) -> dict[str, str]:
         return {"LD_PRELOAD": ":".join(self.preload), "UCX_MODULE_DIR": self.module_dir}
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """Everything a launch needs, decided; :func:`build_command` turns it into argv + env."""
-
-    launcher: Launcher
-    command: tuple[str, ...]
-    """What every rank runs (already wrapped in the rank bootstrap)."""
-    nprocs: int
-    hosts: tuple[Host, ...] = ()
-    gpus_per_node: int | None = None
-    bind: str = "gpu"
-    env: tuple[tuple[str, str], ...] = ()
-    """Exported to every rank, on every host."""
-    forward: tuple[str, ...] = ()
-    """Names of variables of the launcher's own environment forwarded to every rank."""
-    launcher_env: tuple[tuple[str, str], ...] = ()
-    """Set on the launcher process itself (root permission, Slurm's environment export)."""
-    mca: tuple[tuple[str, str], ...] = ()
-    """Open MPI MCA parameters (``--mca k v``); as OMPI_MCA_k env under srun."""
-    oversubscribe: bool = False
-    mpi_flavour: str = "openmpi"
-    """The MPI library the ranks use (under srun it picks ``--mpi=``)."""
-    iface: str | None = None
-    """The network of the job (interface name or CIDR) for MPICH's -iface."""
-    rsh_agent: tuple[str, ...] = ()
-    """Remote shell command (ssh with its options) used to start remote daemons."""
-    extra: tuple[str, ...] = ()
-    """Raw flags given after ``--``, passed to the launcher unchanged (before the command)."""
-    tag_output: bool = False
-    """Prefix every output line with its rank (the launcher's own tagging)."""
-    nnodes: int | None = None
-    """Nodes asked for (torchrun's --nnodes; srun -N)."""
-    multi_host: bool = False
-    """Does the job span hosts (:func:`cudampi.launch.hosts.multi_host`, decided once)?"""
-    remote_hosts: tuple[str, ...] = ()
-    """The hosts that are not this machine, in the order given (the fault summary names a lost
-    Open MPI daemon by them)."""
-    notes: tuple[str, ...] = ()
-    """Why the plan is what it is, in words (printed by --dry-run)."""
-
-    def __post_init__(self) -> None:
-        if self.nprocs < 1:
-            raise ConfigError(f"-n must be at least 1, got {self.nprocs!r}")
-        if not self.command:
-            raise ConfigError("nothing to run: give a script, -m module or a program")
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -152,8 +96,8 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         """Each option is checked here, once (the CLI's argparse offers the same choices)."""
-        if self.nprocs is not None and self.nprocs < 1:
-            raise ConfigError(f"-n must be at least 1, got {self.nprocs!r}")
+        if self.nprocs is not None and not 1 <= self.nprocs <= MAX_SLOTS:
+            raise ConfigError(f"-n must be 1 to {MAX_SLOTS}, got {self.nprocs!r}")
         if self.bind not in BINDS:
             raise ConfigError(f"--bind-to must be one of {', '.join(BINDS)}, got {self.bind!r}")
         if self.gpu_bind not in GPU_BINDS:
@@ -180,10 +124,8 @@ class Machine:
     """CIDR of the network that reaches the remote hosts (Open MPI tcp include)."""
     ifname: str | None = None
     """This machine's interface that reaches the remote hosts (MPICH -iface)."""
-    slurm_nodes: tuple[str, ...] = ()
-    """Expanded SLURM_JOB_NODELIST when inside an allocation."""
-    slurm_ntasks: int | None = None
-    """SLURM_NTASKS of the allocation (the default -n under srun)."""
+    allocation: Allocation | None = None
+    """The batch job the launcher runs in, as its family reads it (nodes, tasks, hosts)."""
     report_dir: str | None = None
     """Where ranks write fault reports (visible to the supervisor on this host)."""
     env_names: frozenset[str] = FORWARD_ALL
@@ -195,26 +137,31 @@ def make_plan(
 ) -> LaunchPlan:
     """Decide the plan: ranks, mapping, binding, environment and CUDA-aware settings. Each
     decision is one function below; ``notes`` collects why, in the order they are made."""
+    fam = family(launcher.flavour)
     notes: list[str] = []
+    alloc = machine.allocation
+    if not req.hosts and alloc is not None and alloc.hosts:
+        req = dataclasses.replace(req, hosts=alloc.hosts)
+        notes.append(f"hosts: the {alloc.label} job's ({alloc.hosts_from})")
     hosts = req.hosts
     spans = multi_host(hosts, machine.local_names)
-    nnodes = len({h.name for h in hosts}) or (len(machine.slurm_nodes) or 1)
+    nnodes = len({h.name for h in hosts}) or (len(alloc.nodes) if alloc else 0) or 1
     if req.nnodes is not None:
-        nnodes = _check_nnodes(req.nnodes, hosts, launcher, machine)
-    nprocs = _nprocs(req, launcher, machine, nnodes, notes)
-    oversubscribe = _oversubscribe(req, launcher, machine, nprocs, spans, notes)
+        nnodes = _check_nnodes(req.nnodes, hosts, alloc)
+    nprocs = _nprocs(req, alloc, machine, nnodes, notes)
+    oversubscribe = _oversubscribe(req, fam, machine, nprocs, spans, notes)
     bind = req.bind
     if bind == "gpu" and machine.gpus == 0:
-        bind = _bind_without_gpu(nprocs, oversubscribe, spans, launcher, machine, notes)
+        bind = _bind_without_gpu(nprocs, oversubscribe, spans, fam, machine, notes)
     env = _rank_env(req, launcher, machine, bind, spans, notes)
     mca = _cuda_aware(req, machine, mpi_flavour, env, notes)
     launcher_env: dict[str, str] = {}
-    if machine.is_root and (launcher.flavour == "openmpi" or mpi_flavour == "openmpi"):
+    if machine.is_root and (fam.needs_root_env or mpi_flavour == "openmpi"):
         launcher_env.update(ROOT_ENV)
         notes.append("running as root: OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1")
-    forward, tcp = _network(req, launcher, machine, spans, notes)
+    forward, tcp = _network(req, fam, machine, spans, notes)
     env.update(dict(req.env))
-    if spans and launcher.flavour != "slurm":
+    if spans and not fam.forwards_environment:
         settings = forwarded_settings(machine.env_names, env)
         if settings:
             forward += settings
@@ -246,7 +193,7 @@ def make_plan(
 
 
 def _nprocs(
-    req: PlanRequest, launcher: Launcher, machine: Machine, nnodes: int, notes: list[str]
+    req: PlanRequest, alloc: Allocation | None, machine: Machine, nnodes: int, notes: list[str]
 ) -> int:
     """-n as given, else from --gpus-per-node, the allocation, the hosts' slots or the GPUs."""
     nprocs = req.nprocs
@@ -254,9 +201,9 @@ def _nprocs(
         if req.gpus_per_node is not None:
             nprocs = req.gpus_per_node * nnodes
             notes.append(f"-n {nprocs}: {req.gpus_per_node} GPU(s) per node x {nnodes} node(s)")
-        elif launcher.flavour == "slurm" and machine.slurm_ntasks:
-            nprocs = machine.slurm_ntasks
-            notes.append(f"-n {nprocs}: the allocation's tasks (SLURM_NTASKS)")
+        elif alloc is not None and alloc.tasks:
+            nprocs = alloc.tasks
+            notes.append(f"-n {nprocs}: the allocation's tasks ({alloc.tasks_from})")
         elif total_slots(req.hosts) is not None:
             nprocs = total_slots(req.hosts) or 1
             notes.append(f"-n {nprocs}: the hosts' slots")
@@ -275,30 +222,27 @@ def _nprocs(
 
 def _oversubscribe(
     req: PlanRequest,
-    launcher: Launcher,
+    fam: LauncherFamily,
     machine: Machine,
     nprocs: int,
     spans: bool,
     notes: list[str],
 ) -> bool:
-    """Open MPI refuses more ranks than slots: on one host cudampi allows it (and says so);
-    across hosts it is a usage error unless asked for."""
+    """More ranks than the hosts' slots is a usage error unless asked for (as mpirun says); on
+    one host without slots, a launcher that refuses more ranks than cores (Open MPI's) is told
+    to allow it (and the plan says so)."""
     slots = total_slots(req.hosts)
-    if req.oversubscribe is not None or launcher.flavour != "openmpi":
+    if req.oversubscribe is not None:
         return bool(req.oversubscribe)
-    capacity = slots if slots is not None else machine.cores
-    if not spans and nprocs > capacity:
-        notes.append(
-            f"--oversubscribe: {nprocs} ranks on one host with "
-            + (f"{slots} slot(s)" if slots is not None else f"{machine.cores} core(s)")
-        )
-        return True
-    if spans and slots is not None and nprocs > slots:
+    if slots is not None and nprocs > slots:
         raise ConfigError(
             f"-n {nprocs} is more than the {slots} slots of the hosts "
-            f"({', '.join(slot_name(h, ':') for h in req.hosts)}); add slots or pass "
+            f"({', '.join(slot_name(h, ':') for h in req.hosts)}); add slots, lower -n or pass "
             f"--oversubscribe"
         )
+    if fam.refuses_oversubscription and not spans and slots is None and nprocs > machine.cores:
+        notes.append(f"--oversubscribe: {nprocs} ranks on one host with {machine.cores} core(s)")
+        return True
     return False
 
 
@@ -308,8 +252,8 @@ def _master_addr(req: PlanRequest, machine: Machine, spans: bool) -> str:
     if req.hosts:
         first = req.hosts[0].name
         return "127.0.0.1" if first in machine.local_names and not spans else first
-    if machine.slurm_nodes:
-        return machine.slurm_nodes[0]
+    if machine.allocation is not None and machine.allocation.nodes:
+        return machine.allocation.nodes[0]
     return "127.0.0.1"
 
 
@@ -393,46 +337,41 @@ def _cuda_aware(
 
 
 def _network(
-    req: PlanRequest, launcher: Launcher, machine: Machine, spans: bool, notes: list[str]
+    req: PlanRequest, fam: LauncherFamily, machine: Machine, spans: bool, notes: list[str]
 ) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
-    """Across hosts (not under srun): the variables forwarded to remote ranks, and Open MPI's
-    TCP kept on the network that reaches them (its MCA parameters)."""
-    if not spans or launcher.flavour == "slurm":
+    """Across hosts, where the launcher does not pass its whole environment on: the variables
+    forwarded to remote ranks, and the MPI's TCP kept on the network that reaches them."""
+    if not spans or fam.forwards_environment:
         return (), []
     forward = tuple(n for n in FORWARD_MULTI_HOST if n in machine.env_names)
-    mca: list[tuple[str, str]] = []
-    if launcher.flavour == "openmpi" and machine.subnet and not req.ifname:
-        mca += [("btl_tcp_if_include", machine.subnet), ("oob_tcp_if_include", machine.subnet)]
-        notes.append(f"TCP of MPI and of its daemons kept on {machine.subnet}")
-    elif launcher.flavour == "openmpi" and req.ifname:
-        mca += [("btl_tcp_if_include", req.ifname), ("oob_tcp_if_include", req.ifname)]
-    if launcher.flavour == "mpich" and (req.ifname or machine.ifname):
-        notes.append(
-            f"-iface {req.ifname or machine.ifname}: Hydra uses this interface name on "
-            f"every host (pass --ifname if the names differ)"
-        )
-    return forward, mca
+    return forward, fam.network(req.ifname, machine.subnet, machine.ifname, notes)
 
 
-def _check_nnodes(nnodes: int, hosts: Sequence[Host], launcher: Launcher, machine: Machine) -> int:
+def _check_nnodes(nnodes: int, hosts: Sequence[Host], alloc: Allocation | None) -> int:
     """torchrun's --nnodes against the hosts cudampi was given (or the allocation's)."""
     names = {h.name for h in hosts}
     if names and len(names) != nnodes:
+        if alloc is not None and hosts == alloc.hosts:
+            raise ConfigError(
+                f"--nnodes {nnodes} but the {alloc.label} job has {len(names)} node(s) "
+                f"({', '.join(sorted(names))}): {family(alloc.system).ask_for_nodes(nnodes)}, "
+                f"or drop --nnodes"
+            )
         raise ConfigError(
             f"--nnodes {nnodes} but the hosts name {len(names)} node(s) "
             f"({', '.join(sorted(names))}): give as many hosts as nodes, or drop --nnodes"
         )
-    if not names and launcher.flavour == "slurm":
-        if machine.slurm_nodes and nnodes > len(machine.slurm_nodes):
+    if not names and alloc is not None:
+        if alloc.nodes and nnodes > len(alloc.nodes):
             raise ConfigError(
-                f"--nnodes {nnodes} but the Slurm allocation has {len(machine.slurm_nodes)} "
-                f"node(s); ask salloc/sbatch for {nnodes} (-N {nnodes})"
+                f"--nnodes {nnodes} but the {alloc.label} allocation has {len(alloc.nodes)} "
+                f"node(s); {family(alloc.system).ask_for_nodes(nnodes)}"
             )
     elif not names and nnodes > 1:
         raise ConfigError(
             f"--nnodes {nnodes}: cudampi launch starts every node's ranks itself (no torchrun "
             f"agent per node), so it needs the hosts: --hosts/-H h1:G,h2:G or --hostfile, or run "
-            f"it inside a Slurm allocation"
+            f"it inside a batch job (Slurm, PBS, LSF)"
         )
     return nnodes
 
@@ -441,12 +380,12 @@ def _bind_without_gpu(
     nprocs: int,
     oversubscribe: bool,
     multi_host: bool,
-    launcher: Launcher,
+    fam: LauncherFamily,
     machine: Machine,
     notes: list[str],
 ) -> str:
     """The binding when --bind-to gpu (the default) finds no GPU here to decide the cores."""
-    if multi_host and launcher.flavour != "slurm":
+    if multi_host and not fam.binds_every_node:
         notes.append(
             "not bound by the launcher: no GPU here, and each rank on the other hosts binds "
             "itself to its GPU's NUMA cores (pass --bind-to core for CPU-only hosts)"

@@ -42,6 +42,7 @@ from cudampi.launch.rankreport import (
     format_started,
     summarize_exception,
 )
+from cudampi.rankenv import dies_with_launcher, rank_env
 
 USAGE = "usage: python -m cudampi.launch.rank [-m module | script.py | --exec program] [args...]"
 EXEC = "--exec"
@@ -49,7 +50,6 @@ EXEC = "--exec"
 
 def export_rank_env(env: MutableMapping[str, str]) -> Any:
     """Set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from the launcher's variables."""
-    from cudampi.rankenv import rank_env
 
     info = rank_env(env)
     env["RANK"] = str(info.rank)
@@ -149,8 +149,7 @@ def run(argv: Sequence[str]) -> int:
             # Registered before the script's own handlers (and torch's, cudampi's, weakref's),
             # so it runs after them: atexit calls its handlers last registered first.
             atexit.register(_exiting, host, rank, token)
-        if info.launcher in ("openmpi", "mpich"):
-            # (Not under srun: slurmstepd forks tasks from threads that may end before them.)
+        if dies_with_launcher(info.launcher):
             _die_with_parent()
         fault = _fault_file(rank) if program is None else None
         if fault is not None:

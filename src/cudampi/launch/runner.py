@@ -52,8 +52,10 @@ from cudampi.launch.faults import (
     JobResult,
     LauncherEvents,
     build_result,
+    launcher_crash,
     parse_launcher_output,
 )
+from cudampi.launch.launchers import LauncherFamily, family
 from cudampi.launch.plan import LaunchPlan
 from cudampi.launch.rankreport import (
     TOKEN_ENV,
@@ -65,7 +67,6 @@ from cudampi.launch.rankreport import (
     report_prefix,
 )
 from cudampi.mpiexec import launcher_never_started
-from cudampi.shm import orphaned_mpich_segments, remove
 
 STOP_STEPS = (3.0, 3.0)
 """Seconds to wait after the launcher's interrupt, then after SIGTERM, before SIGKILL."""
@@ -134,6 +135,7 @@ class _Supervisor:
     ) -> None:
         self.proc = proc
         self.flavour = flavour
+        self.family: LauncherFamily = family(flavour)
         self.remote = remote
         self.token = token
         self.prefix = report_prefix(token)
@@ -146,6 +148,7 @@ class _Supervisor:
         self.first_fault: float | None = None
         self.stopped_for_fault = False
         self.interrupts = 0
+        self.stopped_by: int | None = None  # the first signal that asked to stop the job
         self.lock = threading.Lock()
 
     def add_report(self, line: str) -> None:
@@ -183,6 +186,7 @@ class _Supervisor:
 
     def on_sigint(self, signum: int, frame: FrameType | None) -> None:
         self.interrupts += 1
+        self.stopped_by = self.stopped_by or signum
         if self.interrupts > 1:
             self.kill_group(signal.SIGKILL)
 
@@ -200,10 +204,7 @@ class _Supervisor:
 
     def stop(self) -> None:
         """End the job: the launcher's interrupt, SIGTERM, then SIGKILL of its group."""
-        self.send(signal.SIGINT)
-        if self.flavour == "slurm":
-            time.sleep(0.2)
-            self.send(signal.SIGINT)  # srun: a second Ctrl-C within 1 s kills the step
+        self.family.interrupt(self.send)
         for wait_s, sig in zip(STOP_STEPS, (signal.SIGTERM, signal.SIGKILL)):
             try:
                 self.proc.wait(timeout=wait_s)
@@ -382,9 +383,7 @@ def _run_once(
     # Whatever the launcher left in its process group (a wrapper's children, a rank it lost
     # track of) goes with it. Its pid cannot have been reused while the group has members.
     sup.kill_group(signal.SIGKILL)
-    if plan.launcher.flavour == "mpich" and proc.returncode != 0:
-        # Ranks Hydra killed leave their MPICH segment on this host (cudampi.shm).
-        remove(orphaned_mpich_segments(since))
+    sup.family.after_run(proc.returncode, since)
     for reader in readers:
         reader.join(timeout=10)
     return proc, sup, watch
@@ -577,12 +576,17 @@ def _outcome(
         events,
         faults,
         interrupted=bool(sup.interrupts),
+        stopped_by=sup.stopped_by,
         stopped_for_fault=sup.stopped_for_fault or hung,
         duration_s=time.monotonic() - w.start,
         argv=cmd.argv,
     )
     if hung and not [f for f in result.failures if f.exit_code or f.signal]:
         result = dataclasses.replace(result, exit_code=1)
+    stopped = sup.interrupts or w.timed_out or sup.stopped_for_fault or w.stopped
+    if proc.returncode < 0 and not stopped:
+        crash = launcher_crash(plan.launcher.path, launcher, -proc.returncode, plan.remote_hosts)
+        result = dataclasses.replace(result, problems=(crash, *result.problems))
     if done_well and not result.failures and not result.hosts:
         note = describe(w.exits, launcher, w.grace)
         result = dataclasses.replace(result, exit_code=0, problems=(*result.problems, note))

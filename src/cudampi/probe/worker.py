@@ -214,12 +214,10 @@ def run_test(comm: Any, test: str, nbytes: int, backend: str | None, iters: int)
     else:
         if backend is None:
             raise ValueError(f"test {test!r} needs a device backend (cupy or torch)")
-        local_rank = int(
-            os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
-            or os.environ.get("MPI_LOCALRANKID")
-            or os.environ.get("LOCAL_RANK")
-            or rank
-        )
+        from cudampi.rankenv import launched_by
+
+        local_rank = launched_by(os.environ).local_rank
+        local_rank = rank if local_rank is None else local_rank
         dev = _Device(backend, local_rank)
         extra.update(device=dev.name, device_index=dev.index, backend=backend)
         x = dev.arange(n, float(rank))
