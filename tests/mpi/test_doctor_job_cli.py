@@ -1,6 +1,6 @@
-"""``cudampi doctor --hosts`` refuses what it cannot run, with launch's own words, before it
-starts anything; and run on one node it is the job doctor of one node (tests/netns has the
-multi-node runs)."""
+"""``cudampi doctor --hosts`` on this machine alone: a name that does not resolve is named with
+the launcher's words, the flags' own mistakes are usage errors, and one node from a hostfile is
+the job doctor of one node (tests/netns has the multi-node runs)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,19 @@ from tests.conftest import cudampi_cli
 pytestmark = pytest.mark.mpi
 
 
-def test_a_host_that_does_not_resolve_is_a_usage_error():
-    p = cudampi_cli("doctor", "--hosts", "localhost,no-such-node.invalid", timeout=120)
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert "the doctor cannot launch on these hosts" in p.stderr
-    assert "'no-such-node.invalid' cannot be reached: its name does not resolve" in p.stderr
-    assert p.stdout == ""
+def test_a_host_that_does_not_resolve_is_named_with_the_launchers_words(tmp_path: Path):
+    p = cudampi_cli(
+        "doctor", "--hosts", "localhost,no-such-node.invalid", "--no-runtime", "--json",
+        "--cache-dir", str(tmp_path / "cache"), timeout=240,
+    )  # fmt: skip
+    assert p.returncode == 1, p.stdout + p.stderr
+    report = json.loads(p.stdout)
+    (bad,) = report["findings"]
+    assert bad["subject"] == "no-such-node.invalid" and bad["severity"] == "fail"
+    assert "did not answer: ssh failed: Could not resolve hostname" in bad["what"], bad
+    assert "cannot be reached: its name does not resolve" in bad["what"], bad
+    assert list(report["facts"]) == ["localhost"]
+    assert report["jobs"] == 2  # the job of both, then localhost's again without the bad name
 
 
 def test_hosts_and_a_hostfile_are_one_or_the_other(tmp_path: Path):

@@ -208,6 +208,8 @@ def test_the_hosts_the_launcher_could_not_reach():
     down = _summary_message((FIX / "openmpi-node-down.txt").read_text())
     assert unreachable(down) == {"node4"}
     assert unreachable(_summary_message((FIX / "openmpi-tcp-refused.txt").read_text())) == set()
+    said = "host 'x.invalid' cannot be reached: its name does not resolve ([Errno -2] ...)"
+    assert unreachable(said) == {"x.invalid"}
 
 
 def test_a_nodes_summary_travels_in_whole_lines_under_4_kib(capsys: pytest.CaptureFixture[str]):

@@ -260,7 +260,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             pass
 
 
-_HOST_GONE = re.compile(r"host (\S+) (?:cannot be reached|was lost during the run)")
+_HOST_GONE = re.compile(r"host '?([^\s']+)'? (?:cannot be reached|was lost during the run)")
 
 
 def unreachable(message: str) -> set[str]:
