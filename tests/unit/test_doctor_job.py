@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from cudampi.doctor.job import JobResult, _summary_message, mpi_error, unreachable
+from cudampi.doctor.job import JobResult
 from cudampi.doctor.job_render import job_json, render_job_text
 from cudampi.doctor.jobfacts import difference_findings, differences, settings_of
+from cudampi.doctor.jobrun import mpi_error, summary_message, unreachable
 from cudampi.doctor.links import Link, link_findings, outliers, parse_refused, rounds
 from cudampi.doctor.node import NodeLines, emit
 
@@ -104,18 +105,18 @@ def test_wrong_data_is_a_failure():
 def test_the_launchers_message_from_real_output():
     refused = (FIX / "openmpi-tcp-refused.txt").read_text()
     assert parse_refused(refused) == [("10.232.0.3", "Connection refused (111)")]
-    assert _summary_message(refused) == (
+    assert summary_message(refused) == (
         "the job failed (launcher exit status 14); rank 0 on host node2 failed; the MPI said: "
         "connect() to 10.232.0.3:1024 failed: Connection refused (111)"
     )
     mpich = (FIX / "mpich-rank-under-open-mpi.txt").read_text()
     assert mpi_error(mpich) == "Runtime environment uses unsupported PMI version PMIx. Aborting."
-    assert _summary_message(mpich).startswith(
+    assert summary_message(mpich).startswith(
         "the job failed (launcher exit status 16); rank 1 exited with code 16; the MPI said: "
         "Runtime environment uses unsupported PMI version PMIx"
     )
     down = (FIX / "openmpi-node-down.txt").read_text()
-    assert _summary_message(down) == (
+    assert summary_message(down) == (
         "the job failed (launcher exit status 255); host node4 cannot be reached: Connection "
         "timed out"
     )
@@ -205,9 +206,9 @@ def test_an_outlier_measured_again_keeps_the_better_figures():
 
 
 def test_the_hosts_the_launcher_could_not_reach():
-    down = _summary_message((FIX / "openmpi-node-down.txt").read_text())
+    down = summary_message((FIX / "openmpi-node-down.txt").read_text())
     assert unreachable(down) == {"node4"}
-    assert unreachable(_summary_message((FIX / "openmpi-tcp-refused.txt").read_text())) == set()
+    assert unreachable(summary_message((FIX / "openmpi-tcp-refused.txt").read_text())) == set()
     said = "host 'x.invalid' cannot be reached: its name does not resolve ([Errno -2] ...)"
     assert unreachable(said) == {"x.invalid"}
 
