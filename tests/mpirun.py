@@ -115,12 +115,19 @@ def run_mpi(
     return proc
 
 
-def mpich_venv() -> Path | None:
-    """The venv of the PyPI mpich wheel CI makes (CUDAMPI_TEST_MPICH_PYTHON), or ./.venv-mpich.
+MPICH_PYTHON = Path(os.environ.get("CUDAMPI_TEST_MPICH_PYTHON") or ROOT / ".venv-mpich/bin/python")
+"""The python of the venv with PyPI's mpich and mpi4py wheels that the MPICH (Hydra) tests use:
+CUDAMPI_TEST_MPICH_PYTHON, else ./.venv-mpich (README command 2 makes it). Not resolved: a
+venv's python is a link to the base interpreter."""
+MPICH_SKIP = (
+    f"no MPICH venv at {MPICH_PYTHON.parent.parent} (README command 2 makes .venv-mpich; or set "
+    "CUDAMPI_TEST_MPICH_PYTHON to the python of a venv with the mpich and mpi4py wheels)"
+)
 
-    The path is not resolved: a venv's python is a link to the base interpreter."""
-    py = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON")
-    venv = Path(py).parent.parent if py else ROOT / ".venv-mpich"
+
+def mpich_venv() -> Path | None:
+    """The venv of :data:`MPICH_PYTHON`, where it has MPICH's library."""
+    venv = MPICH_PYTHON.parent.parent
     return venv if (venv / "lib" / "libmpi.so.12").exists() else None
 
 
@@ -133,7 +140,7 @@ def run_mpi_mpich(
     if venv is None:
         import pytest
 
-        pytest.skip("no MPICH venv: set CUDAMPI_TEST_MPICH_PYTHON (.ci/run makes .venv-mpich)")
+        pytest.skip(MPICH_SKIP)
     argv = [str(venv / "bin" / "mpiexec"), "-n", str(n), sys.executable, str(RUNNER), file, func]
     env = mpi_env({"MPI4PY_LIBMPI": str(venv / "lib" / "libmpi.so.12")})
     proc = subprocess.run(

@@ -1,12 +1,14 @@
 """The fault matrix of issue 16: every fault x launcher x API, each cell a real job.
 
-    python tools/fault_matrix.py                 # all 36 cells, a Markdown table on stdout
+    python tools/fault_matrix.py                 # all 48 cells, a Markdown table on stdout
     python tools/fault_matrix.py --json out.json --cells skip,exit0 --ranks 3
 
 Faults (rank 1 injects it at the 4th of a loop of collectives): ``raise`` an exception,
 ``exit3`` (sys.exit(3)), ``exit0`` (sys.exit(0) in the middle of the loop), ``sigkill``,
 ``skip`` (skips a collective, then works on for a minute), ``mismatch`` (its
-CUDAMPI_CHUNK_BYTES differs from the others'). Launchers: ``cudampi launch`` and plain
+CUDAMPI_CHUNK_BYTES differs from the others'). Two faults are of the job's environment, on
+every rank: ``badsetting`` (CUDAMPI_CHUNK_BYTES=inf) and ``badcache`` (a capabilities cache of
+'[' * 200000). Launchers: ``cudampi launch`` and plain
 ``mpiexec`` (the Open MPI wheel beside this python), ``torchrun`` (with the MPICH wheel's
 libmpi, which cudampi's PMI server joins). APIs: ``comm`` (a cudampi Communicator,
 CUDAMPI_TIMEOUT=5) and ``torch`` (the cudampi backend, init_process_group(timeout=5 s)).
@@ -15,7 +17,9 @@ A cell passes when the job ends non-zero within its limit (90 s), the fault is n
 and what it did, by the launcher or by the ranks that waited for it), and no process of the
 job is left 2 s afterwards (its launcher, its ranks, the PMI server: every process that carries
 the cell's mark in its environment; those are then killed). Every other rank must have ended
-with an error of its own or been ended by the launcher; the table says which.
+with an error of its own or been ended by the launcher; the table says which. A ``badcache``
+cell passes the other way round: the cache is named (a warning) and the job runs to its end,
+exit 0, every rank through its loop.
 """
 
 from __future__ import annotations
@@ -33,7 +37,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FAULTS = ("raise", "exit3", "exit0", "sigkill", "skip", "mismatch")
+FAULTS = ("raise", "exit3", "exit0", "sigkill", "skip", "mismatch", "badsetting", "badcache")
+LOOP_FAULTS = FAULTS[:6]
+"""Rank 1 injects these at the 4th collective of its loop."""
+JOB_FAULTS = {
+    "badsetting": "every rank has CUDAMPI_CHUNK_BYTES=inf",
+    "badcache": "every rank's capabilities cache is '[' * 200000",
+}
+"""Faults of the job's environment rather than of rank 1: a bad setting must end the job with
+the setting named; a corrupt cache must be named and cost nothing else (the job runs to its
+end, exit 0)."""
 LAUNCHERS = ("cudampi-launch", "mpiexec", "torchrun")
 APIS = ("comm", "torch")
 LIMIT = 90.0
@@ -80,7 +93,7 @@ try:
         def step():
             c.allreduce(x, out=x)
     for i in range(40):
-        if rank == 1 and i == 3:
+        if rank == 1 and i == 3 and fault in LOOP_FAULTS:
             say(f"injects {fault}")
             if fault == "raise":
                 raise ValueError("planted failure on rank 1")
@@ -101,7 +114,7 @@ except SystemExit:
 except BaseException as exc:
     say(f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     raise
-'''.replace("TIMEOUT", str(TIMEOUT))
+'''.replace("TIMEOUT", str(TIMEOUT)).replace("LOOP_FAULTS", repr(LOOP_FAULTS))
 
 
 @dataclass
@@ -118,6 +131,8 @@ class Cell:
     ranks: int = 0
     message: str = ""
     """The first line that names the fault (from a rank or the launcher)."""
+    finished: list[int] = field(default_factory=list)
+    """Ranks that ran their loop to the end."""
     leftovers: list[str] = field(default_factory=list)
     ok: bool = False
     why: str = ""
@@ -196,6 +211,24 @@ _NAMED = re.compile(
 )
 
 
+_JOB_NAMED = {
+    "badsetting": re.compile(r"CUDAMPI_CHUNK_BYTES='inf': expected a size"),
+    "badcache": re.compile(r"cudampi: the capabilities cache was not read: .* nests too deeply"),
+}
+"""How each fault of the job's environment is named."""
+
+
+def _job_fault_env(fault: str, tmp: Path) -> dict[str, str]:
+    """The environment a fault of the job (:data:`JOB_FAULTS`) gives every rank."""
+    if fault == "badsetting":
+        return {"CUDAMPI_CHUNK_BYTES": "inf"}
+    if fault == "badcache":
+        (tmp / "cache").mkdir(mode=0o700)
+        (tmp / "cache" / "capabilities.json").write_text("[" * 200000)
+        return {"CUDAMPI_CACHE_DIR": str(tmp / "cache")}
+    return {}
+
+
 def run_cell(fault: str, launcher: str, api: str, ranks: int, mpich: Path | None) -> Cell:
     cell = Cell(fault, launcher, api)
     if launcher == "torchrun" and mpich is None:
@@ -206,6 +239,7 @@ def run_cell(fault: str, launcher: str, api: str, ranks: int, mpich: Path | None
         script.write_text(TARGET)
         env = _env(launcher, mpich, api)
         env[MARK] = tmp
+        env.update(_job_fault_env(fault, Path(tmp)))
         t0 = time.monotonic()
         proc = subprocess.Popen(
             _argv(launcher, ranks, script, fault, api),
@@ -239,19 +273,30 @@ def run_cell(fault: str, launcher: str, api: str, ranks: int, mpich: Path | None
     cell.watched = sorted(
         {int(m.group(1)) for m in re.finditer(r"; ending rank (\d+) of \d+ on", out)}
     )
-    named = [ln.strip() for ln in out.splitlines() if _NAMED.search(ln) and "injects" not in ln]
+    pattern = _JOB_NAMED.get(fault, _NAMED)
+    named = [
+        ln[m.start() if fault in JOB_FAULTS else 0 :].strip()
+        for ln in out.splitlines()
+        if (m := pattern.search(ln)) and "injects" not in ln
+    ]
     cell.message = named[0][:220] if named else ""
-    problems = []
-    if cell.why:
-        problems.append(cell.why)
-    if cell.exit_code == 0:
-        problems.append("exit status 0")
+    problems = [cell.why] if cell.why else []
+    finished = re.findall(r"FAULT-MATRIX rank (\d+) finished the loop", out)
+    cell.finished = sorted(int(r) for r in set(finished))
+    if fault == "badcache":  # named, and nothing else: every rank runs to its end
+        if cell.exit_code != 0:
+            problems.append(f"exit status {cell.exit_code}")
+        if len(finished) != ranks:
+            problems.append(f"{len(finished)} of {ranks} ranks finished the loop")
+    else:
+        if cell.exit_code == 0:
+            problems.append("exit status 0")
+        if finished:
+            problems.append("a rank went on as if nothing happened")
     if not named:
         problems.append("the fault is named nowhere")
     if cell.leftovers:
         problems.append(f"{len(cell.leftovers)} process(es) left behind")
-    if "FAULT-MATRIX rank 0 finished the loop" in out or "rank 2 finished the loop" in out:
-        problems.append("a rank went on as if nothing happened")
     cell.ok = not problems
     cell.why = "; ".join(problems)
     return cell
@@ -259,7 +304,9 @@ def run_cell(fault: str, launcher: str, api: str, ranks: int, mpich: Path | None
 
 def _others(c: Cell) -> str:
     """How the ranks other than the faulty one ended."""
-    others = [r for r in range(c.ranks) if r != 1]
+    if c.fault in JOB_FAULTS and c.finished:
+        return f"finished: {','.join(map(str, c.finished))}"
+    others = [r for r in range(c.ranks) if r != 1 or c.fault in JOB_FAULTS]
     parts = []
     raised = [r for r in others if r in c.raised]
     watched = [r for r in others if r in c.watched and r not in c.raised]

@@ -7,9 +7,10 @@ is rejected with the list of known ones, so a typo never silently does nothing.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,51 +25,125 @@ PROBE_TIMEOUT = 90.0
 CUDAMPI_PROBE_TIMEOUT and of the doctor's --timeout)."""
 
 
-def _parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
+MAX_SECONDS = 365 * 24 * 3600.0
+"""The longest timeout any flag or setting takes (a year): longer ones overflow the clocks they
+are handed to (threading's, the ipc kernels' nanoseconds)."""
+
+MIN_SECONDS = 0.01
+"""The shortest deadline a setting takes: below it no call could be checked in time."""
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _parse_bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    low = str(text).strip().lower()
+    if low in _TRUE:
         return True
-    if low in ("0", "false", "no", "off", ""):
+    if low in _FALSE:
         return False
-    raise ValueError(f"expected 0/1, true/false, yes/no or on/off, got {text!r}")
+    raise ValueError("expected 0/1, true/false, yes/no or on/off")
+
+
+_UNITS = (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40))
+
+
+def human_size(n: int) -> str:
+    """``4194304`` -> ``4 MiB``; ``1000`` -> ``1000 B``."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
 
 
 def parse_size(text: str | int) -> int:
-    """Parse a byte count such as ``4M``, ``64K``, ``1G``, ``1.5M`` or ``4096`` (binary units)."""
+    """Parse a byte count such as ``4M``, ``64K``, ``1G``, ``1.5M`` or ``4096`` (binary units).
+
+    ``ValueError`` for anything else, a negative, ``nan`` or an infinite size."""
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise ValueError("expected a size like 4096, 64K, 4M or 1G")
     if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"a size cannot be negative, got {text!r}")
-        return text
-    s = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = 1
-    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
-        if s.endswith(suffix):
-            s, mult = s[:-1], m
-            break
-    try:
-        value = float(s)
-    except ValueError:
-        raise ValueError(f"expected a size like 4096, 64K, 4M or 1G, got {text!r}") from None
+        value: float = text
+    else:
+        s = text.strip().upper().removesuffix("B").removesuffix("I")
+        mult = 1
+        for suffix, m in _UNITS:
+            if s.endswith(suffix):
+                s, mult = s[:-1], m
+                break
+        try:
+            value = float(s) * mult
+        except ValueError:
+            raise ValueError("expected a size like 4096, 64K, 4M or 1G") from None
+    if not math.isfinite(value):
+        raise ValueError("expected a finite size like 4096, 64K, 4M or 1G")
     if value < 0:
-        raise ValueError(f"a size cannot be negative, got {text!r}")
-    return int(value * mult)
+        raise ValueError("a size cannot be negative")
+    return int(value)
 
 
-def _size_or_auto(text: str | int) -> int:
-    """A size (:func:`parse_size`), or ``auto`` / -1: chosen by the engine (-1)."""
-    if text in ("auto", "-1", -1):
-        return -1
-    return parse_size(text)
+def _size(low: int, high: int, *, auto: bool = False) -> Callable[[str | int], int]:
+    """A size from ``low`` to ``high`` bytes; with ``auto``, also ``auto``/-1 (the engine's
+    choice, kept as -1)."""
+    span = f"from {human_size(low)} to {human_size(high)}"
+
+    def parse(text: str | int) -> int:
+        if auto and str(text).strip().lower() in ("auto", "-1"):
+            return -1
+        try:
+            value = parse_size(text)
+        except ValueError:
+            value = -1
+        if not low <= value <= high:
+            extra = " or auto" if auto else ""
+            raise ValueError(f"expected a size {span} (4096, 64K, 4M, 1G){extra}")
+        return value
+
+    return parse
+
+
+def _count(low: int, high: int) -> Callable[[str | int], int]:
+    """A whole number from ``low`` to ``high``."""
+
+    def parse(text: str | int) -> int:
+        try:
+            value = int(str(text).strip()) if not isinstance(text, bool) else -1
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise ValueError(f"expected a whole number from {low} to {high}")
+        return value
+
+    return parse
 
 
 def parse_seconds(text: str | float) -> float:
-    """A positive, finite number of seconds (``nan``, ``inf``, 0 and negatives are refused)."""
+    """A positive, finite number of seconds up to :data:`MAX_SECONDS` (``nan``, ``inf``, 0
+    and negatives are refused)."""
     try:
         value = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"expected a positive, finite number of seconds, got {text!r}")
+        raise ValueError("expected a number of seconds") from None
+    if not math.isfinite(value) or value <= 0 or value > MAX_SECONDS:
+        raise ValueError(
+            f"expected a positive, finite number of seconds, at most {MAX_SECONDS:.0f} (a year)"
+        )
+    return value
+
+
+def _seconds(text: str | float) -> float:
+    """A number of seconds from :data:`MIN_SECONDS` to :data:`MAX_SECONDS`."""
+    try:
+        value = parse_seconds(text)
+    except ValueError:
+        value = 0.0
+    if value < MIN_SECONDS:
+        raise ValueError(
+            f"expected a positive, finite number of seconds from {MIN_SECONDS:g} to "
+            f"{MAX_SECONDS:.0f} (a year)"
+        )
     return value
 
 
@@ -79,16 +154,47 @@ def seconds_arg(text: str) -> float:
     try:
         return parse_seconds(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
 
 
-def _choice(*choices: str) -> Callable[[str], str]:
+def _choice(
+    *choices: str, aliases: Mapping[str, str] | None = None, also: str = ""
+) -> Callable[[str], str]:
+    """One of ``choices`` in any case, or an ``aliases`` key standing for its value (``also``
+    says which words those are)."""
+    table = {c: c for c in choices} | dict(aliases or {})
+
     def parse(text: str) -> str:
-        if text not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
-        return text
+        if not isinstance(text, str) or text.strip().lower() not in table:
+            raise ValueError(f"expected {', '.join(choices[:-1])} or {choices[-1]}{also}")
+        return table[text.strip().lower()]
 
     return parse
+
+
+LOG_LEVELS: Mapping[str, str] = {
+    **dict.fromkeys(("", "0", "false", "no", "none", "version", "warn", "warning"), "off"),
+    **dict.fromkeys(("error", "abort", "critical"), "off"),
+    **dict.fromkeys(("1", "true", "yes", "on"), "info"),
+    **dict.fromkeys(("2", "trace"), "debug"),
+}
+"""The names NCCL_DEBUG (VERSION, WARN, INFO, TRACE, ABORT) and Python's logging (WARNING,
+ERROR, DEBUG) use for the levels of CUDAMPI_LOG, and the usual on/off words: cudampi's
+warnings always reach stderr, so their levels are ``off``."""
+
+
+def _folder(text: str | os.PathLike[str]) -> str:
+    value = os.fspath(text)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("expected a folder (an empty one would be the current directory)")
+    return str(Path(value).expanduser())
+
+
+def _optional_folder(text: str | os.PathLike[str]) -> str:
+    value = os.fspath(text)
+    if not isinstance(value, str):
+        raise ValueError("expected a folder, or empty for off")
+    return value
 
 
 def _meta(parse: Callable[[str], Any], doc: str, *, agreed: bool = False) -> dict[str, Any]:
@@ -132,12 +238,16 @@ class Config:
     )
     chunk_bytes: int = field(
         default=4 << 20,
-        metadata=_meta(parse_size, "pipeline chunk of gpu-ring and staged transfers", agreed=True),
+        metadata=_meta(
+            _size(1, 1 << 30),
+            "pipeline chunk of gpu-ring and staged transfers (one MPI message each)",
+            agreed=True,
+        ),
     )
     small_bytes: int = field(
         default=256 << 10,
         metadata=_meta(
-            parse_size,
+            _size(0, 1 << 40),
             "messages at or below this use latency-optimal algorithms (recursive doubling)",
             agreed=True,
         ),
@@ -155,7 +265,7 @@ class Config:
     ipc_bytes: int = field(
         default=32 << 20,
         metadata=_meta(
-            parse_size,
+            _size(4 << 10, 16 << 30),
             "ipc engine: bytes of each of the two data buffers of a rank's workspace (larger "
             "calls run in several launches); every rank of a node must use the same value",
             agreed=True,
@@ -164,7 +274,7 @@ class Config:
     ipc_oneshot_bytes: int = field(
         default=-1,
         metadata=_meta(
-            _size_or_auto,
+            _size(0, 1 << 40, auto=True),
             "ipc engine: allreduce up to this size runs one-shot (every rank reads every rank), "
             "above it two-shot (reduce-scatter + all-gather); auto (-1): the switch measured on "
             "the H200 (docs/ipc.md): 32 MiB / ranks where the node's ranks share one GPU, "
@@ -183,7 +293,7 @@ class Config:
     ipc_blocks: int = field(
         default=0,
         metadata=_meta(
-            int,
+            _count(0, 64),
             "ipc engine: thread blocks per launch (0: the GPU's multiprocessors shared among "
             "the ranks on it, at most 64)",
             agreed=True,
@@ -192,7 +302,7 @@ class Config:
     node_ranks: int = field(
         default=0,
         metadata=_meta(
-            int,
+            _count(0, 1 << 16),
             "treat every this many consecutive ranks of a node as one node (to run the "
             "hierarchical collectives on one machine); 0: the real nodes",
             agreed=True,
@@ -200,29 +310,37 @@ class Config:
     )
     cache_dir: str = field(
         default=str(Path("~/.cache/cudampi").expanduser()),
-        metadata=_meta(str, "where probe results (capabilities) are cached"),
+        metadata=_meta(_folder, "where probe results (capabilities) are cached"),
     )
     probe_timeout: float = field(
         default=PROBE_TIMEOUT,
         metadata=_meta(
-            parse_seconds, "seconds a child-process probe may run before it is reported hung"
+            _seconds, "seconds a child-process probe may run before it is reported hung"
         ),
     )
     timeout: float = field(
         default=300.0,
         metadata=_meta(
-            parse_seconds,
+            _seconds,
             "seconds a collective or point-to-point call waits for the other ranks before it "
             "raises on every rank that waits (the ipc engine's kernels give up after it too)",
         ),
     )
     log: str = field(
-        default="",
+        default="off",
         metadata=_meta(
-            _choice("", "off", "info", "debug"),
+            _choice(
+                "off",
+                "info",
+                "debug",
+                aliases=LOG_LEVELS,
+                also=", in any case, or a level of NCCL_DEBUG (VERSION, WARN, INFO, TRACE) or "
+                "of Python's logging (WARNING, ERROR, DEBUG), or 0/1",
+            ),
             "info: once per new (op, size, dtype), the path chosen and why; debug: every call "
             "with its time (standard logging, logger 'cudampi', lines prefixed with host and "
-            "rank); empty or off: nothing",
+            "rank); off: nothing. NCCL_DEBUG's names (WARN, INFO, TRACE, ...) and logging's "
+            "(WARNING, DEBUG) work too",
         ),
     )
     log_ranks: str = field(
@@ -232,7 +350,7 @@ class Config:
     trace: str = field(
         default="",
         metadata=_meta(
-            str,
+            _optional_folder,
             "a folder: every rank writes its calls there as a Chrome-trace timeline "
             "(cudampi-trace-rank<R>.json; `cudampi trace merge` joins them); empty: off",
         ),
@@ -262,21 +380,7 @@ class Config:
         known = cls.fields()
         values: dict[str, Any] = {}
         if strict_env:
-            unknown_env = sorted(
-                k
-                for k in env
-                if k.startswith(ENV_PREFIX)
-                and k[len(ENV_PREFIX) :].lower() not in known
-                and k not in EXTERNAL_ENV
-                and not k.startswith(TEST_ENV_PREFIX)
-            )
-            if unknown_env:
-                raise ConfigError(
-                    f"unknown environment variable(s) {', '.join(unknown_env)}; cudampi knows "
-                    f"{', '.join(sorted(cls.env_name(n) for n in known))} "
-                    f"(and {', '.join(sorted(EXTERNAL_ENV))}, which are not settings). "
-                    "Fix the name or unset it."
-                )
+            _refuse_unknown_env(env)
         for name, f in known.items():
             var = cls.env_name(name)
             if var in env:
@@ -284,13 +388,11 @@ class Config:
         for name, value in (overrides or {}).items():
             if name not in known:
                 raise ConfigError(
-                    f"unknown setting {name!r}; known settings are {', '.join(sorted(known))}"
+                    f"unknown setting {name!r}{_did_you_mean(name, known)}; known settings are "
+                    f"{', '.join(sorted(known))}"
                 )
-            if value is None:
-                continue
-            values[name] = (
-                _parse_field(known[name], value, name) if isinstance(value, str) else value
-            )
+            if value is not None:
+                values[name] = _parse_field(known[name], value, name)
         return cls(**values)
 
     def agreed(self) -> dict[str, Any]:
@@ -377,9 +479,57 @@ def known_env() -> dict[str, str]:
     return out
 
 
-def _parse_field(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
+def _nearest(name: str, known: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    near = _nearest(name, known)
+    return f" (did you mean {near!r}?)" if near else ""
+
+
+def _refuse_unknown_env(env: Mapping[str, str]) -> None:
+    """ConfigError for a CUDAMPI_* variable that is neither a setting nor one of cudampi's
+    messages (a typo would otherwise silently do nothing), naming the nearest known name."""
+    known = known_env()
+    unknown = sorted(
+        k
+        for k in env
+        if k.startswith(ENV_PREFIX) and k not in known and not k.startswith(TEST_ENV_PREFIX)
+    )
+    if not unknown:
+        return
+    named = ", ".join(
+        f"{k} (did you mean {near}?)" if (near := _nearest(k, known)) else k for k in unknown
+    )
+    raise ConfigError(
+        f"unknown environment variable{'s' if len(unknown) > 1 else ''} {named}: cudampi reads no such setting, so it would do nothing. Fix the name or "
+        f"unset it. The settings are {', '.join(sorted(Config.env_name(n) for n in Config.fields()))}"
+        f"; cudampi's other variables {', '.join(sorted(EXTERNAL_ENV))}"
+    )
+
+
+def _shown(f: dataclasses.Field[Any]) -> str:
+    """A field's default as a user writes it."""
+    if f.name.endswith("_bytes") and isinstance(f.default, int) and f.default >= 0:
+        return human_size(f.default)
+    if isinstance(f.default, bool):
+        return str(int(f.default))
+    if f.default == -1:
+        return "auto"
+    return repr(f.default) if isinstance(f.default, str) else f"{f.default:g}"
+
+
+def _parse_field(f: dataclasses.Field[Any], raw: Any, where: str) -> Any:
+    """The value of field ``f`` given as ``raw`` (a CUDAMPI_* value or a keyword argument), or
+    a ConfigError of one form: the value seen, what is expected, the fix, what it sets."""
     parse = f.metadata["parse"]
     try:
         return parse(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{where}={raw!r}: {exc} ({f.metadata['doc']})") from None
+    except (TypeError, ValueError) as exc:
+        unset = f"unset {where}" if where.startswith(ENV_PREFIX) else f"leave {where} out"
+        raise ConfigError(
+            f"{where}={raw!r}: {exc}. Give such a value, or {unset} for the default "
+            f"({_shown(f)}). ({where}: {f.metadata['doc']})"
+        ) from None

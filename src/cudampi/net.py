@@ -97,10 +97,80 @@ def _loopback(addr: str) -> bool:
     return addr.startswith("127.")
 
 
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+RESERVED_PORTS = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+LOWEST_PORT = 10000
+"""Ports below this are left to the machine's services (databases, web servers, ...)."""
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``ip_local_port_range``'s two numbers (``"32768\t60999"``)."""
+    lo, hi = (int(x) for x in text.split()[:2])
+    return lo, hi
+
+
+def parse_reserved_ports(text: str) -> set[int]:
+    """``ip_local_reserved_ports`` (``"8080,9000-9010"``, or empty) as a set of ports."""
+    ports: set[int] = set()
+    for item in text.replace("\n", "").split(","):
+        first, _, last = item.strip().partition("-")
+        if first.isdigit():
+            ports.update(range(int(first), int(last or first) + 1))
+    return ports
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def listen_candidates(ephemeral: tuple[int, int], reserved: set[int]) -> list[int]:
+    """Ports a server may be told to listen on ahead of time: outside the kernel's ephemeral
+    range ``ephemeral`` (which it hands to outgoing connections), not reserved, not a low one."""
+    lo, hi = ephemeral
+    ports = [*range(LOWEST_PORT, lo), *range(max(hi + 1, LOWEST_PORT), 65536)]
+    return [p for p in ports if p not in reserved]
+
+
+def _candidates() -> list[int]:
+    ephemeral = _read(EPHEMERAL_RANGE)
+    return listen_candidates(
+        parse_port_range(ephemeral) if ephemeral.strip() else (32768, 60999),
+        parse_reserved_ports(_read(RESERVED_PORTS)),
+    )
+
+
+def port_for(digest: int) -> int:
+    """A port every process of a job computes alike from the job's ``digest`` without talking
+    (the hosts' ephemeral ranges alike), outside the ephemeral range for :func:`free_port`'s
+    reason; not checked free (it is chosen before the server that binds it exists)."""
+    candidates = _candidates() or list(range(LOWEST_PORT, 32768))
+    return candidates[digest % len(candidates)]
+
+
 def free_port(host: str = "") -> int:
-    """A TCP port that is free on ``host`` (this host's address; all of them by default) now:
-    the kernel's pick. Another process can take it before it is used; bind at once."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port free on ``host`` (this host's address; all of them by default) now, for a
+    server that another process starts later (MASTER_PORT, Slurm's ports).
+
+    Not the kernel's pick of ``bind(0)``: that comes from the ephemeral range, which the kernel
+    also hands out as the source port of every outgoing connection (ssh, Open MPI's daemons,
+    a rank's own), so one of those can take it before the server binds it (EADDRINUSE). A port
+    outside that range is taken only by a process that asks for it by number."""
+    import random
+
+    candidates = _candidates()
+    rng = random.SystemRandom()
+    for port in rng.sample(candidates, min(64, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all busy: the kernel's pick
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

@@ -31,18 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudampi.config import Config
+from cudampi.atomic import why, write_text
+from cudampi.config import Config, human_size
 
 LOGGER = "cudampi"
 TRACE_FILE = "cudampi-trace-rank{rank}.json"
 
 
-def human_bytes(n: int) -> str:
-    """``4194304`` -> ``4 MiB``; ``1000`` -> ``1000 B``."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} B"
+human_bytes = human_size
+"""``4194304`` -> ``4 MiB``; ``1000`` -> ``1000 B`` (:func:`cudampi.config.human_size`)."""
 
 
 def world_rank() -> tuple[int, int]:
@@ -95,6 +92,8 @@ class TraceRecorder:
         self.lock = threading.Lock()
         self.threads: dict[int, int] = {}
         self.written = False
+        self.failed = ""
+        """Why the file could not be written (said once)."""
         atexit.register(self.write)
 
     def add(self, name: str, start_us: float, dur_us: float, args: dict[str, Any]) -> None:
@@ -132,14 +131,21 @@ class TraceRecorder:
             return {"traceEvents": meta + list(self.events), "displayTimeUnit": "ms"}
 
     def write(self) -> Path | None:
-        """Write (again) this rank's file; None when the folder cannot be written."""
+        """Write (again) this rank's file, whole or not at all; None when it cannot be written
+        (said once on stderr: a full disk must not leave an empty file and no word)."""
         path = Path(self.folder) / TRACE_FILE.format(rank=self.rank)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.document()))
-            tmp.replace(path)
-        except OSError:
+            write_text(path, json.dumps(self.document()))
+        except OSError as exc:
+            if not self.failed:
+                self.failed = why(exc)
+                sys.stderr.write(
+                    f"cudampi: rank {self.rank} on {self.host} could not write its trace "
+                    f"{path}: {self.failed}; its {len(self.events)} calls are not saved "
+                    "(CUDAMPI_TRACE: give a folder with room)\n"
+                )
+                sys.stderr.flush()
             return None
         self.written = True
         return path

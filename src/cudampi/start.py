@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudampi.errors import ConfigError, LaunchError
-from cudampi.net import free_port, routed_address
+from cudampi.net import free_port, port_for, routed_address
 from cudampi.rankenv import forms_mpi_job, job_key, rank_env
 
 
@@ -49,8 +49,7 @@ _STATE: dict[str, RankInfo] = {}
 def _job_port(env: MutableMapping[str, str]) -> int:
     """A port every rank of one job computes alike without talking (from the job's id)."""
     key = f"{job_key(env)}|{env.get('MASTER_ADDR', '')}"
-    digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
-    return 20000 + digest % 20000
+    return port_for(int(hashlib.sha256(key.encode()).hexdigest()[:8], 16))
 
 
 def _rank0_host(launcher: str, env: MutableMapping[str, str]) -> str | None:

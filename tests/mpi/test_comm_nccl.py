@@ -68,6 +68,7 @@ def rank_auto_nccl(comm, case, cache):
     from mpi4py import MPI
 
     from cudampi.comm import Communicator
+    from cudampi.comm.engines import ipc as ipc_mod
     from cudampi.comm.engines import nccl as mod
     from cudampi.comm.paths import NO_LIMIT, choose
     from cudampi.probe import capabilities as capmod
@@ -93,6 +94,7 @@ def rank_auto_nccl(comm, case, cache):
         )
     comm.Barrier()
     mod.available = lambda: None  # CuPy's NCCL, as on a GPU host
+    ipc_mod.available = lambda: None  # and CuPy for the ipc engine (nccl's span is against ipc)
     mod.current_device = lambda: 0
     gpu = (
         "0000:01:00.0"

@@ -1,18 +1,18 @@
 """The fault matrix of issue 16 (tools/fault_matrix.py): every fault x launcher x API as a real
-job must end non-zero within its limit, name the fault, and leave no process behind. CI runs one
-cell (the others are covered by tests/mpi/test_torch_faults.py, test_comm_deadline.py and
-test_launch_real.py); one per launcher and the whole matrix (36 cells, ~5 minutes here) run
-with ``pytest -m slow``."""
+job must end non-zero within its limit, name the fault, and leave no process behind (a corrupt
+capabilities cache must be named and let the job end well). CI runs two cells (the others are
+covered by tests/mpi/test_torch_faults.py, test_comm_deadline.py, test_launch_real.py,
+test_config_real.py and test_cache_real.py); one per launcher and the whole matrix (48 cells,
+~7 minutes here) run with ``pytest -m slow``."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 
 import pytest
 
-from tests.mpirun import ROOT, mpich_venv, only_when_asked
+from tests.mpirun import MPICH_PYTHON, MPICH_SKIP, ROOT, mpich_venv, only_when_asked
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -38,7 +38,7 @@ def _mpich():
 def _cell(fault: str, launcher: str, api: str):
     fm = _tool()
     if launcher == "torchrun" and _mpich() is None:
-        pytest.skip("no MPICH venv for torchrun (CI makes .venv-mpich)")
+        pytest.skip(MPICH_SKIP)
     cell = fm.run_cell(fault, launcher, api, 3, _mpich())
     assert cell.ok, fm.markdown([cell])
     return cell
@@ -48,8 +48,10 @@ def _cell(fault: str, launcher: str, api: str):
     ("fault", "launcher", "api"),
     [
         ("exit0", "cudampi-launch", "comm"),
+        ("badsetting", "mpiexec", "comm"),
         pytest.param("skip", "mpiexec", "torch", marks=only_when_asked()),
         pytest.param("sigkill", "torchrun", "torch", marks=only_when_asked()),
+        pytest.param("badcache", "torchrun", "torch", marks=only_when_asked()),
     ],
 )
 def test_a_cell_of_each_launcher(fault, launcher, api):
@@ -59,5 +61,6 @@ def test_a_cell_of_each_launcher(fault, launcher, api):
 @pytest.mark.parametrize("asked", [pytest.param("", marks=only_when_asked())])
 def test_the_whole_matrix(tmp_path, asked):
     fm = _tool()
-    mpich = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON") or str(ROOT / ".venv-mpich/bin/python")
-    assert fm.main(["--mpich-python", mpich, "--json", str(tmp_path / "cells.json")]) == 0
+    assert (
+        fm.main(["--mpich-python", str(MPICH_PYTHON), "--json", str(tmp_path / "cells.json")]) == 0
+    )

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mpirun import MPICH_PYTHON, MPICH_SKIP
+
 pytestmark = pytest.mark.mpi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,14 +206,10 @@ def test_usage_errors_exit_2():
     assert p.returncode == 2 and "--launcher 'lamrun'" in p.stderr
 
 
-MPICH_PY = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON", "/tmp/venv-mpich/bin/python")
+MPICH_PY = str(MPICH_PYTHON)
 
 
-@pytest.mark.skipif(
-    not Path(MPICH_PY).exists(),
-    reason=f"no MPICH python at {MPICH_PY} (set CUDAMPI_TEST_MPICH_PYTHON to a "
-    "venv with the mpich and mpi4py wheels)",
-)
+@pytest.mark.skipif(not Path(MPICH_PY).exists(), reason=MPICH_SKIP)
 def test_mpich_hydra_launch_and_fault():
     """... and the MPICH segment of the ranks Hydra killed is not left in /dev/shm (each holds
     2-3 MiB of a tmpfs containers cap at 64 MiB; Hydra removes none)."""
@@ -424,7 +422,7 @@ def test_sigkill_of_cudampi_launch_takes_the_launcher_and_every_rank_down(tmp_pa
     """Issue 16, item 11: no rank outlives its launcher, even when the supervisor gets -9."""
     python = sys.executable if mpi == "openmpi" else MPICH_PY
     if not Path(python).exists():
-        pytest.skip(f"no MPICH python at {MPICH_PY} (set CUDAMPI_TEST_MPICH_PYTHON)")
+        pytest.skip(MPICH_SKIP)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     sup = subprocess.Popen(
         [python, "-m", "cudampi", "launch", "-n", "2", TARGET, "sleep", str(tmp_path)],

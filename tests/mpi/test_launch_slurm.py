@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from cudampi.launch.detect import query_gpus
+from cudampi.net import free_port
 from tests.mpirun import bring_up
 
 pytestmark = pytest.mark.mpi
@@ -31,9 +32,7 @@ TOOLS = ("munged", "slurmctld", "slurmd", "salloc", "srun", "sinfo")
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port("127.0.0.1")  # not bind-0's pick: an outgoing connection could take it
 
 
 def _why_skip() -> str | None:

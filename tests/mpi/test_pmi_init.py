@@ -17,7 +17,7 @@ import pytest
 from cudampi.pmi.client import single_node_mapping
 from cudampi.pmi.server import PmiServer
 from cudampi.shm import SHM_DIR, mpich_segments, mpich_world_id, unique_kvsname
-from tests.mpirun import ROOT, mpi_env, mpich_venv
+from tests.mpirun import MPICH_SKIP, ROOT, mpi_env, mpich_venv
 
 SECRET = "0123456789abcdef0123456789abcdef"
 
@@ -43,7 +43,7 @@ MPI.COMM_WORLD.Barrier()
 def _mpich_env() -> dict[str, str]:
     venv = mpich_venv()
     if venv is None:
-        pytest.skip("no MPICH venv: set CUDAMPI_TEST_MPICH_PYTHON (.ci/run makes .venv-mpich)")
+        pytest.skip(MPICH_SKIP)
     return mpi_env({"MPI4PY_LIBMPI": str(venv / "lib" / "libmpi.so.12")})
 
 

@@ -5,7 +5,9 @@ same parameters, replicas in sync, and its checkpoint round trip exact:
 
 - Lightning (``DDPStrategy(process_group_backend=...)``) under mpiexec; under Lightning's own
   launcher (``python train.py``, devices=2) every rank fails fast with the fix
-  (``plugins=[LightningEnvironment()]``), and with that fix it trains (MPICH-family MPI);
+  (``plugins=[LightningEnvironment()]``), and with that fix it trains (on the default install:
+  cudampi's own MPICH);
+- ``accelerate launch`` (torchrun inside) with the group made first, on the default install;
 - accelerate and the transformers Trainer with the group created first; their own
   ``backend="cudampi"`` / ``ddp_backend="cudampi"`` is refused by accelerate's CPU path (shown,
   so the docs' workaround stays needed and true).
@@ -18,12 +20,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.mpirun import ROOT, mpi_env, mpich_venv, mpiexec_argv, run_launched
+from cudampi.pmi import mpich
+from tests.mpi.test_torch_torchrun import torchrun_env
+from tests.mpirun import ROOT, mpi_env, mpiexec_argv, run_launched
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -83,10 +88,9 @@ def test_lightning_own_launcher_with_lightning_environment(tmp_path):
     """The fix: ``plugins=[LightningEnvironment()]``; MPI starts in the cudampi group, which joins
     the processes through its PMI-1 server (MPICH-family MPI, as under torchrun)."""
     pytest.importorskip("lightning")
-    venv = mpich_venv()
-    if venv is None:
-        pytest.skip("no MPICH venv: set CUDAMPI_TEST_MPICH_PYTHON (.ci/run makes .venv-mpich)")
-    env = {"MPI4PY_LIBMPI": str(venv / "lib" / "libmpi.so.12")}
+    if not os.path.exists(mpich.library()):
+        pytest.skip(f"cudampi's MPICH is not installed: {mpich.INSTALL} (README command 2 does)")
+    env = {"MPI4PY_LIBMPI": ""}  # the default install: cudampi's MPICH, nothing named
     proc = _example(
         2,
         "lightning_train.py",
@@ -100,6 +104,23 @@ def test_lightning_own_launcher_with_lightning_environment(tmp_path):
     )
     got = _result(proc)
     assert got["backend"] == "cudampi" and got["world_size"] == 2 and got["replicas_in_sync"]
+
+
+def test_accelerate_launch_runs_the_example_on_the_default_install(tmp_path):
+    """``accelerate launch`` starts the ranks itself (torchrun inside): the example's group,
+    made first, joins them through cudampi's PMI server and its own MPICH, with no flags."""
+    pytest.importorskip("accelerate")
+    if not os.path.exists(mpich.library()):
+        pytest.skip(f"cudampi's MPICH is not installed: {mpich.INSTALL} (README command 2 does)")
+    argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+    argv += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
+    argv += ["--dynamo_backend", "no", str(EXAMPLES / "accelerate_train.py")]
+    argv += ["--json", "--steps", "4", "--out", str(tmp_path / "out")]
+    env = torchrun_env("default")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    got = _result(proc)
+    assert got["backend"] == "cudampi" and got["world_size"] == 2
+    assert got["replicas_in_sync"] and got["load_state_repeats"]
 
 
 def test_accelerate_with_the_group_first_matches_gloo(tmp_path):

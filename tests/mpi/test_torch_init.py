@@ -37,7 +37,6 @@ def _sum_check(dist, torch, n):
 
 
 def rank_init_methods(comm):
-    import socket
 
     import torch
     import torch.distributed as dist
@@ -57,13 +56,9 @@ def rank_init_methods(comm):
     dist.destroy_process_group()
 
     # 2. torchrun-style variables present: stock env:// runs; the backend checks them vs MPI.
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    else:
-        port = 0
-    port = comm.bcast(port, root=0)
+    from cudampi.net import free_port
+
+    port = comm.bcast(free_port("127.0.0.1") if comm.rank == 0 else 0, root=0)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(comm.rank), WORLD_SIZE=str(n)
     )

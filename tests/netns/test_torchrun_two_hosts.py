@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.mpirun import bring_up
+from tests.mpirun import MPICH_SKIP, bring_up, mpich_venv
 from tests.netns.test_launch_two_hosts import ADDR, NAMES, TwoHosts, _why_skip, sh
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.torch]
@@ -41,20 +41,10 @@ SECRET = "netns-test-secret-0123456789abcdef"
 def mpich_lib() -> Path:
     """libmpi.so.12 of the PyPI mpich wheel's venv, its path not resolved (a venv's python is a
     link to the base interpreter's)."""
-    py = os.environ.get("CUDAMPI_TEST_MPICH_PYTHON")
-    venv = Path(py).parent.parent if py else ROOT / ".venv-mpich"
+    venv = mpich_venv()
+    if venv is None:
+        pytest.skip(MPICH_SKIP)
     lib = venv / "lib" / "libmpi.so.12"
-    if not lib.exists():
-        origin = (
-            f"CUDAMPI_TEST_MPICH_PYTHON={py}"
-            if py
-            else f"no {venv} and no CUDAMPI_TEST_MPICH_PYTHON"
-        )
-        pytest.skip(
-            f"no MPICH for torchrun to join ({origin}: {lib} is missing). Set "
-            "CUDAMPI_TEST_MPICH_PYTHON to the python of a venv with the PyPI mpich wheel "
-            "(CI makes .venv-mpich)"
-        )
     return lib
 
 
@@ -100,7 +90,7 @@ class Hosts(TwoHosts):
         return int(json.loads(out)[0]["stats64"]["rx"]["bytes"])
 
     def free_port(self) -> int:
-        probe = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+        probe = "from cudampi.net import free_port; print(free_port())"
         return int(sh("ip", "netns", "exec", self.ns[0], sys.executable, "-c", probe).stdout)
 
 

@@ -515,3 +515,68 @@ def test_a_rank_in_mpi_init_outlives_a_server_that_went_away_without_a_failure()
     srv.close()
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0 and out == "through\n", (child.returncode, out, err)
+
+
+def _server_process(*args: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cudampi.pmi.server", "--size", "2", "--grace", "1", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    proc.stdin.write(SECRET + "\n")
+    proc.stdin.flush()
+    return proc, int(proc.stdout.readline())
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None and not f.closed:
+            f.close()
+
+
+def test_when_the_launcher_ends_every_rank_is_told_and_the_server_leaves():
+    """torchrun killed with SIGKILL ends none of its ranks: the server (--launcher-pid)
+    tells each rank's watcher, which ends the rank, and leaves once they are gone."""
+    launcher = subprocess.Popen(["sleep", "60"])
+    proc, port = _server_process("--launcher-pid", str(launcher.pid))
+    try:
+        ranks = [_connect_rank(port, r) for r in range(2)]
+        watchers = [_watcher(port, r) for r in range(2)]
+        time.sleep(0.3)
+        launcher.kill()
+        launcher.wait()
+        for thread, heard in watchers:
+            thread.join(10)
+            want = f"the launcher sleep (pid {launcher.pid}), which started the job's ranks, ended"
+            assert len(heard) == 1 and heard[0] == (f"{want} (exit code 1)", 1), heard
+        for s in ranks:
+            s.close()  # the told ranks end
+        assert proc.wait(15) == 0
+    finally:
+        _end(proc)
+
+
+def test_a_rank_0_that_ends_before_mpi_finalize_fails_the_job_for_the_others():
+    """Rank 0 started the server and died before its PMI connection was made: the other ranks,
+    waiting for it in MPI_Init, are told (their watchers or guards end them)."""
+    proc, port = _server_process()
+    try:
+        rank1 = _connect_rank(port, 1)
+        thread, heard = _watcher(port, 1)
+        time.sleep(0.3)
+        assert proc.stdin is not None
+        proc.stdin.close()  # rank 0 is gone
+        thread.join(10)
+        assert heard and heard[0][0].startswith("rank 0 ended before MPI_Finalize"), heard
+        rank1.close()
+        assert proc.wait(15) == 0
+    finally:
+        _end(proc)

@@ -4,6 +4,10 @@ very stack (library, settings, host, and for a device claim a GPU of its model h
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +140,127 @@ def test_driver_information_gives_the_model(tmp_path):
     gpu.mkdir(parents=True)
     (gpu / "information").write_text(text)
     assert driver_gpus(str(tmp_path / "gpus")) == ("NVIDIA H200",)
+
+
+SAVER = """
+import sys
+from cudampi.probe import capabilities as cap
+folder, me, count, entry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+import json
+for i in range(count):
+    cap.save(folder, cap.Capabilities.from_json({**json.loads(entry), "host": f"{me}-{i}"}))
+"""
+
+
+def test_doctors_saving_at_once_keep_every_entry(tmp_path):
+    """Six processes saving into one cache at once: each read-modify-write holds the cache's
+    lock, so no entry is lost (without it 2 of 6 concurrent doctors lost one)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(tmp_path), f"p{p}", "15", json.dumps(entry())]
+        )
+        for p in range(6)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 6
+    saved = json.loads((tmp_path / "capabilities.json").read_text())
+    hosts = {v["host"] for v in saved.values()}
+    assert hosts == {f"p{p}-{i}" for p in range(6) for i in range(15)}, 90 - len(hosts)
+    assert [f.name for f in tmp_path.iterdir() if f.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("[" * 200000, "its JSON nests too deeply"),
+        (json.dumps(named(entry()))[:150], "is not valid JSON (truncated or corrupted?)"),
+        ("[1, 2]", "holds a JSON list, not the object of entries cudampi writes"),
+        ("\udcff\x00", "is not valid JSON"),
+    ],
+    ids=["nested", "truncated", "list", "binary"],
+)
+def test_a_corrupt_cache_file_is_named_with_the_fix_and_never_raises(tmp_path, text, words):
+    (tmp_path / "capabilities.json").write_bytes(text.encode(errors="surrogateescape"))
+    found = cap.lookup(tmp_path, LIB, ENV, host=HOST, gpus=lambda: H200)
+    assert found.entry is None and found.ignored, found
+    assert f"{tmp_path / 'capabilities.json'} " in found.note and words in found.note, found.note
+    assert "`cudampi doctor` on this host replaces the file (or remove it)" in found.note
+    # ... and the doctor's save replaces it with a good one
+    caps = cap.Capabilities.from_json(entry())
+    cap.save(tmp_path, caps)
+    assert cap.lookup(tmp_path, LIB, ENV, host=HOST, gpus=lambda: H200).entry == caps
+
+
+root_only = pytest.mark.skipif(
+    os.geteuid() != 0, reason="files of another user are made with chown, which needs root"
+)
+OTHER_UID = 65534  # nobody
+
+
+def _saved(folder: Path) -> cap.Capabilities:
+    caps = cap.Capabilities.from_json(entry())
+    folder.mkdir(exist_ok=True)
+    (folder / "capabilities.json").write_text(json.dumps({**named(caps.to_json())}))
+    return caps
+
+
+@pytest.mark.parametrize(
+    ("mode", "file_owner", "words"),
+    [
+        (0o777, None, "the cache folder {f} can be written by other users (mode 0777, no sticky"),
+        (0o770, None, "the cache folder {f} can be written by other users (mode 0770, no sticky"),
+        (0o700, OTHER_UID, "the cache file {f}/capabilities.json belongs to uid 65534"),
+        (0o1777, OTHER_UID, "the cache file {f}/capabilities.json belongs to uid 65534"),
+    ],
+    ids=["world-writable", "group-writable", "file-of-another", "sticky-file-of-another"],
+)
+@root_only
+def test_an_entry_others_could_have_written_is_not_believed(tmp_path, mode, file_owner, words):
+    folder = tmp_path / "cache"
+    _saved(folder)
+    folder.chmod(mode)
+    if file_owner is not None:
+        os.chown(folder / "capabilities.json", file_owner, -1)
+    found = cap.lookup(folder, LIB, ENV, host=HOST, gpus=lambda: H200)
+    assert found.entry is None and found.ignored, found
+    assert words.format(f=folder) in found.note, found.note
+    assert "CUDAMPI_CACHE_DIR" in found.note
+    with pytest.raises(cap.UnsafeCacheError, match="CUDAMPI_CACHE_DIR"):
+        cap.save(folder, cap.Capabilities.from_json(entry()))
+
+
+def test_a_sticky_shared_folder_with_a_file_of_ones_own_is_believed(tmp_path):
+    folder = tmp_path / "cache"
+    caps = _saved(folder)
+    folder.chmod(0o1777)
+    assert cap.lookup(folder, LIB, ENV, host=HOST, gpus=lambda: H200).entry == caps
+    folder.chmod(0o700)
+    (folder / "capabilities.json").chmod(0o666)  # but a file anyone may rewrite is not
+    found = cap.lookup(folder, LIB, ENV, host=HOST, gpus=lambda: H200)
+    assert found.entry is None and "can be written by other users (mode 0666)" in found.note
+
+
+def test_a_cache_file_that_is_a_symlink_is_not_read(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    _saved(elsewhere)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    (folder / "capabilities.json").symlink_to(elsewhere / "capabilities.json")
+    found = cap.lookup(folder, LIB, ENV, host=HOST, gpus=lambda: H200)
+    assert found.entry is None and "is a symlink, which cudampi never writes" in found.note
+
+
+def test_a_cache_folder_linked_into_a_system_folder_is_refused(tmp_path):
+    link = tmp_path / "cache"
+    link.symlink_to("/etc")
+    before = os.path.exists("/etc/capabilities.json")
+    try:
+        with pytest.raises(cap.UnsafeCacheError) as err:
+            cap.save(link, cap.Capabilities.from_json(entry()))
+        assert os.path.exists("/etc/capabilities.json") == before
+    finally:
+        if not before and os.path.exists("/etc/capabilities.json"):
+            os.unlink("/etc/capabilities.json")  # what the doctor, as root, wrote there
+    words = f"the cache folder {link} leads to the system folder /etc through a symlink"
+    assert words in str(err.value)
+    found = cap.lookup(link, LIB, ENV, host=HOST, gpus=lambda: H200)
+    assert found.entry is None and "leads to the system folder /etc" in found.note

@@ -91,7 +91,8 @@ def wait_request(
     def expired() -> BaseException:
         return CommTimeoutError(
             f"{what if isinstance(what, str) else what()} did not complete within {timeout:g} s: "
-            "the other rank did not make the matching call (CUDAMPI_TIMEOUT sets the deadline)"
+            "Timed out waiting for the other rank's matching call (CUDAMPI_TIMEOUT sets the "
+            "deadline)"
         )
 
     spin(test, timeout, expired)
@@ -152,23 +153,31 @@ class Watch:
         if left:
             msg = (
                 f"{where}: {_ranks(left)} left the job (its process is exiting) while {me} "
-                "waits for it: every rank must make the same collective calls. The job cannot "
-                "go on."
+                "waits for it: its connection is closed and every rank must make the same "
+                "collective calls. The job cannot go on."
             )
         else:
             answered = answered or {}
             here = [r for r, s in answered.items() if s == seq]
             elsewhere = {r: s for r, s in answered.items() if s != seq}
             missing = [r for r in range(self.size) if r != self.rank and r not in answered]
-            parts = [f"{_ranks(missing)} did not arrive within {self.timeout:g} s"]
+            parts = [f"{_ranks(missing)} did not arrive within {self.timeout:g} s"] * bool(missing)
+            if not missing and not elsewhere:  # all answered from this call: one came late
+                parts = [f"every rank reached it, but not all within {self.timeout:g} s"]
             if here:
                 parts.append(f"{_ranks(here)} wait{'s' if len(here) == 1 else ''} here too")
             for r, s in sorted(elsewhere.items()):
                 parts.append(f"rank {r} waits in call #{s}")
+            cause = (
+                "A rank skipped this call, is stuck in other work, or died"
+                if missing or elsewhere
+                else "A rank came late (slow work before this call, or a loaded machine): raise "
+                "the deadline if that is expected"
+            )
             msg = (
-                f"{where}: {'; '.join(parts)} ({me}). A rank skipped this call, is stuck in "
-                "other work, or died; the deadline is CUDAMPI_TIMEOUT (torch: "
-                "init_process_group(timeout=)). The job cannot go on."
+                f"{where}: {'; '.join(parts)} ({me}). Timed out after {self.timeout:g} s. "
+                f"{cause}; the deadline is CUDAMPI_TIMEOUT (torch: init_process_group(timeout=)). "
+                "The job cannot go on."
             )
         self.failed = CommTimeoutError(msg)
         return self.failed

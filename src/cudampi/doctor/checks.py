@@ -9,6 +9,8 @@ mpi4py/torch/CuPy, so every check is tested on fixture data.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from cudampi.doctor.checks_cuda import (
@@ -35,6 +37,7 @@ from cudampi.doctor.checks_launch import (
     check_gpu_mapping,
     check_interfaces,
     check_launcher,
+    check_launcher_mpis,
     check_mpi_settings,
     check_nccl_settings,
     check_shm,
@@ -50,6 +53,8 @@ from cudampi.doctor.checks_mpi import (
     check_python,
 )
 from cudampi.doctor.report import CUDA, Check
+from cudampi.names import OPEN_MPI
+from cudampi.pmi import mpich
 from cudampi.probe.capabilities import ProbeOutcome
 from cudampi.probe.gpu import mps_active
 
@@ -195,6 +200,7 @@ def all_checks(f: Facts) -> list[Check]:
         check_torch(f.python_gpu),
         check_cupy(f.python_gpu, gpus_present),
         check_launcher(f.launcher.launcher),
+        check_launcher_mpis(f.library, *_torchrun_mpi(f.env)),
         check_gpu_mapping(f.launcher.launcher, f.env, physical),
         check_mpi_settings(f.settings_env, gpus_present, f.ompi),
         check_interfaces(f.launcher.interfaces, f.env),
@@ -203,6 +209,13 @@ def all_checks(f: Facts) -> list[Check]:
         check_cache(f.cache_path, f.cache_keys, runtime is not None, f.runtime_note, f.cache_error),
     ]
     return checks
+
+
+def _torchrun_mpi(env: Mapping[str, str]) -> tuple[mpich.Choice, str]:
+    """The MPI torchrun's ranks would load here, and its family by the ABI's file name."""
+    choice = mpich.choose(env)
+    name = os.path.basename(choice.path or "")
+    return choice, {"libmpi.so.12": "MPICH", "libmpi.so.40": OPEN_MPI}.get(name, "")
 
 
 def _nccl_choice(f: Facts) -> tuple[bool, str, tuple[int, int]]:

@@ -7,8 +7,11 @@ import os
 from collections.abc import Mapping, Sequence
 
 from cudampi.doctor.report import LAUNCH, Check
+from cudampi.names import OPEN_MPI
+from cudampi.pmi import mpich
 from cudampi.probe.gpu import gpu_for_local_rank, visible_devices
 from cudampi.probe.interfaces import Interface, nccl_ifname_matches, nccl_ifname_missing
+from cudampi.probe.mpi_library import MpiLibrary
 from cudampi.probe.ompi import OmpiInfo
 from cudampi.rankenv import LauncherInfo
 from cudampi.shm import MPICH_PREFIXES, ShmState
@@ -28,6 +31,38 @@ def check_launcher(info: LauncherInfo) -> Check:
         "ok",
         f"{info.name}: rank {info.rank} of {info.size}, local rank {info.local_rank}"
         f" (from {', '.join(info.evidence)})",
+        "",
+        LAUNCH,
+    )
+
+
+def check_launcher_mpis(library: MpiLibrary, torchrun: mpich.Choice, torchrun_mpi: str) -> Check:
+    """Which MPI the ranks of each kind of launcher load, and what that costs: MPI launchers
+    (mpirun, srun, ``cudampi launch``) start the MPI mpi4py loads, which the probe proved;
+    torchrun, Lightning's and accelerate's launchers start plain processes, which cudampi joins
+    through its PMI-1 server (:mod:`cudampi.pmi`), with the MPI ``torchrun`` says
+    (:func:`cudampi.pmi.mpich.choose`; ``torchrun_mpi`` is its vendor, or "" if unknown)."""
+    ours = " ".join(x for x in (library.vendor, library.version) if x) or "the MPI mpi4py loads"
+    detail = f"mpirun, srun, cudampi launch: {ours} (probed)"
+    if torchrun.path is None and library.vendor == OPEN_MPI:
+        return Check(
+            "MPI per launcher",
+            "ok",
+            f"{detail}; torchrun and the like: none, {ours} cannot join processes they start "
+            "(it speaks only PMIx), so backend 'cudampi' fails there",
+            f"{mpich.INSTALL} (PyPI's mpich wheel, where only cudampi loads it)",
+            LAUNCH,
+        )
+    theirs = torchrun_mpi or "the MPI of MPI4PY_LIBMPI"
+    if torchrun.path is None or theirs == ours:
+        return Check(
+            "MPI per launcher", "ok", f"{detail}; torchrun and the like: the same", "", LAUNCH
+        )
+    return Check(
+        "MPI per launcher",
+        "ok",
+        f"{detail}; torchrun and the like: {theirs} ({torchrun.why}), not probed: device "
+        "arrays staged through host memory, across nodes too",
         "",
         LAUNCH,
     )

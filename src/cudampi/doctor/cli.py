@@ -24,7 +24,7 @@ def _size(text: str) -> int:
     try:
         value = parse_size(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
     if value < 4:
         raise argparse.ArgumentTypeError(f"--size must be at least 4 bytes, got {text!r}")
     return value
@@ -265,13 +265,8 @@ def run(args: argparse.Namespace) -> int:
             return code
     facts = gather(options, progress=_progress_printer())
     report = Report.of(all_checks(facts), _facts_data(facts))
-    if args.save_json:
-        from pathlib import Path
-
-        Path(args.save_json).write_text(render_json(report))
-    sys.stdout.write(render_json(report) if args.json else render_text(report))
-    sys.stdout.flush()
-    return report.exit_code
+    as_json = render_json(report)
+    return _emit(as_json if args.json else render_text(report), as_json, args, report.exit_code)
 
 
 def _options(args: argparse.Namespace, config: Config) -> Any:
@@ -313,10 +308,26 @@ def _run_job(args: argparse.Namespace, options: Any) -> int | None:
             return None
     result = doctor.run()
     end_progress()
-    if args.save_json:
-        from pathlib import Path
+    as_json = render_job_json(result)
+    text = as_json if args.json else render_job_text(result)
+    return _emit(text, as_json, args, int(job_json(result)["exit_code"]))
 
-        Path(args.save_json).write_text(render_job_json(result))
-    sys.stdout.write(render_job_json(result) if args.json else render_job_text(result))
-    sys.stdout.flush()
-    return int(job_json(result)["exit_code"])
+
+def _emit(text: str, as_json: str, args: argparse.Namespace, exit_code: int) -> int:
+    """Print the report, save its JSON where --save-json says (whole or not at all); a file or
+    standard output that cannot be written is said on stderr and makes the exit 1 (the report
+    is still printed where it can be)."""
+    from cudampi.atomic import why, write_stdout, write_text
+
+    failed = []
+    if args.save_json:
+        try:
+            write_text(args.save_json, as_json)
+        except OSError as exc:
+            failed.append(f"--save-json {args.save_json!r} was not written: {why(exc)}")
+    problem = write_stdout(text)
+    if problem:
+        failed.append(f"the report could not be written to standard output: {problem}")
+    for line in failed:
+        sys.stderr.write(f"cudampi doctor: {line}\n")
+    return max(exit_code, 1) if failed else exit_code

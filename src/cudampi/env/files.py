@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from cudampi.atomic import write_text
 from cudampi.env import conda, docker, k8s, pip, slurm
 from cudampi.env.recommended import recommended_env
 from cudampi.env.spec import EnvSpec, spec_to_toml
@@ -130,7 +131,7 @@ def write_files(
             if not check:
                 out.mkdir(parents=True, exist_ok=True)
             if changed and not check:
-                path.write_text(text)
+                write_text(path, text)  # whole or not at all: a full disk leaves the old file
             if not check and name in EXECUTABLE:
                 path.chmod(0o755)
         except OSError as exc:

@@ -185,9 +185,12 @@ def run(argv: Sequence[str]) -> int:
         _report(host, rank, 130, ["KeyboardInterrupt"], token)
         return 130
     except BaseException as exc:
-        tb = traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__))
-        sys.stderr.write("".join(tb))
-        _report(host, rank, 1, summarize_exception(tb), token)
+        trimmed = _user_frames(exc.__traceback__)
+        sys.excepthook(type(exc), exc, trimmed)  # as python would: the script's hooks, cudampi's
+        tb = traceback.format_exception(type(exc), exc, trimmed)  # hints (kept as notes) too
+        lines = summarize_exception(tb)
+        lines += [n for n in getattr(exc, "__notes__", ()) if isinstance(n, str) and n not in lines]
+        _report(host, rank, 1, lines, token)
         abort_job(1)
         return 1
     _finished(host, rank, token)

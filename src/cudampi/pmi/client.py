@@ -86,7 +86,9 @@ def job_ended(line: str, address: str) -> tuple[str, int] | None:
             remove_mpich_segments(req["kvsname"])
         why = unquote(req.get("why", "aborted"))
         code = int(req.get("exitcode", "1") or 1) or 1
-        return f"rank {req.get('rank', '?')} {why} (exit code {code})", code
+        rank = req.get("rank", "?")
+        who = "" if rank == "-1" else f"rank {rank} "  # -1: no rank, the launcher
+        return f"{who}{why} (exit code {code})", code
     return f"the PMI server (rank 0's host) went away at {address}", 1
 
 

@@ -5,10 +5,11 @@ singleton). When the cudampi group is created before MPI has started, rank 0 sta
 PMI-1 server (:mod:`cudampi.pmi.server`), publishes its address in torch's rendezvous store, and
 every rank connects to it with the job's secret and hands the connection to MPI (``PMI_FD``)
 before importing ``mpi4py.MPI``: MPI_Init then makes one COMM_WORLD whose ranks are torch's. That
-works for MPIs that speak PMI-1 (MPICH, Intel MPI, MVAPICH). Each rank also keeps a watch
+works for MPIs that speak PMI-1 (MPICH, Intel MPI, MVAPICH): the ranks load cudampi's own MPICH
+(:mod:`cudampi.pmi.mpich`) unless MPI4PY_LIBMPI names another. Each rank also keeps a watch
 connection to the server: when a rank aborts or dies, the others exit instead of waiting in a
-collective for ever. Open MPI 5 speaks only PMIx: its processes stay singletons, and every rank
-raises a ConfigError that names the fixes.
+collective for ever. Open MPI 5 speaks only PMIx: where it is what the ranks would load, every
+rank raises a ConfigError that names the fixes before any of them starts MPI.
 
 The secret: ``CUDAMPI_PMI_SECRET`` when the environment torchrun passes on has it (the same value
 on every host; required when the job spans hosts, since torch's store is readable by anyone who
@@ -34,6 +35,7 @@ from typing import Any
 from cudampi.config import PMI_SECRET
 from cudampi.errors import ConfigError
 from cudampi.net import routed_address
+from cudampi.pmi import mpich
 from cudampi.pmi.client import (
     InitGuard,
     client_env,
@@ -42,7 +44,7 @@ from cudampi.pmi.client import (
     single_node_mapping,
     watch,
 )
-from cudampi.rankenv import mpi_launcher
+from cudampi.rankenv import launched_by, mpi_launcher
 
 STORE_KEY = "cudampi/pmi_address"
 SECRET_KEY = "cudampi/pmi_secret_file"
@@ -103,6 +105,8 @@ def _server_host(env: Mapping[str, str]) -> tuple[str, str]:
 def _start_server(size: int, env: Mapping[str, str], secret: str) -> str:
     listen, dial = _server_host(env)
     argv = [sys.executable, "-m", "cudampi.pmi.server", "--size", str(size), "--host", listen]
+    if launched_by(env).name == "torchrun":  # killed, torchrun ends none of its ranks: we do
+        argv += ["--launcher-pid", str(os.getppid())]
     if listen == "127.0.0.1":
         argv += ["--mapping", single_node_mapping(size)]
     child_env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
@@ -174,6 +178,9 @@ def join_world(store: Any, rank: int, size: int, timeout: timedelta | None = Non
         if timeout is not None:
             store.wait(keys, timeout)
 
+    choice = mpich.select(os.environ)  # before mpi4py.MPI: the MPI every rank here will load
+    if mpich.loads_open_mpi(choice):  # said now, on every rank, before any rank starts a server
+        raise ConfigError(torchrun_message(size, f"Open MPI, {choice.why}"))
     secret, folder = _job_secret(store, rank, os.environ, wait)
     try:
         if rank == 0:
@@ -205,7 +212,8 @@ def join_world(store: Any, rank: int, size: int, timeout: timedelta | None = Non
     if world.size != size or world.rank != rank:
         for proc in _SERVER:
             proc.kill()
-        raise ConfigError(torchrun_message(size, MPI.Get_library_version(), world.size))
+        lib = " ".join(MPI.Get_library_version().split())[:80]
+        raise ConfigError(torchrun_message(size, f"{lib}, {choice.why}", world.size))
     watch(address, rank, _end_with_the_job(rank, size), secret)
     return world
 
@@ -226,17 +234,14 @@ def _end_with_the_job(rank: int, size: int) -> Callable[[str, int], None]:
 
 def torchrun_message(size: int, library: str, got: int = 1) -> str:
     """Why torchrun's processes did not become one MPI job, and what to do instead."""
-    lib = " ".join(library.split())[:80]
     return (
-        f"torch asks for a group of {size} processes that no MPI launcher started (torchrun, "
-        f"say). cudampi pointed MPI at its PMI-1 server so they would form one job, but the MPI "
-        f"that mpi4py loads ({lib}) made a {got}-process job instead: it does not speak PMI-1 "
-        "(Open MPI 5 speaks only PMIx), so each process is an MPI singleton. Fix: launch with "
-        f"`cudampi launch -n {size} script.py` or `mpirun -n {size} python script.py` (no "
-        "MASTER_ADDR needed); or keep torchrun with an MPICH-family MPI: `python -m venv "
-        "/opt/mpich && /opt/mpich/bin/pip install mpich`, then "
-        "MPI4PY_LIBMPI=/opt/mpich/lib/libmpi.so.12 in torchrun's environment; or use backend "
-        "'gloo'/'nccl' under torchrun."
+        f"cudampi: torch asks for a group of {size} processes that no MPI launcher started "
+        f"(torchrun, say), so cudampi joins them through its PMI-1 server; but the MPI they "
+        f"load ({library}) does not speak PMI-1 (Open MPI 5 speaks only PMIx) and would make "
+        f"{got}-process jobs. Fix: `{mpich.INSTALL}` once in this environment (PyPI's mpich "
+        "wheel, where only cudampi loads it), and leave MPI4PY_LIBMPI unset or point it at an "
+        f"MPICH-family libmpi.so.12; or launch with `cudampi launch -n {size} script.py` or "
+        f"`mpirun -n {size} python script.py`; or use backend 'gloo'/'nccl' under torchrun."
     )
 
 

@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import os
+import select
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -478,6 +481,20 @@ class PmiServer:
                 _send_quietly(conn, format_reply("cudampi_done"))
         self.done.set()
 
+    def parent_gone(self) -> None:
+        """The rank that started this server (rank 0) has ended: unless it finalized MPI first,
+        the job cannot complete, so every watcher hears so (a rank 0 that died before its PMI
+        connection was made would otherwise leave the others waiting for it)."""
+        with self._lock:
+            if not any(c.rank == 0 and c.finalized for c in self.clients):
+                self._abort(0, 1, "ended before MPI_Finalize (it started the PMI server)")
+
+    def launcher_gone(self, launcher: str) -> None:
+        """The launcher that started the ranks (``launcher`` names it) has ended: nothing will
+        end them now (torchrun's own duty), and the job is not whole: every watcher hears so."""
+        with self._lock:
+            self._abort(-1, 1, f"{launcher}, which started the job's ranks, ended")
+
     def live_ranks(self) -> int:
         """Rank connections still open."""
         with self._lock:
@@ -517,12 +534,55 @@ def _abort_line(rank: int, code: int, why: str, kvsname: str) -> str:
     return format_reply("cudampi_abort", rank=rank, exitcode=code, why=quote(why), kvsname=kvsname)
 
 
+LAUNCHER_GRACE = 10.0
+"""Seconds the ranks get to end (their watchers were told) after the launcher ended, before the
+server leaves."""
+
+
+def launcher_name(pid: int) -> str:
+    """The launcher's program name (``torchrun``), from its command line."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [w.decode(errors="replace") for w in f.read().split(b"\0") if w]
+    except OSError:
+        return "process"
+    if len(argv) > 2 and argv[1] == "-m":  # python -m torch.distributed.run is torchrun
+        return "torchrun" if argv[2] == "torch.distributed.run" else argv[2]
+    words = [os.path.basename(w) for w in argv[:2]]
+    return next((w for w in words if not w.startswith("python")), words[0] if words else "process")
+
+
+def wait_for_exit(pid: int, poll: float = 0.5) -> None:
+    """Return when process ``pid`` (not a child) has ended: a pidfd says so at once (Linux 5.3
+    and newer); else poll."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        try:
+            select.select([fd], [], [])
+        finally:
+            os.close(fd)
+        return
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        time.sleep(poll)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m cudampi.pmi.server --size N``: read the job's secret (the first line of
     standard input), print the port, serve, exit when all are done.
 
-    Also exits (after ``--grace`` seconds for ranks still finishing) when its standard input
-    closes, i.e. when the rank that started it has ended.
+    When its standard input closes (the rank that started it has ended) without that rank's
+    MPI_Finalize, every rank is told the job failed; then it serves the ranks still finishing
+    (``--grace`` seconds after the last leaves). With ``--launcher-pid`` (torchrun's), when the
+    launcher ends (killed, say: it then ends no rank), every rank is told, and it leaves.
     """
     p = argparse.ArgumentParser(prog="python -m cudampi.pmi.server", description=__doc__)
     p.add_argument("--size", type=int, required=True)
@@ -530,6 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--mapping", default=None, help="PMI_process_mapping value to serve")
     p.add_argument("--grace", type=float, default=60.0)
+    p.add_argument(
+        "--launcher-pid",
+        type=int,
+        default=0,
+        help="the launcher that started the ranks (torchrun): when it ends, so does the job",
+    )
     p.add_argument("--verbose", action="store_true", help="log every request and reply")
     a = p.parse_args(argv)
     secret = sys.stdin.readline().strip()  # not an argument: argv is visible to every user
@@ -543,14 +609,28 @@ def main(argv: list[str] | None = None) -> int:
 
     def watch_parent() -> None:
         sys.stdin.read()  # returns at EOF: the starting rank is gone
-        # Ranks still connected are still running (had the starting rank died, they were told
+        server.parent_gone()
+        # Ranks still connected are still running (had the starting rank failed, they were told
         # to end): serve them to the end, but leave once no rank has stayed connected for --grace.
         while not server.done.wait(a.grace):
             if server.live_ranks() == 0:
                 break
         server.close()
 
+    def watch_launcher(pid: int) -> None:
+        name = launcher_name(pid)
+        wait_for_exit(pid)
+        server.launcher_gone(f"the launcher {name} (pid {pid})")
+        deadline = time.monotonic() + LAUNCHER_GRACE  # the told ranks end and disconnect
+        while server.live_ranks() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        server.close()
+
     threading.Thread(target=watch_parent, name="cudampi-pmi-parent", daemon=True).start()
+    if a.launcher_pid:
+        threading.Thread(
+            target=watch_launcher, args=(a.launcher_pid,), name="cudampi-pmi-launcher", daemon=True
+        ).start()
     server.done.wait()
     # Ranks killed on this host left their MPICH segment (cudampi.shm); after a clean end MPICH
     # removed it and this finds nothing.

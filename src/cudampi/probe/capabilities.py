@@ -8,21 +8,31 @@ A :class:`~cudampi.comm.Communicator` computes the same key in-rank and reads th
 says so. An entry is believed only if it passes :func:`validate`: the schema, then the same MPI
 library, settings and host, and for a claim of device support a GPU of the probed model visible
 here. A hand-edited, stale or copied file never hands a device pointer to an MPI.
+
+The cache itself is checked before it is read or written (:func:`trust_problem`): a corrupt
+file, a folder or file another user could have written, or a folder reached through a symlink
+into a system folder is named with the fix and ignored (never an exception in a rank); the
+doctor refuses to write there. Saves hold a lock for their read-modify-write, so doctors
+saving at once keep each other's entries, and replace the file atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
 import socket
+import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cudampi.atomic import why, write_text
 
 STACK_ENV = (
     "LD_PRELOAD",
@@ -209,15 +219,118 @@ def entry_name(key: str, host: str) -> str:
     return f"{key}@{host}"
 
 
-def load_all(cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Every entry of the cache file as saved (raw JSON objects by :func:`entry_name`); a
-    missing or unreadable cache is empty (never an exception)."""
-    path = cache_file(cache_dir)
+MAX_CACHE_BYTES = 16 << 20
+"""A cache file larger than this is not read (an entry is about 1.5 KiB)."""
+
+
+class CacheProblem(ValueError):
+    """The cache folder or file cannot be believed: corrupt, or writable by someone else. The
+    message names the path, what is wrong and the fix."""
+
+
+class UnsafeCacheError(PermissionError):
+    """The cache folder or file is not safe to write: the doctor reports it instead of saving."""
+
+
+def read_entries(path: Path) -> dict[str, Any]:
+    """Every entry of the cache file ``path`` as saved (raw JSON objects by
+    :func:`entry_name`); empty when there is none. :class:`CacheProblem` naming the path and
+    what is wrong when it cannot be read or is not the JSON object cudampi writes."""
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CACHE_BYTES + 1)
+    except FileNotFoundError:
         return {}
-    return dict(raw) if isinstance(raw, dict) else {}
+    except OSError as exc:
+        raise CacheProblem(f"{path} cannot be read: {why(exc)}") from None
+    if len(raw) > MAX_CACHE_BYTES:
+        raise CacheProblem(f"{path} is over {MAX_CACHE_BYTES >> 20} MiB: not a cache cudampi wrote")
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise CacheProblem(
+            f"{path} is not a cache cudampi wrote: its JSON nests too deeply"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise CacheProblem(f"{path} is not valid JSON (truncated or corrupted?): {exc}") from None
+    if not isinstance(data, dict):
+        raise CacheProblem(
+            f"{path} holds a JSON {type(data).__name__}, not the object of entries cudampi writes"
+        )
+    return data
+
+
+SYSTEM_FOLDERS = tuple(
+    Path(p) for p in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+                      "/proc", "/sbin", "/sys", "/usr")
+)  # fmt: skip
+"""Folders of the operating system (and ``/`` itself): a cache folder reached through a
+symlink into one of them is refused (a planted link must not make the doctor, run as root,
+write into /etc)."""
+
+
+def _system_folder(real: Path) -> bool:
+    return real == Path("/") or any(real == s or s in real.parents for s in SYSTEM_FOLDERS)
+
+
+_WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _owner_problem(path: Path, st: os.stat_result, what: str) -> str:
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        return (
+            f"{what} {path} belongs to uid {st.st_uid}, not to you (uid {me}): another user "
+            "could have written what it says"
+        )
+    if st.st_mode & _WRITABLE_BY_OTHERS and not (
+        stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    ):
+        return (
+            f"{what} {path} can be written by other users (mode {stat.S_IMODE(st.st_mode):04o}"
+            f"{'' if stat.S_ISREG(st.st_mode) else ', no sticky bit'}): anyone could plant an "
+            f"entry; `chmod go-w {path}` makes it yours alone"
+        )
+    return ""
+
+
+def trust_problem(cache_dir: str | os.PathLike[str]) -> str:
+    """Why the cache folder ``cache_dir`` (or its file) must not be believed or written, or
+    ``""``: reached through a symlink into a system folder (:data:`SYSTEM_FOLDERS`); a folder
+    or file owned by another user (root's are fine), or writable by group or others (a folder
+    with the sticky bit, like /tmp, is fine: nobody can replace a file of yours in it); a
+    cache file that is a symlink. A folder that does not exist yet is no problem."""
+    folder = Path(os.path.abspath(os.path.expanduser(cache_dir)))
+    real = Path(os.path.realpath(folder))
+    if real != folder and _system_folder(real):
+        return (
+            f"the cache folder {folder} leads to the system folder {real} through a symlink; "
+            "cudampi writes no cache there. Remove the link, or set CUDAMPI_CACHE_DIR to a "
+            "folder of yours"
+        )
+    fix = "; or set CUDAMPI_CACHE_DIR (the doctor: --cache-dir) to a folder of yours"
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"the cache folder {folder} cannot be inspected: {why(exc)}"
+    problem = _owner_problem(folder, st, "the cache folder")
+    if problem:
+        return problem + fix
+    path = cache_file(real)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"the cache file {path} cannot be inspected: {why(exc)}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"the cache file {path} is a symlink, which cudampi never writes: remove it{fix}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"the cache file {path} is not a regular file: remove it{fix}"
+    problem = _owner_problem(path, st, "the cache file")
+    return problem + fix if problem else ""
 
 
 @dataclass(frozen=True)
@@ -293,7 +406,19 @@ def lookup(
         gpus = driver_gpus
     key = stack_key(library, env)
     name = entry_name(key, host)
-    raw = load_all(cache_dir).get(name)
+    unread = "the capabilities cache was not read: {}. Until it is, cudampi assumes nothing is "
+    problem = trust_problem(cache_dir)
+    if problem:
+        return Lookup(None, unread.format(problem) + "CUDA-aware", ignored=True)
+    try:
+        raw = read_entries(cache_file(cache_dir)).get(name)
+    except CacheProblem as exc:
+        return Lookup(
+            None,
+            unread.format(exc) + "CUDA-aware; `cudampi doctor` on this host replaces the file "
+            "(or remove it)",
+            ignored=True,
+        )
     if raw is None:
         return Lookup(
             None, "no probe result for this MPI stack on this host (run `cudampi doctor`)"
@@ -309,23 +434,57 @@ def lookup(
         )
 
 
+LOCK_FILE = ".capabilities.lock"
+LOCK_WAIT = 30.0
+"""Seconds a save waits for another process's save (they take milliseconds)."""
+
+
 def save(cache_dir: str | os.PathLike[str], caps: Capabilities) -> Path:
-    """Add or replace ``caps`` (under its key on its host) in the cache, atomically (write then
-    rename), under an exclusive lock of the folder's ``capabilities.lock``: hosts sharing the
-    folder (a home on NFS, ``cudampi doctor --hosts``) save at once without losing each other's
-    entries. ``OSError`` if the folder cannot be made or written."""
+    """Add or replace ``caps`` (under its key on its host) in the cache: under a lock, so
+    doctors saving at once keep each other's entries, and atomically (a full disk leaves the
+    old file). A corrupt cache file is replaced. :class:`UnsafeCacheError` for a folder or
+    file :func:`trust_problem` refuses, ``OSError`` if the folder cannot be made or written."""
+    folder = Path(os.path.expanduser(cache_dir))
+    problem = trust_problem(folder)  # before mkdir: a link into /etc must not be followed
+    if not problem:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        problem = trust_problem(folder)
+    if problem:
+        raise UnsafeCacheError(problem)
+    with _locked(folder):
+        try:
+            entries = read_entries(cache_file(folder))
+        except CacheProblem:
+            entries = {}  # corrupt: what it held cannot be read by anyone, so start anew
+        entries[entry_name(caps.key, caps.host)] = caps.to_json()
+        text = json.dumps(entries, indent=2, sort_keys=True)
+        return write_text(cache_file(folder), text, follow_symlinks=False, mode=0o644)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the folder's lock file for one read-modify-write of the cache."""
     import fcntl
 
-    path = cache_file(cache_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        entries = load_all(cache_dir)
-        entries[entry_name(caps.key, caps.host)] = caps.to_json()
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(entries, indent=2, sort_keys=True))
-        tmp.replace(path)
-    return path
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OSError(
+                        f"{path} has been locked by another process for {LOCK_WAIT:g} s (a "
+                        "doctor saving at the same time that is stuck?); end it or remove "
+                        "the lock file"
+                    ) from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _first_line(text: str) -> str:

@@ -10,7 +10,9 @@ Two come from habit and are raised by torch itself, so cudampi cannot reword the
   ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
 
 :func:`hint_for` (pure) names the fix for such a message; :func:`install_excepthook` prints it
-after the traceback of an uncaught exception, chained after the hook already in place.
+after the traceback of an uncaught exception, chained after the hook already in place, and keeps
+it on the exception as a note (``cudampi launch``'s rank bootstrap calls the hook and puts the
+note in the job's summary).
 """
 
 from __future__ import annotations
@@ -45,6 +47,20 @@ def hint_for(message: str) -> str:
     return ""
 
 
+def add_note(exc: Any, note: str) -> None:
+    """Keep ``note`` on ``exc`` (PEP 678's ``__notes__``, also on 3.10) after the hook printed
+    it: a wrapper that reports the error after calling the hook (``cudampi launch``'s rank
+    bootstrap, in the job's summary) reads it there."""
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        try:
+            exc.__notes__ = notes = []
+        except (AttributeError, TypeError):
+            return
+    if isinstance(notes, list) and note not in notes:
+        notes.append(note)
+
+
 _LOCK = threading.Lock()
 _INSTALLED: list[bool] = []
 
@@ -65,6 +81,7 @@ def install_excepthook() -> None:
                 if err is not None:
                     err.write(hint + "\n")
                     err.flush()
+                add_note(exc, hint)
 
         sys.excepthook = hint_hook
 
