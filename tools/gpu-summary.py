@@ -14,7 +14,7 @@ A RUN_DIR is what ``tools/gpu-session.sh verify`` leaves for one MPS setting
   stopped at the hard limit writes no XML).
 
 A test skipped because the session's deadline came ("time ran out", tests/gpu/jobs.py) counts as
-not run, as does a collected test no file reports. Pure functions (parse_*, summarize, render)
+not run, as does a collected test no file reports; a run in which no test passed fails too. Pure functions (parse_*, summarize, render)
 over the files' text; tests/unit/test_gpu_summary.py runs them on captured pytest output.
 """
 
@@ -239,9 +239,10 @@ def verdict(runs: list[Run]) -> str:
 
 
 def ok(runs: list[Run]) -> bool:
-    """Every run ran tests, and none failed or did not run."""
+    """Every run passed tests (a run that skipped everything checked nothing: no GPU seen?), and
+    none failed or did not run."""
     return bool(runs) and all(
-        r.results and not r.count("failed") and not r.count("not run") and not r.stopped
+        r.count("passed") and not r.count("failed") and not r.count("not run") and not r.stopped
         for r in runs
     )
 

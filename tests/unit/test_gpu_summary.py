@@ -90,6 +90,14 @@ def test_a_run_that_reported_nothing_fails(summary, tmp_path):
     assert not summary.ok([run]) and not summary.ok([summary.load(tmp_path / "empty")])
 
 
+def test_a_run_that_skipped_everything_fails(summary):
+    """No GPU seen (every test skipped "needs a CUDA GPU"): nothing was checked."""
+    run = summary.load(FIXTURES / "verify-mps-off")
+    skipped = [summary.Result(r.nodeid, "skipped", 0.0, "needs a CUDA GPU") for r in run.results]
+    assert summary.ok([run])
+    assert not summary.ok([summary.Run(run.facts, skipped)])
+
+
 def test_junit_classnames_become_the_collected_node_ids(summary):
     xml = (FIXTURES / "verify-mps-on" / "a.xml").read_text()
     ids = [r.nodeid for r in summary.parse_junit(xml)]
