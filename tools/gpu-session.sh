@@ -141,8 +141,9 @@ verify)
     wait
     echo "probe: exit $(cat $V/doctor.rc); kernels: $(grep -a -E '^compiled|^rc=' $V/warm.txt | tr '\n' ' ')($(( $(date +%s) - start )) s)"
     local hard=$(( end - $(date +%s) )); [ $hard -ge 30 ] || hard=30  # (timeout 0: no limit)
+    # (CUDAMPI_TIMEOUT: a call that hangs raises on every rank after 60 s, not 300)
     ( export "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W \
-        CUDAMPI_TEST_DOCTOR_JSON=$V/doctor.json CUDAMPI_TEST_DEADLINE=$(( end - 15 ))
+        CUDAMPI_TEST_DOCTOR_JSON=$V/doctor.json CUDAMPI_TEST_DEADLINE=$(( end - 15 )) CUDAMPI_TIMEOUT=60
       part() {
         local name=$1; shift
         timeout -k 5 $hard $W -m pytest -v -rA --strict-markers -p no:cacheprovider -o addopts= -m gpu \
