@@ -30,6 +30,10 @@ def rank_skip(comm):
     raise Skip("not here: a reason")
 
 
+def rank_pytest_skip(comm):
+    pytest.skip("skipped the pytest way")
+
+
 def rank_env(comm):
     assert os.environ["CUDAMPI_TEST_JOBS_VALUE"] == "set", os.environ.get("CUDAMPI_TEST_JOBS_VALUE")
     return "env set"
@@ -60,6 +64,7 @@ def checks():
         Check("passes", rank_pass),
         Check("fails[on-1]", rank_fail_on_1),
         Check("skips", rank_skip),
+        Check("pytest_skips", rank_pytest_skip),
         Check("env", rank_env, env=(("CUDAMPI_TEST_JOBS_VALUE", "set"),)),
         Check("env_gone", rank_env_gone),
         Check("slow", rank_slow),
@@ -83,7 +88,7 @@ def _outcome(jobs: Jobs, name: str) -> tuple[str, str]:
 
 
 def test_a_job_reports_each_check_and_goes_on_after_a_failure(capsys):
-    names = ["passes", "fails[on-1]", "skips", "env", "env_gone", "slow"]
+    names = ["passes", "fails[on-1]", "skips", "pytest_skips", "env", "env_gone", "slow"]
     unknown = Check("no_such_check", rank_pass)  # the two sides disagree on the file's checks
     jobs = Jobs(__name__, [*(CHECKS[n] for n in names), unknown])
     got = {n: _outcome(jobs, n) for n in names}
@@ -93,6 +98,7 @@ def test_a_job_reports_each_check_and_goes_on_after_a_failure(capsys):
     assert status == "failed" and "rank 1: AssertionError: rank 1 saw 2 ranks" in text, text
     assert "rank_fail_on_1" in text  # the rank's traceback
     assert got["skips"] == ("skipped", "not here: a reason")
+    assert got["pytest_skips"] == ("skipped", "skipped the pytest way")
     assert got["env"][0] == got["env_gone"][0] == got["slow"][0] == "passed", got
     with pytest.raises(pytest.fail.Exception, match="no check named 'no_such_check'"):
         jobs.verify(unknown)
