@@ -125,7 +125,9 @@ verify)
   export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
   [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
   mkdir -p .cupy-cache && touch /tmp/verify-stamp
-  CLI_FILES="tests/gpu/test_doctor_gpu.py tests/gpu/test_env_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_bench_gpu.py"
+  # (bench first: beside the comm checks, the engine file that least needs the GPU's time; the
+  # rest, whose GPU stays mostly idle, beside the ipc checks, whose kernels wait on each other)
+  CLI_FILES="tests/gpu/test_bench_gpu.py tests/gpu/test_doctor_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_env_gpu.py tests/gpu/test_launch_gpu.py"
   modes_left=$(echo ${MPS_MODES:-off on} | wc -w)
   VERIFY_RUNS=""
   verify_one() {
