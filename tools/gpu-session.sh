@@ -162,7 +162,7 @@ verify)
   $W tools/gpu-summary.py $VERIFY_RUNS > $OUT/verify-summary.txt; VERIFY_RC=$?
   [ -n "$(find .cupy-cache -newer /tmp/verify-stamp -type f | head -1)" ] && tar czf $OUT/cupy-cache.tgz .cupy-cache
   cat $OUT/verify-summary.txt
-  [ $VERIFY_RC = 0 ] || echo "VERIFY FAILED (exit $VERIFY_RC): the FAILED and NOT RUN lines above name the tests"
+  [ $VERIFY_RC = 0 ] || echo "VERIFY FAILED (exit $VERIFY_RC): see the FAILED, NOT RUN, STOPPED or NOTHING PASSED lines above"
   ;;
 ddpasync)
   B=$OUT/bench; mkdir -p $B

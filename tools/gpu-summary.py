@@ -220,6 +220,8 @@ def render(runs: list[Run]) -> str:
             if r.outcome in ("failed", "not run"):
                 word = "FAILED" if r.outcome == "failed" else "NOT RUN"
                 lines.append(f"{word} (MPS {run.mps}) {_short(r.nodeid)}: {r.message}")
+        if not run.count("passed"):
+            lines.append(f"NOTHING PASSED (MPS {run.mps}): no test ran to a pass (no GPU seen?)")
         if run.stopped:
             lines.append(
                 f"STOPPED at the hard time limit (MPS {run.mps}): {', '.join(run.stopped)}"

@@ -95,7 +95,11 @@ def test_a_run_that_skipped_everything_fails(summary):
     run = summary.load(FIXTURES / "verify-mps-off")
     skipped = [summary.Result(r.nodeid, "skipped", 0.0, "needs a CUDA GPU") for r in run.results]
     assert summary.ok([run])
-    assert not summary.ok([summary.Run(run.facts, skipped)])
+    nothing = summary.Run(run.facts, skipped)
+    assert not summary.ok([nothing])
+    assert "NOTHING PASSED (MPS off): no test ran to a pass (no GPU seen?)" in summary.render(
+        [nothing]
+    )
 
 
 def test_junit_classnames_become_the_collected_node_ids(summary):
