@@ -73,4 +73,4 @@ def carry(x: Buf, out: Buf, op: str) -> Carry:
 def _numpy(b: Buf) -> Any:
     """A flat NumPy view of host array ``b``'s memory (a torch CPU tensor's too)."""
     f = flat(b)
-    return f.numpy() if b.lib == "torch" else f
+    return f.numpy() if b.lib == "torch" else f.reshape(-1)
