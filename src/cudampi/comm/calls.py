@@ -118,7 +118,12 @@ def _elementwise(f: Front, r: Request) -> Plan:
     )
     method = getattr(engine, c.engine)
     carried = None
-    if c.reduces and not c.rooted and carries(f.size, xb, choice.label):
+    if (
+        c.reduces
+        and not c.rooted
+        and not engine.stream_ordered
+        and carries(f.size, xb, choice.label)
+    ):
         carried = carry(xb, ob, r.op)
         sig = dataclasses.replace(sig, carried=True)
     if not c.reduces:
