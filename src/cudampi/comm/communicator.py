@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from cudampi.comm import args
 from cudampi.comm.arrays import Buf, adapt, flat, new_like
 from cudampi.comm.calls import Plan, Request, prepare
+from cudampi.comm.carry import Carry
 from cudampi.comm.deadline import Watch, spin
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
@@ -271,10 +272,15 @@ class Communicator:
         debug = self.config.debug
 
         def execute() -> Any:
-            check(self._coll, plan.sig, plan.error, debug=debug, watch=self._watch, seq=seq)
+            data = None if plan.carry is None else plan.carry.data
+            rows = check(
+                self._coll, plan.sig, plan.error, debug=debug, watch=self._watch, seq=seq, data=data
+            )
             run, ops = plan.run, plan.ops
             assert run is not None
             with observed:
+                if plan.carry is not None:  # its data came with the check
+                    plan.carry.finish(rows)
                 if ops is None or ops.device is None:  # host memory: no stream to order
                     return run()
                 with ops.device_ctx():
@@ -327,12 +333,14 @@ class Communicator:
 
         return self._run(build, r.call.name, async_op)
 
-    def _remember(self, r: Request, engine: Engine, dtype: str, sig: Signature) -> None:
+    def _remember(
+        self, r: Request, engine: Engine, dtype: str, sig: Signature, carried: Carry | None
+    ) -> None:
         """After an allreduce's full path: let its repeats skip the front end (repeat.py)."""
         if engine.stream_ordered:
             self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype)
         elif engine.ops.device is None:
-            self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype, sig)
+            self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype, sig, carried)
 
     def _check_counts(self, r: Request, error: BaseException | None) -> None:
         """The cross-rank check of counts exchanged inside a call (alltoall's receive counts)."""
@@ -372,9 +380,14 @@ class Communicator:
             return False
         self._seq += 1
         if e.sig is not None:
-            check(
-                self._coll, e.sig, None, debug=self.config.debug, watch=self._watch, seq=self._seq
+            data = None if e.carry is None else e.carry.data
+            debug, watch = self.config.debug, self._watch
+            rows = check(
+                self._coll, e.sig, None, debug=debug, watch=watch, seq=self._seq, data=data
             )
+            if e.carry is not None:
+                e.carry.finish(rows)
+                return True
         xf = e.kind.flat(x)
         e.engine.allreduce(xf, xf if out is x else e.kind.flat(out), op, e.dtype)
         return True
