@@ -45,6 +45,16 @@ FLOAT = ("float16", "bfloat16", "float32", "float64")
 COMPLEX = ("complex64", "complex128")
 
 
+class Flat(Protocol):
+    """A flat (1-D, contiguous) array of one library, a view of a caller's memory or a scratch
+    buffer: what the Communicator hands its engines and they hand :class:`ArrayOps`."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __getitem__(self, key: slice, /) -> Flat: ...
+
+
 @dataclass(slots=True)
 class Buf:
     """One array as the collectives see it (made for every array of every call: slots, not

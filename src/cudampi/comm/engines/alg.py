@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm import algorithms
-from cudampi.comm.arrays import ArrayOps
+from cudampi.comm.arrays import ArrayOps, Flat
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Setting
 from cudampi.comm.engines.p2p import DirectP2P, apart, message_route
@@ -77,7 +77,7 @@ class AlgEngine(DirectP2P):
     def algo(self) -> int:
         return 1 + int(self.direct)
 
-    def _ctx(self, a: Any) -> algorithms.Ctx:
+    def _ctx(self, a: Flat) -> algorithms.Ctx:
         s = self.setting
         return algorithms.Ctx(
             s.rank,
@@ -90,20 +90,20 @@ class AlgEngine(DirectP2P):
             self.direct,
         )
 
-    def _copy(self, xf: Any) -> Any:
+    def _copy(self, xf: Flat) -> Any:
         n = int(xf.shape[0])
         work = self.ops.empty(max(1, n), xf)[:n]
         self.ops.copy(work, xf)
         return work
 
-    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+    def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         if xf is not of:
             self.ops.copy(of, apart(self.ops, xf, of))
         algorithms.allreduce(self._ctx(of), of, op, dtype)
         self.finish_avg(of, op, dtype)
 
     def reduce(
-        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+        self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         is_root = self.setting.rank == root
         if is_root:
@@ -116,25 +116,25 @@ class AlgEngine(DirectP2P):
         if is_root:
             self.finish_avg(of, op, dtype)
 
-    def broadcast(self, xf: Any, root: int) -> None:
+    def broadcast(self, xf: Flat, root: int) -> None:
         algorithms.broadcast(self._ctx(xf), xf, root)
 
     # Receives land in ``of`` while ``xf`` is still being sent: where the caller's input
     # overlaps the output (other than in place), it is copied apart first (as the mpi engine
     # does for MPI's sake), or blocks are sent after they were overwritten.
 
-    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+    def allgatherv(self, xf: Flat, of: Flat, counts: list[int]) -> None:
         algorithms.allgatherv(self._ctx(xf), self._apart(xf, of, counts), of, counts)
 
-    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+    def gatherv(self, xf: Flat, of: Flat | None, counts: list[int], root: int) -> None:
         send = xf if of is None else self._apart(xf, of, counts)
         algorithms.gatherv(self._ctx(xf), send, of, counts, root)
 
-    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+    def scatterv(self, xf: Flat | None, of: Flat, counts: list[int], root: int) -> None:
         send = xf if xf is None else apart(self.ops, xf, of)
         algorithms.scatterv(self._ctx(of), send, of, counts, root)
 
-    def _apart(self, xf: Any, of: Any, counts: list[int]) -> Any:
+    def _apart(self, xf: Flat, of: Flat, counts: list[int]) -> Any:
         """``xf``, unless it overlaps ``of`` other than as exactly this rank's block."""
         ops, r = self.ops, self.setting.rank
         lo = sum(counts[:r]) * ops.itemsize(of)
@@ -143,12 +143,12 @@ class AlgEngine(DirectP2P):
         return apart(ops, xf, of)
 
     def reduce_scatterv(
-        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+        self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         work = xf if scratch else self._copy(xf)
         algorithms.reduce_scatterv(self._ctx(xf), work, of, counts, op, dtype)
         self.finish_avg(of, op, dtype)
 
-    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+    def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         send = apart(self.ops, xf, of)
         algorithms.alltoallv(self._ctx(xf), send, send_counts, of, recv_counts)

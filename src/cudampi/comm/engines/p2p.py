@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cudampi.comm.arrays import ArrayOps
+from cudampi.comm.arrays import ArrayOps, Flat
 from cudampi.comm.choice import Ask, DeviceSupport, PathChoice
 from cudampi.comm.deadline import wait_request
 from cudampi.comm.engines.base import Engine
@@ -17,13 +17,13 @@ from cudampi.comm.transport import finish_recv, mem, mpi
 from cudampi.errors import DeviceError
 
 
-def bytes_spec(ops: ArrayOps, a: Any) -> Any:
+def bytes_spec(ops: ArrayOps, a: Flat) -> Any:
     if ops.lib == "numpy":  # as in _typed (half the cost of a small message's spec by address)
         return [a, mpi().BYTE]
     return mem(ops.ptr(a), ops.nbytes(a))
 
 
-def overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
+def overlap(ops: ArrayOps, a: Flat, b: Any) -> bool:
     """Do the flat arrays ``a`` and ``b`` share any byte?"""
     na, nb = ops.nbytes(a), ops.nbytes(b)
     if not na or not nb:
@@ -32,7 +32,7 @@ def overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
     return pa < pb + nb and pb < pa + na
 
 
-def apart(ops: ArrayOps, a: Any, b: Any) -> Any:
+def apart(ops: ArrayOps, a: Flat, b: Any) -> Any:
     """``a``, or a copy of it where it overlaps ``b``: MPI forbids aliased send and receive
     buffers (MPICH checks: "Buffers must not be aliased"; FSDP2 all-gathers a shard that lives
     inside the output)."""
@@ -95,27 +95,27 @@ class DirectP2P(Engine):
     every wait has the communicator's deadline. The text that names a message (rank, tag) is
     made only when it times out: a small message's whole MPI call is about a microsecond."""
 
-    def _ptr(self, f: Any) -> Callable[[], int]:
+    def _ptr(self, f: Flat) -> Callable[[], int]:
         return lambda: self.ops.ptr(f)
 
-    def send(self, f: Any, dest: int, tag: int) -> None:
+    def send(self, f: Flat, dest: int, tag: int) -> None:
         req = self.setting.p2p.Isend(bytes_spec(self.ops, f), dest, tag)
         wait_request(req, self.setting.config.timeout, lambda: f"send to rank {dest} (tag {tag})")
 
-    def recv(self, f: Any, source: int, tag: int) -> None:
+    def recv(self, f: Flat, source: int, tag: int) -> None:
         s = self.setting
         status = mpi().Status()
         req = s.p2p.Irecv(bytes_spec(self.ops, f), source, tag)
         wait_request(req, s.config.timeout, lambda: f"recv from rank {source} (tag {tag})", status)
         finish_recv(s.p2p, status, self.ops.nbytes(f), tag, s.config.chunk_bytes, self._ptr(f))
 
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+    def isend(self, f: Flat, dest: int, tag: int) -> Handle:
         req = self.setting.p2p.Isend(bytes_spec(self.ops, f), dest, tag)
         return request_handle(
             lambda: f"isend to rank {dest} (tag {tag})", req, timeout=self.setting.config.timeout
         )
 
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+    def irecv(self, f: Flat, source: int, tag: int) -> Handle:
         s = self.setting
         return irecv_handle(
             s.p2p,
@@ -128,7 +128,7 @@ class DirectP2P(Engine):
             timeout=s.config.timeout,
         )
 
-    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+    def sendrecv(self, xf: Flat, dest: int, of: Flat, source: int, tag: int) -> None:
         """As the base's (the receive posted first; each wait with the deadline), without the
         two handles."""
         s = self.setting
