@@ -109,7 +109,7 @@ def test_ddp_options_are_typed_checked_and_survive_a_relaunch():
 
 
 def test_ddp_models_from_the_flag():
-    from cudampi.bench.ddp import pick_models
+    from cudampi.bench.train import pick_models
 
     o = options.from_args(parse("ddp", "--model", "transformer, resnet50")[1])
     assert o.model == "transformer,resnet50"
