@@ -111,3 +111,15 @@ def test_the_report_says_fsdp_the_ratios_and_what_a_wrong_parameter_means():
         "# Verdict: FAILED: 2 rows, 0 skipped; parameters moved unlike the reference training "
         "on 1 tensors"
     )
+
+
+def test_a_long_path_name_widens_the_path_column_for_every_row():
+    long = TrainRow("ddp-torch-cudampi-async", "transformer", 8, 5, 50.0, 49, 51, 32, 16, 0.9, 0)
+    short = TrainRow("local", "transformer", 8, 5, 45.0, 44, 46, 35, 17.5, None, None)
+    info = {"models": {"transformer": {"describe": "2 x layer", "batch": 8}}}
+    lines = render_text({"ranks": 2, "device": "cpu"}, info, [short, long], [], "fsdp").splitlines()
+    head = next(line for line in lines if line.startswith("# path"))
+    end = head.index("step (ms)") + len("step (ms)")  # the step column, right-aligned
+    for row in (short, long):
+        line = next(line for line in lines if line.split()[0] == row.path)
+        assert line.index(f"{row.step_ms:.2f}") + len(f"{row.step_ms:.2f}") == end, line

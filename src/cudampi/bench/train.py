@@ -386,12 +386,13 @@ def render_text(
         settings = ", ".join(f"{k}={v}" for k, v in info["ddp_options"].items())
         lines.append(f"# DistributedDataParallel({settings}) on every DDP path")
     models = info.get("models") or {info.get("model"): info}
+    wp = max([19, *(len(r.path) for r in rows)])
     for kind, about in models.items():
         unit = about.get("unit", "samples/s")
         lines += [
             "#",
             f"# {about.get('describe', kind)}; batch {about.get('batch')} per rank",
-            f"# {'path':<19s} {'step (ms)':>10s} {'min':>9s} {'max':>9s} {unit:>14s} "
+            f"# {'path':<{wp}s} {'step (ms)':>10s} {'min':>9s} {'max':>9s} {unit:>14s} "
             f"{'per rank':>10s} {'vs local':>9s} {'#wrong':>7s}",
         ]
         if not any(r.model == kind for r in rows):
@@ -402,7 +403,7 @@ def render_text(
             vs = "-" if r.vs_local is None else f"{r.vs_local:.2f}x"
             wrong = "N/A" if r.wrong is None else str(r.wrong)
             lines.append(
-                f"  {r.path:<19s} {r.step_ms:10.2f} {r.step_min_ms:9.2f} {r.step_max_ms:9.2f} "
+                f"  {r.path:<{wp}s} {r.step_ms:10.2f} {r.step_min_ms:9.2f} {r.step_max_ms:9.2f} "
                 f"{r.samples_per_s:14.2f} {r.per_rank:10.2f} {vs:>9s} {wrong:>7s}"
             )
         lines += [f"# {note}" for note in about.get("notes", ())]
