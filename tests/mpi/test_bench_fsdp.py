@@ -29,12 +29,15 @@ def rank_fsdp_gloo_vs_cudampi(comm):
     import torch
 
     from cudampi.bench import fsdp, train
+    from cudampi.bench.adapters import Skip
     from cudampi.bench.session import open_session
 
     s = open_session(comm, "cpu")
     s.torch_default = "cudampi"
     cpu = torch.device("cpu")
-    o = SimpleNamespace(warmup=1, iters=1, corrupt_rank=None, quiet=True, image_size=None)
+    o = SimpleNamespace(
+        warmup=1, iters=1, corrupt_rank=None, quiet=True, image_size=None, ddp_options=()
+    )
     method = fsdp.FSDPMethod({}, check=True)
     method.prepare(s, o, "transformer", cpu, 2)
     assert (method.reference["transformer"][:, 1] > 0).all(), "the reference did not train"
@@ -60,6 +63,19 @@ def rank_fsdp_gloo_vs_cudampi(comm):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=f"parameter {i}")
     corrupt = SimpleNamespace(**{**vars(o), "corrupt_rank": 1})
     assert method.wrong(s, corrupt, "torch-cudampi", models["torch-cudampi"]) == 1
+
+    # a reference that cannot be made (ResNet-50 without torchvision, ...) skips every path of
+    # that model with the reason, on every rank, instead of ending the job
+    class NoReference(fsdp.FSDPMethod):
+        def prepare(self, s, o, kind, device, batch):
+            if s.rank == 1:
+                raise Skip("no reference here")
+
+    run = SimpleNamespace(**{**vars(o), "paths": ("local", "torch-gloo"), "model": "transformer"})
+    run = SimpleNamespace(**{**vars(run), "rounds": 1, "check": True, "batch": 1})
+    rows, skips, _ = train.run(s, run, NoReference({}, check=True))
+    reason = "rank 1: no reference here"
+    assert rows == [] and skips == [("transformer", p, reason) for p in run.paths], skips
     s.close()
     if comm.rank == 0:
         print(f"FSDP2 gloo and cudampi agree: losses {losses['torch-cudampi']}", flush=True)

@@ -261,7 +261,9 @@ def _run_model(
     skips: list[tuple[str, str]] = []
     info: dict[str, Any] = {"model": kind, "batch": batch}
     if o.check and any(p not in method.unchecked for p in order):
-        method.prepare(s, o, kind, device, batch)
+        _, why = attempt(s, lambda: method.prepare(s, o, kind, device, batch))
+        if why is not None:  # e.g. the model itself cannot be built here
+            return [], [(p, why) for p in order], info
     for r in range(o.rounds):
         for path in order:
             if r and not times[path]:
