@@ -55,6 +55,7 @@ class FSDPMethod(train.Method):
         )
 
     def wrap(self, s: Session, path: str, w: train.Workload, device: Any) -> Any:
+        self.start = []  # the last pass's copy goes before this one's is made
         if path in FSDP_PEERS:
             net = self.ddp.wrap(s, FSDP_PEERS[path], w, device)
         else:
