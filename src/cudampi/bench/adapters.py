@@ -35,6 +35,12 @@ DDP_PATHS: dict[str, str | None] = {
 are reduced on the group's thread while backward goes on; ``ddp-nocomm`` (None: the run's
 default group), DDP whose comm hook hands every bucket back untouched: DDP's own cost without
 gradient communication."""
+FSDP_PATHS: dict[str, str] = {p: b for p, b in DDP_PATHS.items() if b is not None}
+"""``bench fsdp``'s FSDP2 paths (``fully_shard`` on a group of that backend), DDP's less
+``ddp-nocomm``."""
+FSDP_PEERS: dict[str, str] = {f"ddp-{p}": p for p in FSDP_PATHS}
+"""``bench fsdp``'s DDP peers: ``ddp-<path>`` is DistributedDataParallel on ``<path>``'s backend,
+the same model in the same run (the FSDP2/DDP ratio's denominator)."""
 PEERS = ("mpi", "copy")
 BENCH_PATHS = (*COMMUNICATOR_PATHS, *TORCH_PATHS, *PEERS)
 """Every path ``--paths`` accepts (``all`` is all of them)."""

@@ -17,13 +17,14 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from cudampi.comm import args
-from cudampi.comm.arrays import Buf, adapt, flat, new_like
+from cudampi.comm.arrays import Buf, adapt, new_like
 from cudampi.comm.calls import Plan, Request, prepare
 from cudampi.comm.carry import Carry
-from cudampi.comm.deadline import Watch, spin
+from cudampi.comm.deadline import Watch
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
-from cudampi.comm.handle import Handle, Worker, completed
+from cudampi.comm.handle import Worker, completed
+from cudampi.comm.messages import Messages
 from cudampi.comm.paths import (
     Decisions,
     DeviceSupport,
@@ -43,7 +44,7 @@ from cudampi.observe import QUIET, Observer
 from cudampi.shm import remove_singleton_segment_at_exit
 
 
-class Communicator:
+class Communicator(Messages):
     """Collectives and point-to-point over an mpi4py communicator (see the module doc).
 
     Making one is collective: the ranks agree once on every setting that changes what a rank
@@ -505,97 +506,6 @@ class Communicator:
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return once every rank has called barrier (in order with queued collectives)."""
         return self._call(Request(CALLS["barrier"]), async_op)
-
-    # ------------------------------------------------------------------ point-to-point
-
-    def _p2p_prepare(
-        self, x: Any, what: str, path: str | None, *, writes: bool = False
-    ) -> tuple[Any, Engine]:
-        """The flat view of message buffer ``x`` and the engine that moves it. A message on an
-        array the full path checked before, unchanged since, reuses what it decided
-        (cudampi.comm.repeat); its errors are the full path's, as nothing was remembered."""
-        op = "recv" if writes else "send"
-        e = self._messages.lookup(x, x, op, path)
-        if e is not None:
-            engine, f = e.engine, e.kind.flat(x)
-        else:
-            b = self._buf(x, what)
-            if writes:
-                args.check_writable(b, what)
-            engine = self._engine(self._choose("send", b, path), b)
-            self._messages.remember(x, x, op, path, engine, b.dtype)
-            f = flat(b)
-        if not engine.stream_ordered and engine.ops.device is not None:
-            with engine.ops.device_ctx():
-                engine.ops.begin(engine.ops.capture())  # the caller's stream is done with x
-        return f, engine
-
-    def send(self, x: Any, dest: int, tag: int = 0, *, path: str | None = None) -> None:
-        """Blocking send of ``x`` to rank ``dest``."""
-        f, engine = self._p2p_prepare(x, "x", path)
-        engine.send(f, dest, tag)
-
-    def recv(self, x: Any, source: int, tag: int = 0, *, path: str | None = None) -> Any:
-        """Blocking receive into ``x`` from rank ``source`` (MPI.ANY_SOURCE allowed); returns x."""
-        f, engine = self._p2p_prepare(x, "x", path, writes=True)
-        engine.recv(f, source, tag)
-        return x
-
-    def isend(self, x: Any, dest: int, tag: int = 0, *, path: str | None = None) -> Handle:
-        """Non-blocking send; ``x`` must stay untouched until the handle's ``wait()``."""
-        f, engine = self._p2p_prepare(x, "x", path)
-        return engine.isend(f, dest, tag)
-
-    def irecv(self, x: Any, source: int, tag: int = 0, *, path: str | None = None) -> Handle:
-        """Non-blocking receive into ``x``; ``wait()`` returns ``x``."""
-        f, engine = self._p2p_prepare(x, "x", path, writes=True)
-        h = engine.irecv(f, source, tag)
-        h._result = x
-        return h
-
-    def probe_any(self, x: Any, tag: int = 0, *, path: str | None = None) -> int:
-        """The rank whose message with ``tag`` (for a receive into ``x``) is first to arrive
-        from any rank, waiting up to the deadline; a receive from that rank then takes exactly
-        its message. Raises a :class:`CommError` where ``x``'s path matches messages per pair of
-        ranks (ipc: name the source), a :class:`CommTimeoutError` where no rank sent in time."""
-        from mpi4py import MPI
-
-        try:
-            choice: PathChoice | None = self.path_for("recv", x, path=path)
-        except CudampiError:
-            choice = None  # the receive itself says why
-        refused = kinds()[choice.engine].any_source if choice is not None else ""
-        if refused:
-            raise CommError(f"recv (tag {tag}, path {str(choice)!r}): {refused} (src=)")
-        status, limit = MPI.Status(), self.config.timeout
-        spin(
-            lambda: bool(self.mpi_comm.Iprobe(MPI.ANY_SOURCE, int(tag), status)),
-            limit,
-            lambda: CommTimeoutError(
-                f"recv from any rank (tag {tag}) did not start within {limit:g} s: no rank sent"
-            ),
-        )
-        return int(status.Get_source())
-
-    def flush(self) -> None:
-        """Launch the sends and receives the ipc path holds back to run as one group (a blocking
-        call, a handle's wait, a collective or :meth:`synchronize` launches them too); for
-        callers that post isend/irecv and wait elsewhere, as torch's batch_isend_irecv does."""
-        self._engines.flush()
-
-    def sendrecv(
-        self, x: Any, dest: int, out: Any, source: int, tag: int = 0, *, path: str | None = None
-    ) -> Any:
-        """Send ``x`` to ``dest`` while receiving ``out`` from ``source``; returns ``out``."""
-        of, receiver = self._p2p_prepare(out, "out", path, writes=True)
-        xf, sender = self._p2p_prepare(x, "x", path)
-        if receiver is sender:
-            sender.sendrecv(xf, dest, of, source, tag)
-            return out
-        r = receiver.irecv(of, source, tag)
-        sender.isend(xf, dest, tag).wait()
-        r.wait()
-        return out
 
 
 def _inline(fn: Callable[[], Any], what: str, async_op: bool) -> Any:
