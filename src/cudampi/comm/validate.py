@@ -95,9 +95,8 @@ GATHER_RANKS = 16
 """Communicators of up to this many ranks check calls with an allgather of signature blocks."""
 CARRY_BYTES = 128
 """The most data of an allreduce that travels in its check (see the module doc)."""
-_HEADER = 10
-"""Words of a signature block before its data: the 9 codes, then whether the rank failed."""
-_WORDS = _HEADER + CARRY_BYTES // 8
+_WORDS = 1 + CARRY_BYTES // 8
+"""Words of a rank's block: a digest of its codes and whether it failed, then its data."""
 CHECK_TAG = 32_000
 """The tag of the check's messages on a communicator's collective communicator (the deadline's
 goodbyes and roll calls use 32_001 and 32_002; the engines' own messages lower tags)."""
@@ -155,33 +154,6 @@ def _wait(comm: Any, req: Any, watch: Any, call: str, seq: int) -> None:
         watch.wait(req, call, seq)
 
 
-class _Requests:
-    """Several MPI requests waited on as one (a :class:`~cudampi.comm.deadline.Watch` tests
-    it); what is still pending on a failure is cancelled, so no late message lands in a buffer
-    nobody reads."""
-
-    def __init__(self, reqs: list[Any]) -> None:
-        self.reqs = reqs
-
-    def Test(self) -> bool:
-        from mpi4py import MPI
-
-        return bool(MPI.Request.Testall(self.reqs))
-
-    def Wait(self) -> None:
-        from mpi4py import MPI
-
-        MPI.Request.Waitall(self.reqs)
-
-    def cancel(self) -> None:
-        for req in self.reqs:
-            try:
-                if not req.Test():
-                    req.Cancel()
-            except Exception:  # the communicator is failing: nothing else to do with it
-                pass
-
-
 def _reduce(comm: Any, sig: Signature, failed: bool, watch: Any, seq: int) -> tuple[bool, None]:
     """The check as one allreduce of the codes: max(c) == -max(-c), i.e. max == min, for every
     code where all ranks gave the same; the last entry is 1 where any rank failed."""
@@ -198,42 +170,96 @@ def _gather(
     comm: Any, sig: Signature, failed: bool, data: Any, watch: Any, seq: int
 ) -> tuple[bool, Any]:
     """The check as an exchange of every rank's block with every other rank (point-to-point:
-    MPI's non-blocking collectives cost several times a blocking one, its messages do not):
-    the codes, whether the rank failed, the data it carries. All agree where every block's
-    header is this rank's and it did not fail."""
-    import numpy
-
-    block = numpy.empty(_WORDS, dtype=numpy.int64)
-    block[:_HEADER] = _header(sig, failed)
+    MPI's messages cost less than its non-blocking collectives): a digest of the codes and
+    whether the rank failed, then the data it carries. All agree where every rank's digest is
+    this rank's and it did not fail."""
+    ex = watch.exchange if watch is not None else None
+    if ex is None:
+        ex = Exchange(comm)
+        if watch is not None:
+            watch.exchange = ex
+    ex.mine[0] = _digest(sig, failed)
     if data is not None:
-        block.view(numpy.uint8)[_HEADER * 8 : _HEADER * 8 + len(data)] = data
-    me, n = comm.rank, comm.size
-    rows = numpy.empty((n, _WORDS), dtype=numpy.int64)
-    rows[me] = block
-    reqs = [comm.Irecv(rows[r], r, CHECK_TAG) for r in range(n) if r != me]
-    reqs += [comm.Isend(block, r, CHECK_TAG) for r in range(n) if r != me]
-    waiting = _Requests(reqs)
+        ex.my_bytes[8 : 8 + len(data)] = data
+    ex.start()
     try:
-        _wait(comm, waiting, watch, sig.call, seq)
+        _wait(comm, ex, watch, sig.call, seq)
     except BaseException:
-        waiting.cancel()
+        ex.cancel()
         raise
-    mine = block.data.cast("B")[: _HEADER * 8]
-    flat = rows.data.cast("B")
-    step = _WORDS * 8
-    agree = not failed and all(flat[r * step : r * step + _HEADER * 8] == mine for r in range(n))
-    if data is None:
-        return agree, None
-    return agree, rows.view(numpy.uint8)[:, _HEADER * 8 : _HEADER * 8 + len(data)]
+    digests = ex.digests.tolist()
+    agree = not failed and digests.count(digests[ex.me]) == len(digests)
+    return agree, None if data is None else ex.data(len(data))
+
+
+class Exchange:
+    """One communicator's check exchange, made once: a row of words per rank (this rank's sent
+    to every other, theirs received in place) and persistent requests that start each call's
+    exchange without making any (:data:`CHECK_TAG`); :func:`check` keeps it on the
+    communicator's :class:`~cudampi.comm.deadline.Watch`, which frees it."""
+
+    def __init__(self, comm: Any) -> None:
+        import numpy
+
+        self.me, n = comm.rank, comm.size
+        self.rows = numpy.zeros((n, _WORDS), dtype=numpy.int64)
+        self.mine = self.rows[self.me]
+        self.bytes = self.rows.view(numpy.uint8)
+        self.my_bytes = self.bytes[self.me]
+        self.digests = self.rows[:, 0]
+        self._data: dict[int, Any] = {}
+        others = [r for r in range(n) if r != self.me]
+        self.reqs = [comm.Recv_init(self.rows[r], r, CHECK_TAG) for r in others]
+        self.reqs += [comm.Send_init(self.mine, r, CHECK_TAG) for r in others]
+
+    def data(self, nbytes: int) -> Any:
+        """Every rank's carried bytes: a ``(ranks, nbytes)`` view of the rows."""
+        view = self._data.get(nbytes)
+        if view is None:
+            view = self._data[nbytes] = self.bytes[:, 8 : 8 + nbytes]
+        return view
+
+    def start(self) -> None:
+        from mpi4py import MPI
+
+        MPI.Prequest.Startall(self.reqs)
+
+    def Test(self) -> bool:
+        from mpi4py import MPI
+
+        return bool(MPI.Request.Testall(self.reqs))
+
+    def Wait(self) -> None:
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(self.reqs)
+
+    def cancel(self) -> None:
+        """After a failed wait: what is pending will never be read (the communicator failed)."""
+        for req in self.reqs:
+            try:
+                if not req.Test():
+                    req.Cancel()
+            except Exception:  # the communicator is failing: nothing else to do with it
+                pass
+
+    def free(self) -> None:
+        for req in self.reqs:
+            try:
+                req.Free()
+            except Exception:  # freeing at teardown must not mask the real error
+                pass
+        self.reqs = []
 
 
 @functools.lru_cache(maxsize=256)
-def _header(sig: Signature, failed: bool) -> Any:
-    import numpy
+def _digest(sig: Signature, failed: bool) -> int:
+    """The codes of ``sig`` and whether the rank failed, as one 64-bit word (a rank that
+    differs in any code, or failed, differs here)."""
+    import hashlib
 
-    codes = sig.codes()
-    assert len(codes) + 1 == _HEADER
-    return numpy.array([*codes, int(failed)], dtype=numpy.int64)
+    text = repr((sig.codes(), failed)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
 
 
 @functools.lru_cache(maxsize=256)
