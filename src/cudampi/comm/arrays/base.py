@@ -384,6 +384,53 @@ class Checks:
         return acc / len(parts) if op == "avg" else acc
 
 
+class ArrayApiChecks(Checks):
+    """:class:`Checks` for a library with NumPy's array API (NumPy, CuPy, jax.numpy), ``xp``:
+    the primitives it spells the same way, written once. ``f64`` is the float dtype the checks
+    compute in, ``wide`` the integer dtype bitwise reductions run in."""
+
+    xp: Any
+
+    @property
+    def f64(self) -> Any:
+        return self.xp.float64
+
+    @property
+    def wide(self) -> Any:
+        return self.xp.int64
+
+    def f64_index(self, count: int) -> Any:
+        return self.xp.arange(count, dtype=self.f64)
+
+    def to_f64(self, x: Any) -> Any:
+        return x.astype(self.f64)
+
+    def count_mismatch(self, got64: Any, exp64: Any, atol: float, rtol: float) -> int:
+        xp = self.xp
+        ok = xp.abs(got64 - exp64) <= atol + rtol * xp.abs(exp64)
+        return int(ok.size - int(ok.sum()))
+
+    def flat(self, x: Any) -> Any:
+        return x.reshape(-1)
+
+    def dtype_name(self, x: Any) -> str:
+        return str(x.dtype)
+
+    def concat(self, parts: list[Any]) -> Any:
+        return self.xp.concatenate(parts)
+
+    def combine(self, a: Any, b: Any, op: str) -> Any:
+        wide, f64 = self.wide, self.f64
+        return combine_with(self.xp, a, b, op, lambda x: x.astype(wide), lambda x: x.astype(f64))
+
+
+WRITABLE_FIX = (
+    "Pass a writable array (numpy: a copy, or np.frombuffer of a bytearray; a memmap opened "
+    "with mode 'r+')."
+)
+"""What a read-only array's error says to do (the libraries whose arrays can be writable)."""
+
+
 def combine_with(xp: Any, a: Any, b: Any, op: str, to_int: Any, to_f64: Any) -> Any:
     """:meth:`Checks.combine` for a library of NumPy's API ``xp`` (bitwise ops on integers)."""
     from cudampi.errors import ConfigError

@@ -11,6 +11,7 @@ from cudampi.comm.arrays.base import (
     BOOL_OP,
     COMPLEX,
     FLOAT,
+    WRITABLE_FIX,
     ArrayLibrary,
     ArrayOps,
     Buf,
@@ -351,10 +352,7 @@ class Torch:
     """torch tensors (see :class:`~cudampi.comm.arrays.base.ArrayLibrary`)."""
 
     name = "torch"
-    read_only_fix = (
-        "Pass a writable array (numpy: a copy, or np.frombuffer of a bytearray; a memmap opened "
-        "with mode 'r+')."
-    )
+    read_only_fix = WRITABLE_FIX
 
     def array_type(self) -> type | None:
         torch = sys.modules.get("torch")
