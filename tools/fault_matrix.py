@@ -1,4 +1,4 @@
-"""The fault matrix of issue 16: every fault x launcher x API, each cell a real job.
+"""The fault matrix: every fault x launcher x API, each cell a real job.
 
     python tools/fault_matrix.py                 # all 48 cells, a Markdown table on stdout
     python tools/fault_matrix.py --json out.json --cells skip,exit0 --ranks 3
