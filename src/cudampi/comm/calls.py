@@ -21,7 +21,7 @@ from cudampi.comm.arrays import ArrayOps, Buf, check_op, flat, result, same_memo
 from cudampi.comm.carry import Carry, carries, carry
 from cudampi.comm.choice import PathChoice
 from cudampi.comm.engines.base import Engine
-from cudampi.comm.validate import Signature, check
+from cudampi.comm.validate import Signature
 from cudampi.errors import CommError
 from cudampi.names import CALLS, Call
 
@@ -303,4 +303,4 @@ _FORMS: dict[str, Callable[[Front, Request], Plan]] = {
 }
 assert {c.form for c in CALLS.values() if not c.p2p} <= set(_FORMS)
 
-__all__ = ["Plan", "Request", "check", "prepare", "result"]
+__all__ = ["Plan", "Request", "prepare"]
