@@ -97,7 +97,7 @@ def rank_anysource_on_ipc(comm):
 
     dist = _init(timeout=60)
     pg = dist.distributed_c10d._get_default_group()
-    pg.communicator.path_for = lambda op, x, nbytes=None: PathChoice(
+    pg.communicator.path_for = lambda op, x, nbytes=None, path=None: PathChoice(
         "ipc", "forced", "ipc", stream_ordered=True
     )
     if comm.rank == 0:
