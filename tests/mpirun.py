@@ -38,8 +38,11 @@ def mpiexec() -> str:
 
 
 @cache
-def is_open_mpi() -> bool:
-    out = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True, timeout=60)
+def is_open_mpi(launcher: str | None = None) -> bool:
+    """Whether ``launcher`` (default :func:`mpiexec`) is Open MPI's."""
+    out = subprocess.run(
+        [launcher or mpiexec(), "--version"], capture_output=True, text=True, timeout=60
+    )
     return "Open MPI" in out.stdout + out.stderr or "prte" in (out.stdout + out.stderr).lower()
 
 
@@ -68,9 +71,10 @@ def _launcher_never_started(returncode: int, stderr: str) -> bool:
     return "--- rank " not in stderr and launcher_never_started(returncode, stderr)
 
 
-def mpiexec_argv(n: int) -> list[str]:
-    argv = [mpiexec(), "-n", str(n)]
-    if is_open_mpi():
+def mpiexec_argv(n: int, launcher: str | None = None) -> list[str]:
+    """``launcher`` (default :func:`mpiexec`) starting ``n`` ranks, unbound, more than cores."""
+    argv = [launcher or mpiexec(), "-n", str(n)]
+    if is_open_mpi(launcher):
         argv += ["--oversubscribe", "--bind-to", "none"]
     return argv
 

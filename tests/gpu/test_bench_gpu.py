@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.gpu.jobs import time_left
 from tests.mpirun import mpi_env, mpiexec_argv, run_launched
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
@@ -26,7 +27,7 @@ def bench(n, *args, timeout=400):
         "--quiet",
         "--json",
     ]
-    proc = run_launched(argv, mpi_env(), timeout, f"cudampi bench {args}")
+    proc = run_launched(argv, mpi_env(), time_left(timeout), f"cudampi bench {args}")
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
     )

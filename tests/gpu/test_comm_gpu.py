@@ -1,6 +1,8 @@
 """cudampi.comm on CUDA arrays (torch and CuPy), 2 ranks sharing one GPU, every path the stack
 allows: staged always; gpu-ring where device p2p is proven (probe cache or CUDAMPI_CUDA_AWARE=yes);
-native where MPI's device collectives are. Run on the GPU machine:
+native where MPI's device collectives are. Every check of a stack runs in one 2-rank job
+(tests/gpu/jobs.py): the stack of this interpreter, and the system Open MPI (not CUDA-aware:
+staged only) where CUDAMPI_TEST_SYSTEM_PYTHON names its interpreter. Run on the GPU machine:
 
     python -m pytest -m gpu tests/gpu/test_comm_gpu.py            # system MPI: staged only
     LD_PRELOAD=... OMPI_MCA_pml=ucx CUDAMPI_CUDA_AWARE=yes python -m pytest -m gpu tests/gpu
@@ -12,6 +14,7 @@ import importlib.util
 
 import pytest
 
+from tests.gpu.jobs import Check, params, system_stack_skip
 from tests.mpi.test_comm_collectives import (
     Failures,
     check_ring_p2p,
@@ -21,7 +24,6 @@ from tests.mpi.test_comm_collectives import (
     run_matrix,
     to_lib,
 )
-from tests.mpirun import run_mpi
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
@@ -82,8 +84,6 @@ def rank_gpu_matrix(comm, lib):
     with Communicator(comm, config=cfg) as c:
         paths = _paths(c)
         auto = c.path_for("allreduce", to_lib(gen(0, 4, "float32"), lib, "float32"))
-        if comm.rank == 0:
-            print(f"paths {paths}; auto: {auto} ({auto.reason})")
         run_matrix(
             c,
             [lib],
@@ -117,8 +117,7 @@ def rank_gpu_matrix(comm, lib):
             some=("float32",),
         )
     f.finish()
-    if comm.rank == 0:
-        print(f"checked {f.checked} results")
+    return f"paths {paths}, auto: {auto} ({auto.reason}); checked {f.checked} results"
 
 
 def rank_gpu_semantics(comm, lib):
@@ -150,8 +149,7 @@ def rank_gpu_semantics(comm, lib):
         dtypes = lib_dtypes(lib, ("float16", "bfloat16", "float32", "float64"))
         check_semantics(c, lib, runs, dtypes, wrong)
     assert not wrong, f"rank {comm.rank}: {len(wrong)} wrong:\n" + "\n".join(wrong[:30])
-    if comm.rank == 0:
-        print(f"semantics ok on {runs}; not run here: {skipped}", flush=True)
+    return f"semantics ok on {runs}; not run here: {skipped}"
 
 
 def _p2p(c, lib, paths, f: Failures) -> None:
@@ -199,8 +197,7 @@ def rank_gpu_streams(comm, lib):
             want = float(sum(r + 1 for r in range(comm.size)))
             assert np.all(got == want), (path, got[:4], want)
             assert np.all(got_async == want), (path, got_async[:4], want)
-    if comm.rank == 0:
-        print("streams ok")
+        return f"streams ok on {_paths(c)}"
 
 
 def rank_gpu_errors(comm, lib):
@@ -237,8 +234,7 @@ def rank_gpu_errors(comm, lib):
         assert float(to_np_sum(c.allreduce(x))) == float(
             sum(gen(r, 8, "float32").sum() for r in range(comm.size))
         )
-    if comm.rank == 0:
-        print("errors ok")
+    return "errors ok"
 
 
 def to_np_sum(x):
@@ -248,7 +244,7 @@ def to_np_sum(x):
 
 
 def rank_gpu_perf(comm, lib):
-    """256 MB float32 allreduce and 256 MB p2p: gpu-ring vs staged (printed; gpu-ring must win)."""
+    """256 MB float32 allreduce and 256 MB p2p: gpu-ring vs staged (reported; gpu-ring must win)."""
     import time
 
     from cudampi.comm import Communicator
@@ -298,58 +294,41 @@ def rank_gpu_perf(comm, lib):
 
                 cupy.cuda.runtime.deviceSynchronize()
         copy_t = (time.perf_counter() - t0) / 5
-        if comm.rank == 0:
-            for p, t in times.items():
-                print(
-                    f"allreduce 256MB {lib} {p}: {t * 1e3:.2f} ms, algbw {n * 4 / t / 1e9:.1f} GB/s"
-                )
-            for p, t in p2p.items():
-                print(f"sendrecv 256MB {lib} {p}: {t * 1e3:.2f} ms, {n * 4 / t / 1e9:.1f} GB/s")
-            print(
-                f"device copy 256MB {lib}: {copy_t * 1e3:.2f} ms, {n * 4 / copy_t / 1e9:.1f} GB/s"
-            )
+        lines = [f"allreduce 256MB {p}: {t * 1e3:.2f} ms, algbw {n * 4 / t / 1e9:.1f} GB/s"
+                 for p, t in times.items()]  # fmt: skip
+        lines += [f"sendrecv 256MB {p}: {t * 1e3:.2f} ms, {n * 4 / t / 1e9:.1f} GB/s"
+                  for p, t in p2p.items()]  # fmt: skip
+        lines.append(f"device copy 256MB: {copy_t * 1e3:.2f} ms, {n * 4 / copy_t / 1e9:.1f} GB/s")
         if "gpu-ring" in times:
             assert times["gpu-ring"] * 2 < times["staged"], times
         del x
+    return "; ".join(lines)
 
 
-@pytest.mark.parametrize("lib", _libs() or ["none"])
-def test_gpu_collectives_every_path_match_numpy(lib):
-    if lib == "none":
-        pytest.skip("neither torch nor CuPy is installed")
-    proc = run_mpi(2, __file__, "rank_gpu_matrix", lib, timeout=900)
-    print(proc.stdout)
-    assert "checked" in proc.stdout
+def checks() -> list[Check]:
+    """Every check of this file, in the order its jobs run them: each of the old tests per
+    array library, on this interpreter's stack and (suffix ``-system``) on the system Open MPI."""
+    libs = _libs()
+    if not libs:
+        return [
+            Check("gpu_comm[none]", rank_gpu_matrix, skip="neither torch nor CuPy is installed")
+        ]
+    out = []
+    for stack, tag, skip in (("this", "", None), ("system", "-system", system_stack_skip())):
+        for name, func, timeout in (
+            ("gpu_collectives_every_path_match_numpy", rank_gpu_matrix, 900),
+            ("gpu_streams_are_synchronized_before_mpi", rank_gpu_streams, 300),
+            ("gpu_bad_device_input_raises_on_every_rank", rank_gpu_errors, 300),
+            ("gpu_ring_beats_staged", rank_gpu_perf, 600),
+            ("gpu_nan_and_avg_mean_what_they_mean_on_the_cpu", rank_gpu_semantics, 600),
+        ):
+            out += [
+                Check(f"{name}[{lib}{tag}]", func, (lib,), stack=stack, skip=skip, timeout=timeout)
+                for lib in libs
+            ]
+    return out
 
 
-@pytest.mark.parametrize("lib", _libs() or ["none"])
-def test_gpu_nan_and_avg_mean_what_they_mean_on_the_cpu(lib):
-    if lib == "none":
-        pytest.skip("neither torch nor CuPy is installed")
-    proc = run_mpi(2, __file__, "rank_gpu_semantics", lib, timeout=600)
-    print(proc.stdout)
-    assert "semantics ok on" in proc.stdout
-
-
-@pytest.mark.parametrize("lib", _libs() or ["none"])
-def test_gpu_streams_are_synchronized_before_mpi(lib):
-    if lib == "none":
-        pytest.skip("neither torch nor CuPy is installed")
-    proc = run_mpi(2, __file__, "rank_gpu_streams", lib, timeout=300)
-    assert "streams ok" in proc.stdout
-
-
-@pytest.mark.parametrize("lib", _libs() or ["none"])
-def test_gpu_bad_device_input_raises_on_every_rank(lib):
-    if lib == "none":
-        pytest.skip("neither torch nor CuPy is installed")
-    proc = run_mpi(2, __file__, "rank_gpu_errors", lib, timeout=300)
-    assert "errors ok" in proc.stdout
-
-
-@pytest.mark.parametrize("lib", _libs() or ["none"])
-def test_gpu_ring_beats_staged(lib):
-    if lib == "none":
-        pytest.skip("neither torch nor CuPy is installed")
-    proc = run_mpi(2, __file__, "rank_gpu_perf", lib, timeout=600)
-    print(proc.stdout)
+@pytest.mark.parametrize("check", params(checks()))
+def test_check(check, gpu_jobs):
+    gpu_jobs.verify(check)

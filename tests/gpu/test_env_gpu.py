@@ -13,6 +13,7 @@ import pytest
 from cudampi.env import files
 from cudampi.env.settings import check_settings, parse_env_file
 from cudampi.env.spec import DEFAULT
+from tests.gpu.jobs import time_left
 from tests.mpirun import is_open_mpi, mpi_env, mpiexec
 
 pytestmark = pytest.mark.gpu
@@ -54,7 +55,7 @@ def test_env_sh_preload_makes_device_sendrecv_work(tmp_path):
     for key in [k for k in env if k.startswith(("OMPI_MCA_pml", "OMPI_MCA_btl", "UCX_TLS"))]:
         del env[key]
     proc = subprocess.run(
-        ["bash", "-c", script], capture_output=True, text=True, env=env, timeout=240
+        ["bash", "-c", script], capture_output=True, text=True, env=env, timeout=time_left(240)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count(" ok") == 2, proc.stdout
@@ -85,7 +86,7 @@ def test_sourced_env_with_the_preload_then_doctor_and_two_ranks(tmp_path):
     env = {k: v for k, v in mpi_env().items() if not k.startswith("CUDAMPI_")}
     env["CUDAMPI_CACHE_DIR"] = str(tmp_path / "cache")
     proc = subprocess.run(
-        ["bash", "-c", script], capture_output=True, text=True, env=env, timeout=400
+        ["bash", "-c", script], capture_output=True, text=True, env=env, timeout=time_left(400)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("ENV-OK rank") == 2 and "CUDAMPI_UCX_PRELOAD" in proc.stdout

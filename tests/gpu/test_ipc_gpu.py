@@ -1,6 +1,8 @@
 """The ipc engine on the GPU: every collective x dtype x op against NumPy, stream order, CUDA
 graphs, and the faults (a mismatched call, a missing rank, a killed rank) at 2-4 ranks that
-share one GPU (or one GPU each). Run on the GPU machine, with and without the MPS daemon:
+share one GPU (or one GPU each). The checks of each rank count run in one job
+(tests/gpu/jobs.py), the faults last; the killed rank has a job of its own. Run on the GPU
+machine, with and without the MPS daemon:
 
     python -m pytest -m gpu tests/gpu/test_ipc_gpu.py
 """
@@ -14,6 +16,7 @@ import time
 
 import pytest
 
+from tests.gpu.jobs import Check, params, time_left
 from tests.gpu.test_comm_gpu import GPU_DTYPES, _libs, _setup
 from tests.mpi.test_comm_collectives import Failures, gen, run_async, run_matrix, same, to_lib
 from tests.mpirun import run_mpi
@@ -32,36 +35,31 @@ def _config(small: str, **kw: str):
     return Config.load(over, env=None, strict_env=False)
 
 
-def rank_ipc_matrix(comm, lib, small):
-    """Every collective, dtype and op; with small=1 a 64 KiB workspace and a 4 KiB one-shot
-    limit, so two-shot, many launches and many rounds run at small sizes."""
+def rank_ipc_matrix(comm, lib):
+    """Every collective, dtype and op, twice: with a 64 KiB workspace and a 4 KiB one-shot
+    limit (two-shot, many launches and many rounds at small sizes), then with the defaults."""
     from cudampi.comm import Communicator
 
     _setup(comm, lib)
-    f = Failures(comm.rank)
-    sizes = (0, 1, 7, 1000, 100003) if small == "1" else (0, 1, 5, 4099, 1 << 20)
-    with Communicator(comm, config=_config(small)) as c:
-        run_matrix(
-            c,
-            [lib],
-            ["ipc"],
-            f,
-            sizes=sizes,
-            dtypes=GPU_DTYPES,
-            some=("float32", "float16", "bfloat16", "int64", "bool", "complex64"),
-        )
-        run_async(c, lib, ["ipc"], f)
-        c.synchronize()
-    f.finish()
-    if comm.rank == 0:
-        print(f"checked {f.checked} results")
-
-
-@pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("lib", _libs())
-def test_every_collective_dtype_and_op_matches_numpy(n, lib):
+    counts = []
     for small in ("1", "0"):
-        run_mpi(n, __file__, "rank_ipc_matrix", lib, small, timeout=900)
+        f = Failures(comm.rank)
+        sizes = (0, 1, 7, 1000, 100003) if small == "1" else (0, 1, 5, 4099, 1 << 20)
+        with Communicator(comm, config=_config(small)) as c:
+            run_matrix(
+                c,
+                [lib],
+                ["ipc"],
+                f,
+                sizes=sizes,
+                dtypes=GPU_DTYPES,
+                some=("float32", "float16", "bfloat16", "int64", "bool", "complex64"),
+            )
+            run_async(c, lib, ["ipc"], f)
+            c.synchronize()
+        f.finish()
+        counts.append(f.checked)
+    return f"checked {counts[0]} results (64 KiB workspace), {counts[1]} (defaults)"
 
 
 def rank_ipc_odd_and_order(comm):
@@ -102,15 +100,7 @@ def rank_ipc_odd_and_order(comm):
             everyone = comm.allgather(bits.tobytes())
             assert all(b == everyone[0] for b in everyone), f"{dt}: ranks differ"
         c.synchronize()
-    if comm.rank == 0:
-        print("odd offsets, stream order and bitwise agreement ok")
-
-
-@pytest.mark.parametrize("n", [2, 4])
-def test_odd_offsets_stream_order_and_same_bits(n):
-    if not importlib.util.find_spec("torch"):
-        pytest.skip("needs torch")
-    run_mpi(n, __file__, "rank_ipc_odd_and_order", timeout=300)
+    return "odd offsets, stream order and bitwise agreement ok"
 
 
 def rank_ipc_graph(comm):
@@ -143,66 +133,56 @@ def rank_ipc_graph(comm):
             assert (t == want).all().item(), (k, t[:4])
             del t
         c.synchronize()
-    if comm.rank == 0:
-        print("graph capture and replay ok")
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_cuda_graph_capture_and_replay(n):
-    if not importlib.util.find_spec("torch"):
-        pytest.skip("needs torch")
-    run_mpi(n, __file__, "rank_ipc_graph", timeout=300)
+    return "graph capture and replay ok"
 
 
 def rank_ipc_faults(comm, case):
     """mismatch: rank 0 reduces 1000 elements, the others 999. missing: the last rank skips
-    the call. Every rank that calls must raise within the timeout (5 s here)."""
+    the call. Every rank that calls must raise within the timeout (5 s here), with the cause,
+    and its communicator refuses further calls."""
     import cupy
 
     from cudampi.comm import Communicator
     from cudampi.errors import CommError, MismatchError
 
     _setup(comm, "cupy")
-    last = comm.size - 1
+    skips = case == "missing" and comm.rank == comm.size - 1
+    raised, wrong = "", []
     with Communicator(comm, path="ipc", config=_config("0", timeout="5")) as c:
         c.allreduce(cupy.ones(8, cupy.float32))
         c.synchronize()
         t0 = time.monotonic()
-        try:
-            if case == "mismatch":
-                c.allreduce(cupy.ones(1000 if comm.rank == 0 else 999, cupy.float32))
-            elif comm.rank != last:
-                c.allreduce(cupy.ones(1000, cupy.float32))
-            c.synchronize()
-            if case == "missing" and comm.rank == last:
-                print(f"rank {comm.rank}: skipped the call", flush=True)
-                time.sleep(8)
-                raise SystemExit(0)
-            raise AssertionError(f"rank {comm.rank}: no error")
-        except (CommError, MismatchError) as exc:
-            took = time.monotonic() - t0
-            print(f"rank {comm.rank}: RAISED {type(exc).__name__} after {took:.1f} s: {exc}")
-            assert took < 20
-            want = MismatchError if case == "mismatch" else CommError
-            assert isinstance(exc, want), exc
-        # the communicator refuses further calls with the same error
-        try:
-            c.allreduce(cupy.ones(8, cupy.float32))
-            raise AssertionError("a failed communicator accepted a call")
-        except (CommError, MismatchError):
-            pass
-
-
-@pytest.mark.parametrize("case", ["mismatch", "missing"])
-def test_mismatch_and_missing_rank_raise_on_every_rank(case):
-    proc = run_mpi(3, __file__, "rank_ipc_faults", case, timeout=120, check=False)
-    out = proc.stdout + proc.stderr
-    callers = 3 if case == "mismatch" else 2
+        if skips:
+            time.sleep(8)  # past the others' timeout
+        else:
+            try:
+                if case == "mismatch":
+                    c.allreduce(cupy.ones(1000 if comm.rank == 0 else 999, cupy.float32))
+                else:
+                    c.allreduce(cupy.ones(1000, cupy.float32))
+                c.synchronize()
+                wrong.append(f"rank {comm.rank}: no error")
+            except (CommError, MismatchError) as exc:
+                took = time.monotonic() - t0
+                raised = f"rank {comm.rank}: RAISED {type(exc).__name__} after {took:.1f} s: {exc}"
+                want = MismatchError if case == "mismatch" else CommError
+                if took >= 20 or not isinstance(exc, want):
+                    wrong.append(f"{raised} (want {want.__name__} within 20 s)")
+                try:  # the communicator refuses further calls with the same error
+                    c.allreduce(cupy.ones(8, cupy.float32))
+                    wrong.append(f"rank {comm.rank}: a failed communicator accepted a call")
+                except (CommError, MismatchError):
+                    pass
+    everyone = comm.allgather((raised, wrong))
+    assert not [w for _, ws in everyone for w in ws], everyone
+    out = "\n".join(r for r, _ in everyone)
+    callers = comm.size if case == "mismatch" else comm.size - 1
     assert out.count("RAISED") == callers, out[-6000:]
     if case == "mismatch":
         assert "1000 elements" in out and "999 elements" in out, out[-4000:]
     else:
         assert "did not arrive" in out, out[-4000:]
+    return f"raised on {callers} ranks"
 
 
 def rank_ipc_killed(comm):
@@ -233,7 +213,7 @@ def test_a_killed_rank_makes_the_others_raise_not_hang():
     from tests.mpirun import is_open_mpi
 
     env = {"PRTE_MCA_state_base_recoverable": "1"} if is_open_mpi() else {}
-    proc = run_mpi(2, __file__, "rank_ipc_killed", timeout=120, check=False, env=env)
+    proc = run_mpi(2, __file__, "rank_ipc_killed", timeout=time_left(120), check=False, env=env)
     out = proc.stdout + proc.stderr
     assert "rank 0: RAISED" in out and "ended while this communicator" in out, out[-6000:]
 
@@ -256,10 +236,7 @@ def rank_ipc_check_same(comm):
         assert same(yb, [comm.size] * 1000, "float32")
         assert same(z, [want] * 1000, "float32")
         sub.close()
-
-
-def test_several_communicators_and_splits():
-    run_mpi(4, __file__, "rank_ipc_check_same", timeout=300)
+    return "two communicators and a split agree"
 
 
 def rank_ipc_registered(comm):
@@ -289,15 +266,7 @@ def rank_ipc_registered(comm):
         c.synchronize()
         engine = next(e for e in c._engines.stream_ordered())
         assert engine.registered_calls > 0, "no call ran on registered buffers"
-    if rank == 0:
-        print(f"registered calls: {engine.registered_calls}")
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_registered_buffers_in_place_and_reused(n):
-    if not importlib.util.find_spec("torch"):
-        pytest.skip("needs torch")
-    run_mpi(n, __file__, "rank_ipc_registered", timeout=300)
+    return f"registered calls: {engine.registered_calls}"
 
 
 def rank_ipc_hier(comm, lib):
@@ -313,13 +282,7 @@ def rank_ipc_hier(comm, lib):
             some=("float32", "float16"),
         )  # fmt: skip
     f.finish()
-    if comm.rank == 0:
-        print(f"hierarchical: checked {f.checked} results")
-
-
-@pytest.mark.parametrize("lib", _libs())
-def test_hierarchical_across_two_pretend_nodes(lib):
-    run_mpi(4, __file__, "rank_ipc_hier", lib, timeout=600)
+    return f"hierarchical: checked {f.checked} results"
 
 
 __all__ = ["gen", "to_lib"]
@@ -336,7 +299,12 @@ def _fill(lib, n, dtype, seed):
     return to_lib(host, lib, dtype), host
 
 
-def rank_ipc_p2p(comm, lib, small):
+def rank_ipc_p2p(comm, lib):
+    """:func:`_p2p_matches` with a 64 KiB workspace (many chunks), then with the defaults."""
+    return ", ".join(f"{_p2p_matches(comm, lib, small)} checked" for small in ("1", "0"))
+
+
+def _p2p_matches(comm, lib, small):
     """sendrecv around the ring (to self too), blocking send/recv in pairs, a batch of
     isend/irecv with every peer, several messages of one pair in order (tags, any tag), a buffer
     at an odd offset; sizes from empty to past the eager size (many chunks with small=1)."""
@@ -406,15 +374,7 @@ def rank_ipc_p2p(comm, lib, small):
         f.check(same(y, np.full(1000, n, "float32"), "float32"), "allreduce after p2p")
         c.synchronize()
     f.finish()
-    if me == 0:
-        print(f"p2p checked {f.checked} results")
-
-
-@pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("lib", _libs())
-def test_point_to_point_matches_what_was_sent(n, lib):
-    for small in ("1", "0"):
-        run_mpi(n, __file__, "rank_ipc_p2p", lib, small, timeout=600)
+    return f.checked
 
 
 def rank_ipc_p2p_stream_graph(comm):
@@ -464,18 +424,7 @@ def rank_ipc_p2p_stream_graph(comm):
     assert pg.communicator.path_for("send", send) == "ipc"
     pg.communicator.synchronize()
     dist.destroy_process_group()
-    if me == 0:
-        print("p2p stream order, graph and batch ok", flush=True)
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_point_to_point_stream_order_graph_and_torch_batch(n):
-    if not importlib.util.find_spec("torch"):
-        pytest.skip("needs torch")
-    proc = run_mpi(
-        n, __file__, "rank_ipc_p2p_stream_graph", timeout=300, env={"CUDAMPI_PATH": "ipc"}
-    )
-    assert "p2p stream order, graph and batch ok" in proc.stdout
+    return "p2p stream order, graph and batch ok"
 
 
 def _put(dst, host, lib):
@@ -490,7 +439,12 @@ def _put(dst, host, lib):
         dst[...] = cupy.asarray(host)
 
 
-def rank_ipc_p2p_in_place(comm, lib, small):
+def rank_ipc_p2p_in_place(comm, lib):
+    """:func:`_p2p_in_place` with the defaults, then with a 64 KiB workspace."""
+    return ", ".join(_p2p_in_place(comm, lib, small) for small in ("0", "1"))
+
+
+def _p2p_in_place(comm, lib, small):
     """Messages past the eager size on the same buffers: from the third round on, the receiver
     reads them in place (the engine counts it). Every round sends new bytes (nothing stale is
     read), at an odd offset every other round, and the sender overwrites its buffer as soon as
@@ -559,16 +513,8 @@ def rank_ipc_p2p_in_place(comm, lib, small):
                 torch.cuda.synchronize()
                 f.check(same(out, data(30 + k, prv), "uint8"), f"graph replay {k}")
         c.synchronize()
-        if me == 0:
-            print(f"sends read in place: {engine.inplace_sends}", flush=True)
     f.finish()
-
-
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("lib", _libs())
-def test_point_to_point_large_messages_are_read_in_place(n, lib):
-    for small in ("0", "1"):
-        run_mpi(n, __file__, "rank_ipc_p2p_in_place", lib, small, timeout=300)
+    return f"sends read in place: {engine.inplace_sends}"
 
 
 def rank_ipc_p2p_faults(comm, case):
@@ -583,56 +529,26 @@ def rank_ipc_p2p_faults(comm, case):
 
     _setup(comm, "cupy")
     me = comm.rank
+    raised, wrong = "", ""
     with Communicator(comm, path="ipc", config=_config("0", timeout="5")) as c:
         c.allreduce(cupy.ones(8, cupy.float32))
         c.synchronize()
         t0 = time.monotonic()
-        try:
-            if case == "size":
-                if me == 0:
-                    c.send(cupy.ones(100, cupy.uint8), 1)
-                else:
-                    c.recv(cupy.ones(200, cupy.uint8), 0)
-            elif case == "tag":
-                if me == 0:
-                    c.send(cupy.ones(100, cupy.uint8), 1, tag=1)
-                else:
-                    c.recv(cupy.ones(100, cupy.uint8), 0, tag=2)
-            elif case == "missing":
-                if me == 1:
-                    c.recv(cupy.ones(100, cupy.uint8), 0)
-                else:
-                    print(f"rank {me}: skipped the call", flush=True)
-                    time.sleep(8)
-                    raise SystemExit(0)
-            elif case == "inplace":
-                # 8 MiB sent on one buffer until rank 1 reads it in place, then rank 1
-                # receives 6 MiB: the size is checked on a send read in place too
-                big, into = cupy.ones(8 << 20, cupy.uint8), cupy.empty(8 << 20, cupy.uint8)
-                for _ in range(3):
-                    c.sendrecv(big, 1 - me, into, 1 - me)
-                    c.synchronize()
-                if me == 0:
-                    c.send(big, 1)
-                else:
-                    c.recv(into[: 6 << 20], 0)
-            else:
-                big = cupy.ones(8 << 20, cupy.uint8)
-                c.send(big, 1 - me)
-                c.recv(big, 1 - me)
-            c.allreduce(cupy.ones(8, cupy.float32))  # the sender learns of it here
-            c.synchronize()
-            raise AssertionError(f"rank {me}: no error")
-        except (CommError, MismatchError) as exc:
-            took = time.monotonic() - t0
-            print(f"rank {me}: RAISED {type(exc).__name__} after {took:.1f} s: {exc}", flush=True)
-            assert took < 20
-
-
-@pytest.mark.parametrize("case", ["size", "tag", "missing", "bothsend", "inplace"])
-def test_point_to_point_faults_raise_on_every_rank(case):
-    proc = run_mpi(2, __file__, "rank_ipc_p2p_faults", case, timeout=120, check=False)
-    out = proc.stdout + proc.stderr
+        if case == "missing" and me == 0:
+            time.sleep(8)  # skips the call, past rank 1's timeout
+        else:
+            try:
+                _p2p_fault(c, case, me)
+                c.allreduce(cupy.ones(8, cupy.float32))  # the sender learns of it here
+                c.synchronize()
+                wrong = f"rank {me}: no error"
+            except (CommError, MismatchError) as exc:
+                took = time.monotonic() - t0
+                raised = f"rank {me}: RAISED {type(exc).__name__} after {took:.1f} s: {exc}"
+                wrong = "" if took < 20 else f"{raised} (not within 20 s)"
+    everyone = comm.allgather((raised, wrong))
+    assert not [w for _, w in everyone if w], everyone
+    out = "\n".join(r for r, _ in everyone)
     callers = 1 if case == "missing" else 2
     assert out.count("RAISED") == callers, out[-6000:]
     if case in ("size", "tag", "inplace"):
@@ -643,3 +559,87 @@ def test_point_to_point_faults_raise_on_every_rank(case):
         assert "did not make the matching" in out, out[-4000:]
     if case == "bothsend":
         assert "use sendrecv" in out, out[-4000:]
+    return f"raised on {callers} rank(s)"
+
+
+def _p2p_fault(c, case, me):
+    """The calls of fault ``case`` (:func:`rank_ipc_p2p_faults`) on rank ``me``."""
+    import cupy
+
+    if case == "size":
+        if me == 0:
+            c.send(cupy.ones(100, cupy.uint8), 1)
+        else:
+            c.recv(cupy.ones(200, cupy.uint8), 0)
+    elif case == "tag":
+        if me == 0:
+            c.send(cupy.ones(100, cupy.uint8), 1, tag=1)
+        else:
+            c.recv(cupy.ones(100, cupy.uint8), 0, tag=2)
+    elif case == "missing":
+        c.recv(cupy.ones(100, cupy.uint8), 0)
+    elif case == "inplace":
+        # 8 MiB sent on one buffer until rank 1 reads it in place, then rank 1 receives
+        # 6 MiB: the size is checked on a send read in place too
+        big, into = cupy.ones(8 << 20, cupy.uint8), cupy.empty(8 << 20, cupy.uint8)
+        for _ in range(3):
+            c.sendrecv(big, 1 - me, into, 1 - me)
+            c.synchronize()
+        if me == 0:
+            c.send(big, 1)
+        else:
+            c.recv(into[: 6 << 20], 0)
+    else:
+        big = cupy.ones(8 << 20, cupy.uint8)
+        c.send(big, 1 - me)
+        c.recv(big, 1 - me)
+
+
+def checks() -> list[Check]:
+    """Every check of this file, in the order its jobs run them (one job per rank count): the
+    collectives, then point-to-point, then the faults (a failed communicator is the last thing
+    a job makes)."""
+    libs = _libs()
+    torch = None if importlib.util.find_spec("torch") else "needs torch"
+    ipc = (("CUDAMPI_PATH", "ipc"),)
+    out = []
+    for n in (2, 3, 4):
+        for lib in libs:
+            name = f"every_collective_dtype_and_op_matches_numpy[{lib}-{n}]"
+            out.append(Check(name, rank_ipc_matrix, (lib,), ranks=n, timeout=900))
+    for n in (2, 4):
+        name = f"odd_offsets_stream_order_and_same_bits[{n}]"
+        out.append(Check(name, rank_ipc_odd_and_order, ranks=n, skip=torch))
+    for n in (2, 3):
+        name = f"cuda_graph_capture_and_replay[{n}]"
+        out.append(Check(name, rank_ipc_graph, ranks=n, skip=torch))
+    out.append(Check("several_communicators_and_splits", rank_ipc_check_same, ranks=4))
+    for n in (2, 3):
+        name = f"registered_buffers_in_place_and_reused[{n}]"
+        out.append(Check(name, rank_ipc_registered, ranks=n, skip=torch))
+    for lib in libs:
+        name = f"hierarchical_across_two_pretend_nodes[{lib}]"
+        out.append(Check(name, rank_ipc_hier, (lib,), ranks=4, timeout=600))
+    for n in (2, 3, 4):
+        for lib in libs:
+            name = f"point_to_point_matches_what_was_sent[{lib}-{n}]"
+            out.append(Check(name, rank_ipc_p2p, (lib,), ranks=n, timeout=600))
+    for n in (2, 3):
+        name = f"point_to_point_stream_order_graph_and_torch_batch[{n}]"
+        out.append(Check(name, rank_ipc_p2p_stream_graph, ranks=n, env=ipc, skip=torch))
+    for n in (2, 3):
+        for lib in libs:
+            name = f"point_to_point_large_messages_are_read_in_place[{lib}-{n}]"
+            out.append(Check(name, rank_ipc_p2p_in_place, (lib,), ranks=n))
+    for case in ("mismatch", "missing"):
+        name = f"mismatch_and_missing_rank_raise_on_every_rank[{case}]"
+        out.append(Check(name, rank_ipc_faults, (case,), ranks=3, timeout=120))
+    for case in ("size", "tag", "missing", "bothsend", "inplace"):
+        name = f"point_to_point_faults_raise_on_every_rank[{case}]"
+        out.append(Check(name, rank_ipc_p2p_faults, (case,), ranks=2, timeout=120))
+    return out
+
+
+@pytest.mark.parametrize("check", params(checks()))
+def test_check(check, gpu_jobs):
+    gpu_jobs.verify(check)

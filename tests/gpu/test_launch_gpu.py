@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.jobs import time_left
+
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +43,7 @@ def launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
         [sys.executable, "-m", "cudampi", "launch", *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=time_left(timeout),
         env=env,
         cwd=ROOT,
     )

@@ -8,7 +8,8 @@ World size 1 runs on any GPU machine; 2 ranks need two GPUs (NCCL refuses ranks 
 
 Needs CuPy and a libnccl CuPy loads (pip install nvidia-nccl-cu13, which torch's CUDA wheels
 bring along). The engine is taken from the Communicator's engine set directly: auto does not
-choose it yet (docs/torch.md, "the nccl engine").
+choose it yet (docs/torch.md, "the nccl engine"). The checks of each rank count run in one job
+(tests/gpu/jobs.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import subprocess
 
 import pytest
 
-from tests.mpirun import run_mpi
+from tests.gpu.jobs import Check, Skip, params
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
@@ -33,11 +34,11 @@ def _gpus() -> int:
 
 def _skip_without_nccl() -> None:
     if not importlib.util.find_spec("cupy"):
-        pytest.skip("the nccl engine uses CuPy's NCCL binding: pip install cupy-cuda13x")
+        raise Skip("the nccl engine uses CuPy's NCCL binding: pip install cupy-cuda13x")
     from cupy.cuda import nccl
 
     if not nccl.available:
-        pytest.skip("CuPy finds no libnccl: pip install nvidia-nccl-cu13")
+        raise Skip("CuPy finds no libnccl: pip install nvidia-nccl-cu13")
 
 
 def _arrays(lib):
@@ -68,6 +69,7 @@ def rank_nccl(comm, lib):
     from cudampi.comm import Communicator
     from cudampi.errors import CommError
 
+    _skip_without_nccl()
     dev = comm.rank % _device_count()
     _use(lib, dev)
     size, me = comm.size, comm.rank
@@ -153,8 +155,7 @@ def rank_nccl(comm, lib):
             assert np.allclose(host(x)[:8], size * (size + 1) / 2)
             _graph(e, size, me)
         c.synchronize()
-    if me == 0:
-        print(f"nccl engine ({lib}, {size} ranks): {checked} results ok", flush=True)
+    return f"nccl engine ({lib}, {size} ranks): {checked} results ok"
 
 
 def _fill_blocks(src, counts):
@@ -201,33 +202,37 @@ def _libs():
     return [lib for lib in ("torch", "cupy") if importlib.util.find_spec(lib)]
 
 
-@pytest.mark.parametrize("lib", _libs())
-def test_nccl_engine_at_world_size_1(lib):
-    _skip_without_nccl()
-    proc = run_mpi(1, __file__, "rank_nccl", lib, timeout=600)
-    assert "results ok" in proc.stdout
-
-
-@pytest.mark.parametrize("lib", _libs())
-def test_nccl_engine_on_two_gpus(lib):
-    _skip_without_nccl()
-    if _gpus() < 2:
-        pytest.skip("NCCL needs one GPU per rank: this machine has fewer than 2 GPUs")
-    proc = run_mpi(2, __file__, "rank_nccl", lib, timeout=600)
-    assert "results ok" in proc.stdout
-
-
 def rank_probe_job(comm):
     """The doctor's device_nccl job (cudampi.probe.worker.run_test) as the probe ranks run it,
     here on one rank: correct data, a 4 KiB latency and a bandwidth for the cache."""
     from cudampi.probe.worker import run_test
 
+    _skip_without_nccl()
     got = run_test(comm, "device_nccl", 16 << 20, "cupy", 3)
     assert got["ok"] is True and got["gbps"] > 0 and got["latency_us"] > 0, got
-    print(f"probe job ok: {got['latency_us']:.1f} us at 4 KiB, {got['gbps']:.1f} GB/s", flush=True)
+    return f"probe job ok: {got['latency_us']:.1f} us at 4 KiB, {got['gbps']:.1f} GB/s"
 
 
-def test_the_doctor_probe_job_of_the_nccl_engine_at_world_size_1():
-    _skip_without_nccl()
-    proc = run_mpi(1, __file__, "rank_probe_job", timeout=300)
-    assert "probe job ok" in proc.stdout
+def checks() -> list[Check]:
+    """Every check of this file, in the order its jobs run them: world size 1 (any GPU
+    machine), then 2 ranks (two GPUs: NCCL refuses ranks that share one)."""
+    two = (
+        None if _gpus() >= 2 else "NCCL needs one GPU per rank: this machine has fewer than 2 GPUs"
+    )
+    out = [
+        Check(f"nccl_engine_at_world_size_1[{lib}]", rank_nccl, (lib,), ranks=1, timeout=600)
+        for lib in _libs()
+    ]
+    out.append(
+        Check("the_doctor_probe_job_of_the_nccl_engine_at_world_size_1", rank_probe_job, ranks=1)
+    )
+    out += [
+        Check(f"nccl_engine_on_two_gpus[{lib}]", rank_nccl, (lib,), ranks=2, skip=two, timeout=600)
+        for lib in _libs()
+    ]
+    return out
+
+
+@pytest.mark.parametrize("check", params(checks()))
+def test_check(check, gpu_jobs):
+    gpu_jobs.verify(check)

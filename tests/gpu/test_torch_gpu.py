@@ -10,14 +10,18 @@ The gpu-ring case needs device point-to-point that is proven CUDA-aware (the PyP
 with the libucx-cu13 wheel preloaded and ``--mca pml ucx``; CUDAMPI_CUDA_AWARE=yes says so).
 The ipc cases need CuPy (the ipc engine's kernels): they check the stream-ordered Work (no host
 sync in a collective or in ``wait()``) and a DDP step and an FSDP2 step captured in a CUDA graph.
+The checks of each rank count run in one job (tests/gpu/jobs.py), each with its own process
+group (``init_process_group`` then ``destroy_process_group``) and CUDAMPI_PATH.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 
+from tests.gpu.jobs import Check, params, time_left
 from tests.mpi.test_torch_ddp import (
     assert_same,
     assert_synced,
@@ -26,7 +30,6 @@ from tests.mpi.test_torch_ddp import (
     train_fsdp1,
     train_fsdp2,
 )
-from tests.mpirun import run_mpi
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi, pytest.mark.torch]
 
@@ -99,61 +102,54 @@ def rank_gpu(comm, path, variants, mode):
     one = train_fsdp1(None, dev)
     assert_same(one, cpu2, f"FSDP1 CUDA ({path}) vs FSDP2 CPU", atol=1e-5)
     dist.destroy_process_group()
-    if rank == 0:
-        print(
-            f"torch backend on CUDA via {path} ({mode}): collectives, DDP [{variants}], FSDP ok",
-            flush=True,
-        )
+    return f"torch backend on CUDA via {path} ({mode}): collectives, DDP [{variants}], FSDP ok"
 
 
 def _cuda_aware() -> bool:
     return os.environ.get("CUDAMPI_CUDA_AWARE") == "yes" or os.environ.get("OMPI_MCA_pml") == "ucx"  # noqa: SIM112
 
 
-def _skip_without_cupy() -> None:
-    import importlib.util
-
-    if not importlib.util.find_spec("cupy"):
-        pytest.skip("path ipc runs the ipc engine's kernels, which need CuPy")
-
-
-@pytest.mark.parametrize(
-    ("path", "mode", "ranks"),
-    [
-        ("gpu-ring", "sync", 2),
-        ("staged", "sync", 2),
-        ("gpu-ring", "async", 2),
-        ("gpu-ring", "async", 4),
-        ("ipc", "sync", 2),
-        ("ipc", "sync", 4),
-        ("ipc", "async", 2),
-        ("gpu-ring", "auto", 2),
-        ("staged", "auto", 2),
-        ("ipc", "auto", 2),
-    ],
+NO_CUPY = (
+    None
+    if importlib.util.find_spec("cupy")
+    else "path ipc runs the ipc engine's kernels, which need CuPy"
 )
-def test_ddp_fsdp_on_cuda_tensors(path, mode, ranks):
-    """mode sync: Options(async_ops=False), every call in the caller's thread; auto: the
-    default, the group's thread where the path synchronizes the host (gpu-ring, staged), the
-    caller's for ipc; async: Options(async_ops=True), bucket all-reduces overlap backward.
-    4 async ranks on one GPU: where DDP's C++ read its allgathered parameter counts before the
-    side stream had written them (fixed by AsyncWork.wait ordering the caller's stream). ipc:
-    every call only enqueues kernels on the caller's stream and returns a stream-ordered Work."""
-    if path == "gpu-ring" and not _cuda_aware():
-        pytest.skip(
-            "gpu-ring needs CUDA-aware point-to-point: preload the libucx-cu13 wheel, set "
-            "OMPI_MCA_pml=ucx and CUDAMPI_CUDA_AWARE=yes (see the module docstring)"
-        )
+NO_CUDA_AWARE = (
+    "gpu-ring needs CUDA-aware point-to-point: preload the libucx-cu13 wheel, set "
+    "OMPI_MCA_pml=ucx and CUDAMPI_CUDA_AWARE=yes (see the module docstring)"
+)
+DDP_FSDP = [
+    ("gpu-ring", "sync", 2),
+    ("staged", "sync", 2),
+    ("gpu-ring", "async", 2),
+    ("gpu-ring", "async", 4),
+    ("ipc", "sync", 2),
+    ("ipc", "sync", 4),
+    ("ipc", "async", 2),
+    ("gpu-ring", "auto", 2),
+    ("staged", "auto", 2),
+    ("ipc", "auto", 2),
+]
+"""(path, mode, ranks) of :func:`rank_gpu`. mode sync: Options(async_ops=False), every call in
+the caller's thread; auto: the default, the group's thread where the path synchronizes the host
+(gpu-ring, staged), the caller's for ipc; async: Options(async_ops=True), bucket all-reduces
+overlap backward. 4 async ranks on one GPU: where DDP's C++ read its allgathered parameter
+counts before the side stream had written them (fixed by AsyncWork.wait ordering the caller's
+stream). ipc: every call only enqueues kernels on the caller's stream and returns a
+stream-ordered Work."""
+
+
+def _ddp_fsdp_check(path: str, mode: str, ranks: int) -> Check:
+    skip = NO_CUDA_AWARE if path == "gpu-ring" and not _cuda_aware() else None
     if path == "ipc":
-        _skip_without_cupy()
+        skip = NO_CUPY
     variants = GPU_VARIANTS if ranks == 2 else "default,small-buckets-views"
     if mode == "async" or (mode == "auto" and path != "ipc"):
         # built-in C++ hooks need the typed futures of calls run in the caller's thread
         variants = ",".join(v for v in GPU_VARIANTS.split(",") if v != "builtin-fp16-hook")
-    proc = run_mpi(
-        ranks, __file__, "rank_gpu", path, variants, mode, timeout=600, env={"CUDAMPI_PATH": path}
-    )
-    assert f"via {path} ({mode})" in proc.stdout
+    name = f"ddp_fsdp_on_cuda_tensors[{path}-{mode}-{ranks}]"
+    env = (("CUDAMPI_PATH", path),)
+    return Check(name, rank_gpu, (path, variants, mode), ranks, env, skip, timeout=600)
 
 
 def test_ddp_example_on_cuda():
@@ -178,17 +174,18 @@ def test_ddp_example_on_cuda():
         "--json",
     ]
     proc = subprocess.run(
-        argv, capture_output=True, text=True, timeout=300, env=mpi_env(), cwd=ROOT
+        argv, capture_output=True, text=True, timeout=time_left(300), env=mpi_env(), cwd=ROOT
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("{")))
     assert result["device"].startswith("cuda") and result["replicas_in_sync"] is True
 
 
-def test_async_work_wait_orders_the_callers_stream():
+def rank_async_work_wait(comm):
     """Work.wait() of an Options(async_ops=True) op: what the caller queues next on its own
     stream must see the op's results, though the op's kernels ran on the runner's side stream
-    and were still running when the runner thread finished queueing them."""
+    and were still running when the runner thread finished queueing them (no process group:
+    each rank checks its own runner)."""
     import torch
 
     from cudampi.torch.work import AsyncRunner
@@ -208,6 +205,7 @@ def test_async_work_wait_orders_the_callers_stream():
         assert out.sum().item() == 7.0 * out.numel(), "wait() returned before the op's kernels"
     finally:
         runner.close()
+    return "wait() ordered the caller's stream"
 
 
 def _sleep_ms(ms: float) -> None:
@@ -269,14 +267,7 @@ def rank_stream_ordered(comm):
     assert torch.equal(y[:4], torch.full((4,), 2 * total, device=dev)), "side stream ran early"
     pg.communicator.synchronize()  # where the ipc engine's errors would surface: none
     dist.destroy_process_group()
-    if comm.rank == 0:
-        print("stream-ordered Work ok", flush=True)
-
-
-def test_stream_ordered_work_never_blocks_the_host():
-    _skip_without_cupy()
-    proc = run_mpi(2, __file__, "rank_stream_ordered", timeout=300, env={"CUDAMPI_PATH": "ipc"})
-    assert "stream-ordered Work ok" in proc.stdout
+    return "stream-ordered Work ok"
 
 
 def _mlp(seed, dev):
@@ -382,12 +373,27 @@ def rank_graphs(comm):
     assert_same(fsdp[False], fsdp[True], "FSDP2: graph replay vs eager", atol=1e-5)
     dist.distributed_c10d._get_default_group().communicator.synchronize()
     dist.destroy_process_group()
-    if rank == 0:
-        print("DDP and FSDP2 steps captured and replayed ok", flush=True)
+    return "DDP and FSDP2 steps captured and replayed ok"
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_ddp_and_fsdp2_steps_captured_in_a_cuda_graph(ranks):
-    _skip_without_cupy()
-    proc = run_mpi(ranks, __file__, "rank_graphs", timeout=600, env={"CUDAMPI_PATH": "ipc"})
-    assert "captured and replayed ok" in proc.stdout
+def checks() -> list[Check]:
+    """Every check of this file, in the order its jobs run them (one job per rank count):
+    the async runner, the stream-ordered Work, DDP/FSDP per path and mode, the graph captures
+    last."""
+    ipc = (("CUDAMPI_PATH", "ipc"),)
+    out = [
+        Check("async_work_wait_orders_the_callers_stream", rank_async_work_wait),
+        Check(
+            "stream_ordered_work_never_blocks_the_host", rank_stream_ordered, env=ipc, skip=NO_CUPY
+        ),
+    ]
+    out += [_ddp_fsdp_check(*case) for case in DDP_FSDP]
+    for n in (2, 4):
+        name = f"ddp_and_fsdp2_steps_captured_in_a_cuda_graph[{n}]"
+        out.append(Check(name, rank_graphs, ranks=n, env=ipc, skip=NO_CUPY, timeout=600))
+    return out
+
+
+@pytest.mark.parametrize("check", params(checks()))
+def test_check(check, gpu_jobs):
+    gpu_jobs.verify(check)

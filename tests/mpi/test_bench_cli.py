@@ -365,7 +365,7 @@ def test_np_1_runs_alone_and_says_what_that_measures(tmp_path):
 
 
 def test_an_output_file_that_cannot_be_written_is_a_message_not_a_traceback():
-    """Issue 16, item 13: a folder that does not exist is refused before anything runs; a file
+    """A folder that does not exist is refused before anything runs; a file
     that fails at the end (here in /proc, writable to nobody) ends the job with its message."""
     proc = bench(2, "allreduce", "-b", "8", "-e", "8", "--json", "/proc/nope/x.json")
     assert proc.returncode == 2, proc.stderr

@@ -65,8 +65,8 @@ def _aliased(comm, path):
     c.alltoall(x, out=out)
     assert np.array_equal(out, expect), out
 
-    # alltoall: out overlaps x by part of a block, either way (issue 16, item 3: gpu-ring
-    # received into blocks it had not sent yet)
+    # alltoall: out overlaps x by part of a block, either way (gpu-ring once received into
+    # blocks it had not sent yet)
     for shift in (k // 2, -(k // 2), (n - 1) * k + 1):
         buf = np.zeros((2 * n + 2) * k, np.float32)
         at = n * k if shift < 0 else 0

@@ -410,7 +410,7 @@ def test_every_collective_path_dtype_and_size_matches_numpy(n):
 
 
 def rank_over_the_count_limit(comm):
-    """Issue 16, item 15, at a small stand-in for the C-int limit: every collective of the mpi
+    """At a small stand-in for the C-int limit: every collective of the mpi
     engine (host, and inside staged) on messages over it runs in pieces or through cudampi's
     chunked algorithms, with right results."""
     from cudampi.comm import Communicator, transport
@@ -513,7 +513,7 @@ def rank_two_gib(comm):
 
 @pytest.mark.parametrize("asked", [pytest.param("", marks=only_when_asked())])
 def test_two_gib_messages_on_the_host_path(asked):
-    """Issue 16, item 15 (~6 GiB of memory for 2 ranks, a minute or two)."""
+    """Messages over the C-int limit for real (~6 GiB of memory for 2 ranks, a minute or two)."""
     proc = run_mpi(2, __file__, "rank_two_gib", timeout=900)
     assert "2 GiB ok" in proc.stdout
 

@@ -1,4 +1,4 @@
-"""Deadlines (issue 16, items 6 and 8): a Communicator call never waits for ever. A rank that
+"""Deadlines: a Communicator call never waits for ever. A rank that
 skips a collective, never sends, or leaves the job makes the ranks that wait raise a
 CommTimeoutError naming the call, its number and the rank, within the deadline (CUDAMPI_TIMEOUT)
 or, for a rank that left, within seconds; the job then ends (non-zero) instead of hanging."""

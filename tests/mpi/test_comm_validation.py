@@ -303,7 +303,7 @@ def test_a_bad_cache_entry_is_ignored_and_said(tmp_path, kind):
     assert f"bad entry {kind} ignored" in proc.stdout
 
 
-# --- issue 16, items 1 and 2: settings that change what a rank sends, agreed at creation ----
+# --- settings that change what a rank sends, agreed at creation ----------------------------
 
 
 def rank_settings_differ(comm, name, a, b):
@@ -354,7 +354,7 @@ def test_settings_that_differ_between_ranks_are_refused_on_every_rank(n, name, a
     assert f"{name} mismatch refused on every rank" in proc.stdout
 
 
-# --- issue 16, item 4: outputs that must not be written ------------------------------------
+# --- outputs that must not be written -----------------------------------------------------
 
 
 def rank_read_only_outputs(comm, tmp):
@@ -395,7 +395,7 @@ def test_read_only_outputs_are_refused_on_every_rank(tmp_path):
     assert "read-only outputs refused" in proc.stdout
 
 
-# --- issue 16, item 7: Communicator.split with a bad color on one rank ---------------------
+# --- Communicator.split with a bad color on one rank --------------------------------------
 
 
 def rank_bad_split_color(comm, color):

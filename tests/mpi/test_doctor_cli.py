@@ -381,14 +381,14 @@ def test_progress_lines_on_a_terminal(isolated_cache):
     ],
 )
 def test_a_bad_timeout_is_a_usage_error_and_starts_nothing(isolated_cache, args, env, words):
-    """Issue 16, item 12."""
+    """A bad --timeout is a usage error (exit 2) that names the flag, and starts nothing."""
     proc = _doctor("--json", *args, env=env, timeout=60)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
 def test_no_home_is_named_as_the_cause(isolated_cache):
-    """Issue 16, item 13: Open MPI cannot start without HOME; the doctor says so."""
+    """Open MPI cannot start without HOME; the doctor says so."""
     env = {k: v for k, v in os.environ.items() if k != "HOME"}
     proc = subprocess.run(
         [sys.executable, "-m", "cudampi", "doctor", "--json", "--no-runtime"],
@@ -404,7 +404,7 @@ def test_no_home_is_named_as_the_cause(isolated_cache):
 
 @pytest.mark.skipif(HAS_CUDA, reason="the device probes make this run long on a GPU machine")
 def test_a_cache_folder_that_cannot_be_made_is_a_warning(tmp_path):
-    """Issue 16, item 13: the doctor reports it instead of a traceback."""
+    """The doctor reports it instead of a traceback."""
     (tmp_path / "file").write_text("")
     proc = _doctor("--json", env={"CUDAMPI_CACHE_DIR": str(tmp_path / "file" / "cache")})
     cache = _check(_json(proc), "capabilities cache")

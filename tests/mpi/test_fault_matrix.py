@@ -1,4 +1,4 @@
-"""The fault matrix of issue 16 (tools/fault_matrix.py): every fault x launcher x API as a real
+"""The fault matrix (tools/fault_matrix.py): every fault x launcher x API as a real
 job must end non-zero within its limit, name the fault, and leave no process behind (a corrupt
 capabilities cache must be named and let the job end well). CI runs two cells (the others are
 covered by tests/mpi/test_torch_faults.py, test_comm_deadline.py, test_launch_real.py,

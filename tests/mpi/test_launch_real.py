@@ -263,7 +263,7 @@ def test_init_under_plain_mpiexec(n):
 
 
 def test_report_like_output_does_not_end_a_healthy_job():
-    """Issue 16, item 14: the fault channel is not forgeable from ordinary output."""
+    """The fault channel is not forgeable from ordinary output."""
     start = time.monotonic()
     p = launch("-n", "2", "--grace", "1", TARGET, "forge")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -274,7 +274,7 @@ def test_report_like_output_does_not_end_a_healthy_job():
 
 
 def test_a_launcher_that_starts_no_rank_is_a_failure():
-    """Issue 16, item 10: raw flags that make mpiexec print its version and exit 0."""
+    """Raw flags that make mpiexec print its version and exit 0."""
     p = launch("-n", "2", TARGET, "check", "2", "--", "--version")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "started none of the 2 ranks" in p.stderr
@@ -341,7 +341,7 @@ def test_a_launcher_that_failed_to_start_is_started_again(tmp_path, fails, messa
     ids=["after-a-kill", "after-silent-ends", "after-success"],
 )
 def test_a_launcher_that_hangs_after_its_ranks_ended_is_stopped(tmp_path, mode, code, words):
-    """Issue 16, item 9: prterun sometimes hangs once every rank has died (a rank that dies in C,
+    """prterun sometimes hangs once every rank has died (a rank that dies in C,
     in MPI_Init say, reports nothing itself: the launcher's own words must start the grace)."""
     start = time.monotonic()
     p = launch("-n", "2", "--grace", "2", "--launcher", _fake_launcher(tmp_path), TARGET, *mode)
@@ -419,7 +419,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.parametrize("mpi", ["openmpi", "mpich"])
 def test_sigkill_of_cudampi_launch_takes_the_launcher_and_every_rank_down(tmp_path, mpi):
-    """Issue 16, item 11: no rank outlives its launcher, even when the supervisor gets -9."""
+    """No rank outlives its launcher, even when the supervisor gets -9."""
     python = sys.executable if mpi == "openmpi" else MPICH_PY
     if not Path(python).exists():
         pytest.skip(MPICH_SKIP)
@@ -479,7 +479,7 @@ def _remove_workdir_of(pids: list[int]) -> None:
     ],
 )
 def test_bad_launch_flags_are_usage_errors(flags, words):
-    """Issue 16, items 9, 12 and 13: exit 2 with the flag named, no traceback, nothing run."""
+    """Exit 2 with the flag named, no traceback, nothing run."""
     p = launch("-n", "2", *flags, TARGET, "check", "2", timeout=60)
     assert p.returncode == 2, p.stdout + p.stderr
     assert words in p.stderr and "Traceback" not in p.stderr

@@ -1,4 +1,4 @@
-"""Training libraries on the cudampi backend, as their users run them (issues 18 and 19).
+"""Training libraries on the cudampi backend, as their users run them.
 
 Each example in examples/ runs on real ranks twice, on cudampi and on gloo, and must end with the
 same parameters, replicas in sync, and its checkpoint round trip exact:

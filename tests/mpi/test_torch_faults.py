@@ -1,5 +1,5 @@
-"""The cudampi torch backend when something goes wrong on one rank only (issue 16, items 6, 7,
-8): a check that fails on one rank, a rank that skips a collective, a Work waited with a
+"""The cudampi torch backend when something goes wrong on one rank only: a check that fails on
+one rank, a rank that skips a collective, a Work waited with a
 timeout, a rank that exits (with 0 or not) while the others still call collectives, settings
 that differ between ranks. Every rank must raise within its deadline, and the job must end.
 Under mpiexec (Open MPI) and under torchrun (MPICH through cudampi's PMI server)."""
@@ -47,7 +47,7 @@ def _raises_everywhere(dist, fn, *words):
 
 
 def rank_size_checks(comm):
-    """Issue 16, item 7: each of the torch layer's own checks failing on the last rank only."""
+    """Each of the torch layer's own checks failing on the last rank only."""
     import torch
 
     dist = _init()
@@ -97,7 +97,7 @@ def rank_anysource_on_ipc(comm):
 
     dist = _init(timeout=60)
     pg = dist.distributed_c10d._get_default_group()
-    pg.communicator.path_for = lambda op, x, nbytes=None: PathChoice(
+    pg.communicator.path_for = lambda op, x, nbytes=None, path=None: PathChoice(
         "ipc", "forced", "ipc", stream_ordered=True
     )
     if comm.rank == 0:
@@ -120,7 +120,8 @@ def test_a_recv_from_any_source_on_the_ipc_path_raises_at_once():
 
 
 def rank_settings_differ_under_torch(comm):
-    """Issue 16, item 1 through torch: init_process_group raises on every rank."""
+    """Settings that differ between ranks, through torch: init_process_group raises on every
+    rank."""
     import os
 
     from cudampi.errors import MismatchError
@@ -218,7 +219,7 @@ LONG = only_when_asked()  # the same mechanisms as the cells CI runs, under the 
 def test_a_fault_on_one_rank_raises_on_the_others_and_ends_the_job(
     tmp_path, fault, words, launcher
 ):
-    """Issue 16, items 6 and 8: the timeout given to init_process_group reaches the backend,
+    """The timeout given to init_process_group reaches the backend,
     Work.wait(timeout=) is honoured, and a rank that exits (with 0 in the middle of the loop,
     or with 3) makes the other raise DistBackendError; the job ends non-zero, soon."""
     proc, took = run_faults(tmp_path, fault, launcher)

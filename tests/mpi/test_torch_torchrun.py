@@ -193,7 +193,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_the_pmi_server_admits_only_its_own_job(tmp_path):
-    """Issue 16, item 16: a stranger on the host connects to the running job's PMI server and
+    """A stranger on the host connects to the running job's PMI server and
     sends cmd=abort, connects and closes, poses as rank 1 and leaves, reads the key-value space,
     and sends a line that never ends. The job must go on and end well, and the server must not
     grow."""

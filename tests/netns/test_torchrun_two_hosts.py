@@ -328,7 +328,7 @@ def test_ranks_in_mpi_finalize_end_when_a_rank_dies_at_exit(hosts: Hosts, tmp_pa
 def test_a_job_across_hosts_without_a_pmi_secret_is_refused_on_every_rank(
     hosts: Hosts, tmp_path: Path
 ):
-    """Issue 16, item 16: across hosts the PMI server listens on the network, so the job must
+    """Across hosts the PMI server listens on the network, so the job must
     share a secret (torch's store is readable by anyone who reaches it): every rank says so."""
     rc1, out1, rc2, out2, both = run_worker(
         hosts, tmp_path, "worker", {"CUDAMPI_PMI_SECRET": None}, timeout=60

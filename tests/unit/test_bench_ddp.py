@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from cudampi.bench.ddp import DDPRow, aggregate, render_text
+from cudampi.bench.train import TrainRow, aggregate, render_text
 from cudampi.probe.gpu import mps_active
 
 
 def _row(model, path, rate, vs):
-    return DDPRow(
+    return TrainRow(
         path, model, 64, 10, 35.0, 34.0, 36.0, rate, rate / 2, vs, None if vs is None else 0
     )
 

@@ -104,12 +104,12 @@ def test_ddp_options_are_typed_checked_and_survive_a_relaunch():
     ):
         with pytest.raises(ConfigError, match=words):
             options.from_args(parse("ddp", "--ddp-option", bad)[1])
-    with pytest.raises(ConfigError, match="`cudampi bench ddp` only, not collectives"):
+    with pytest.raises(ConfigError, match="`cudampi bench ddp` or `fsdp` only, not collectives"):
         options.from_args(parse("allreduce", "--ddp-option", "static_graph=true")[1])
 
 
 def test_ddp_models_from_the_flag():
-    from cudampi.bench.ddp import pick_models
+    from cudampi.bench.train import pick_models
 
     o = options.from_args(parse("ddp", "--model", "transformer, resnet50")[1])
     assert o.model == "transformer,resnet50"

@@ -25,6 +25,9 @@ NOT_VARIABLES = {
     "CUDAMPI_STAGE": "src/cudampi/probe/worker.py",
     "CUDAMPI_PYGPU": "src/cudampi/probe/gpu.py",
     "CUDAMPI_LIBRARY": "src/cudampi/probe/mpi_library.py",
+    "CUDAMPI_NODE": "src/cudampi/doctor/node.py",
+    "CUDAMPI_NODE_HELLO": "src/cudampi/doctor/node.py",
+    "CUDAMPI_LINK": "src/cudampi/probe/links.py",
 }
 
 SPECS = [

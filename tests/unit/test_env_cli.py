@@ -109,7 +109,7 @@ def test_write_fails_when_the_folder_would_not_work_on_its_own(tmp_path):
 
 
 def test_out_naming_a_file_is_a_message_not_a_traceback(tmp_path):
-    """Issue 16, item 13."""
+    """--out naming a file, not a folder: one line that says so, no traceback."""
     (tmp_path / "f").write_text("")
     r = cudampi_cli("env", "write", "--out", str(tmp_path / "f"), "--only", "conda")
     assert r.returncode == 1 and "is a file; the files go into a folder" in r.stderr

@@ -1,5 +1,5 @@
 """The container route's generator, piece by piece (tests/container builds and runs the image):
-the ssh client checks host keys against the job's key only (issue 16, item 17), login shells and
+the ssh client checks host keys against the job's key only, login shells and
 ssh sessions get the image's environment, and the CPU flavour."""
 
 from __future__ import annotations

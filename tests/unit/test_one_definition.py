@@ -6,6 +6,7 @@ fails when the list of files a new collective or engine touches grows (docs/ARCH
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,19 @@ def test_an_engine_runs_a_call_exactly_where_it_implements_its_method(name):
             assert getattr(kind, c.engine) is not getattr(Engine, c.engine) or c.engine in (
                 "sendrecv",  # the base runs it on the engine's isend and irecv
             )
+
+
+def test_code_and_tests_name_behaviour_not_issue_numbers():
+    """History (which issue asked for what) lives in git; a docstring or comment says what
+    the code does or what a test holds."""
+    root = SRC.parents[1]
+    issue = re.compile(r"\b[Ii]ssues? #?\d+|\b[Ii]tems? \d+(?:, \d+)* (?:of|against|through)\b")
+    bad = [
+        f"{p.relative_to(root)}:{n}"
+        for top in ("src", "tests", "tools")
+        for p in sorted((root / top).rglob("*.py"))
+        if "fixtures" not in p.parts
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if issue.search(line)
+    ]
+    assert not bad, bad

@@ -354,7 +354,7 @@ def test_a_watch_line_with_a_bad_rank_is_a_watcher_not_a_rank():
     srv.close()
 
 
-# --- issue 16, item 16: nobody but the job's processes can end it, read it or grow it --------
+# --- nobody but the job's processes can end it, read it or grow it ------------------------
 
 ATTACKS = {
     "abort": b"cmd=abort exitcode=9\n",

@@ -19,11 +19,12 @@ from typing import Any, TypeVar
 
 from cudampi.bench.session import Session
 from cudampi.comm.arrays import Checks, is_float
-from cudampi.names import BITWISE_OPS, FORCED_PATHS
+from cudampi.names import BITWISE_OPS, PATHS
 
-COMMUNICATOR_PATHS = FORCED_PATHS
-"""The Communicator forced onto each of its paths (``nccl``: cudampi's NCCL engine, beside
-torch's own NCCL as ``torch-nccl``)."""
+COMMUNICATOR_PATHS = PATHS
+"""The Communicator on each of its paths: ``auto`` (what it chooses per call, as a user's code
+gets it), and forced onto each other one (``nccl``: cudampi's NCCL engine, beside torch's own
+NCCL as ``torch-nccl``)."""
 TORCH_PATHS = {"torch-nccl": "nccl", "torch-gloo": "gloo", "torch-cudampi": "cudampi"}
 DDP_PATHS: dict[str, str | None] = {
     "ddp-nocomm": None,
@@ -35,11 +36,18 @@ DDP_PATHS: dict[str, str | None] = {
 are reduced on the group's thread while backward goes on; ``ddp-nocomm`` (None: the run's
 default group), DDP whose comm hook hands every bucket back untouched: DDP's own cost without
 gradient communication."""
+FSDP_PATHS: dict[str, str] = {p: b for p, b in DDP_PATHS.items() if b is not None}
+"""``bench fsdp``'s FSDP2 paths (``fully_shard`` on a group of that backend), DDP's less
+``ddp-nocomm``."""
+FSDP_PEERS: dict[str, str] = {f"ddp-{p}": p for p in FSDP_PATHS}
+"""``bench fsdp``'s DDP peers: ``ddp-<path>`` is DistributedDataParallel on ``<path>``'s backend,
+the same model in the same run (the FSDP2/DDP ratio's denominator)."""
 PEERS = ("mpi", "copy")
 BENCH_PATHS = (*COMMUNICATOR_PATHS, *TORCH_PATHS, *PEERS)
 """Every path ``--paths`` accepts (``all`` is all of them)."""
 
 DESCRIPTION = {
+    "auto": "cudampi's default: the path the Communicator chooses per call (its runs: line)",
     "ipc": "cudampi's GPU kernels over CUDA IPC, on the caller's stream (ranks of one node)",
     "nccl": "cudampi's NCCL engine, bootstrapped over MPI, on the caller's stream (a GPU per rank)",
     "gpu-ring": "cudampi's ring/recursive-doubling algorithms over MPI point-to-point",

@@ -174,6 +174,10 @@ def _run_in_job(world: Any, o: opts.Options, args: argparse.Namespace) -> int:
             from cudampi.bench import ddp
 
             return ddp.main(session, o, _meta(session, o))
+        if o.mode == "fsdp":
+            from cudampi.bench import fsdp
+
+            return fsdp.main(session, o, _meta(session, o))
         return _collectives(session, o)
     finally:
         session.close()

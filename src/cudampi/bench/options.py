@@ -12,16 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudampi.bench.adapters import BENCH_PATHS, DDP_PATHS, TORCH_PATHS
+from cudampi.bench.adapters import BENCH_PATHS, DDP_PATHS, FSDP_PATHS, FSDP_PEERS, TORCH_PATHS
 from cudampi.bench.dtypes import parse_dtype
 from cudampi.bench.registry import COLLECTIVES
 from cudampi.bench.sizes import parse_bytes, size_sweep
 from cudampi.errors import ConfigError
 from cudampi.names import REDUCE_OPS
 
-MODES = ("p2p", "ddp")
+MODES = ("p2p", "ddp", "fsdp")
+TRAINING = ("ddp", "fsdp")
+"""The modes that train a model (no sizes; --model, --batch, --rounds, --ddp-option)."""
 MODELS = ("auto", "all", "resnet50", "transformer")
-"""``--model`` of ``bench ddp``: each a model, or ``all``/``auto`` (see bench.ddp.pick_models)."""
+"""``--model`` of ``bench ddp``/``fsdp``: each a model, or ``all``/``auto`` (see
+bench.train.pick_models)."""
 WHAT = (*COLLECTIVES, "all", *MODES)
 
 DEFAULTS = {
@@ -29,6 +32,7 @@ DEFAULTS = {
     "collectives": ("8", "64M", 5, 20),
     "p2p": ("1", "4M", 10, 100),
     "ddp": ("0", "0", 3, 10),
+    "fsdp": ("0", "0", 3, 10),
 }
 
 
@@ -37,7 +41,7 @@ class Options:
     """Everything ``cudampi bench`` was asked to do, validated."""
 
     mode: str
-    """collectives, p2p or ddp."""
+    """collectives, p2p, ddp or fsdp."""
     ops: tuple[str, ...]
     paths: tuple[str, ...]
     sizes: tuple[int, ...]
@@ -65,9 +69,9 @@ class Options:
     batch: int | None
     image_size: int | None
     rounds: int
-    """ddp: passes over every path, interleaved; a row is the median of its rounds."""
+    """ddp/fsdp: passes over every path, interleaved; a row is the median of its rounds."""
     ddp_options: tuple[tuple[str, Any], ...] = ()
-    """ddp: DistributedDataParallel keyword arguments given to every DDP path (--ddp-option)."""
+    """ddp/fsdp: DistributedDataParallel keyword arguments given to every DDP path (--ddp-option)."""
 
 
 DDP_OPTIONS: dict[str, type] = {
@@ -114,9 +118,11 @@ def _split(text: str) -> list[str]:
 
 def parse_paths(text: str, mode: str) -> tuple[str, ...]:
     """``all`` or a comma list of :data:`BENCH_PATHS` (for ddp: the torch paths; for p2p: cudampi,
-    ipc, mpi and the torch paths)."""
+    ipc, mpi and the torch paths; for fsdp: local, each FSDP2 path and its DDP peer)."""
     if mode == "ddp":
         known: tuple[str, ...] = (*DDP_PATHS, "local")
+    elif mode == "fsdp":
+        known = ("local", *(q for pair in zip(FSDP_PATHS, FSDP_PEERS) for q in pair))
     elif mode == "p2p":
         known = ("cudampi", "ipc", "mpi", *TORCH_PATHS)
     else:
@@ -170,9 +176,9 @@ def from_args(args: argparse.Namespace) -> Options:
     if args.json == "-" and args.csv == "-":
         raise ConfigError("--json and --csv cannot both go to stdout; give one of them a file")
     buffers, models = _p2p_and_ddp(args)
-    if args.ddp_option and mode != "ddp":
+    if args.ddp_option and mode not in TRAINING:
         raise ConfigError(
-            f"--ddp-option sets DistributedDataParallel: `cudampi bench ddp` only, not {mode}"
+            f"--ddp-option sets DistributedDataParallel: `cudampi bench ddp` or `fsdp` only, not {mode}"
         )
     if args.min_busbw is not None and args.min_busbw < 0:
         raise ConfigError(f"--min-busbw {args.min_busbw!r} cannot be negative")
@@ -240,7 +246,7 @@ def _sizes(args: argparse.Namespace, mode: str) -> tuple[int, ...]:
     step = parse_bytes(args.stepbytes, "-i/--stepbytes") if args.stepbytes else 0
     # -i alone adds; -f (default 2) multiplies, and wins when both are given
     factor = float(args.stepfactor) if args.stepfactor is not None else (1.0 if step else 2.0)
-    return tuple(size_sweep(minb, maxb, factor, step)) if mode != "ddp" else ()
+    return tuple(size_sweep(minb, maxb, factor, step)) if mode not in TRAINING else ()
 
 
 def _p2p_and_ddp(args: argparse.Namespace) -> tuple[tuple[str, ...], list[str]]:
@@ -275,7 +281,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "what",
         nargs="*",
         metavar="WHAT",
-        help=f"collectives ({', '.join(COLLECTIVES)}; all: every one), or p2p, or ddp "
+        help=f"collectives ({', '.join(COLLECTIVES)}; all: every one), or p2p, or ddp, or fsdp "
         "(default: all)",
     )
     g = parser.add_argument_group("sizes and iterations (as nccl-tests)")
@@ -301,7 +307,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--paths",
         default="all",
-        help=f"comma list or all: {', '.join(BENCH_PATHS)} (p2p: cudampi,ipc,mpi,torch-*; ddp: local,ddp-nocomm,torch-*)",
+        help=f"comma list or all: {', '.join(BENCH_PATHS)} (p2p: cudampi,ipc,mpi,torch-*; ddp: local,ddp-nocomm,torch-*; fsdp: local,torch-*,ddp-torch-*)",
     )
     g.add_argument(
         "--device",
@@ -339,7 +345,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "1: this process alone)",
     )
     g.add_argument("--corrupt-rank", type=int, default=None, help=argparse.SUPPRESS)
-    g = parser.add_argument_group("p2p and ddp")
+    g = parser.add_argument_group("p2p, ddp and fsdp")
     g.add_argument(
         "--window", type=int, default=64, help="p2p: messages in flight for bw/bibw (64)"
     )
@@ -347,16 +353,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default="auto",
-        help="ddp: comma list of resnet50, transformer, or all; auto = both on cuda (ResNet-50 "
-        "where torchvision is importable), the transformer on the CPU",
+        help="ddp/fsdp: comma list of resnet50, transformer, or all; auto = the transformer, and "
+        "for ddp on cuda ResNet-50 before it (where torchvision is importable)",
     )
-    g.add_argument("--batch", type=int, default=None, help="ddp: samples per rank per step")
-    g.add_argument("--image-size", type=int, default=None, help="ddp: ResNet input side (224)")
+    g.add_argument("--batch", type=int, default=None, help="ddp/fsdp: samples per rank per step")
+    g.add_argument("--image-size", type=int, default=None, help="ddp/fsdp: ResNet input side (224)")
     g.add_argument(
         "--rounds",
         type=int,
         default=1,
-        help="ddp: train every path R times, interleaved (local, A, B, local, A, B, ...); a row "
+        help="ddp/fsdp: train every path R times, interleaved (local, A, B, local, A, B, ...); a row "
         "is the median of its rounds (1)",
     )
     g.add_argument(
@@ -364,7 +370,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NAME=VALUE",
-        help="ddp: a DistributedDataParallel setting for every DDP path, repeatable: "
+        help="ddp/fsdp: a DistributedDataParallel setting for every DDP path, repeatable: "
         + ", ".join(DDP_OPTIONS)
         + " (e.g. gradient_as_bucket_view=true; default: DDP's own)",
     )

@@ -11,15 +11,17 @@ Communicator method; nothing here changes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cudampi.comm import args
 from cudampi.comm.arrays import ArrayOps, Buf, check_op, flat, result, same_memory, written
+from cudampi.comm.carry import Carry, carries, carry
 from cudampi.comm.choice import PathChoice
 from cudampi.comm.engines.base import Engine
-from cudampi.comm.validate import Signature, check
+from cudampi.comm.validate import Signature
 from cudampi.errors import CommError
 from cudampi.names import CALLS, Call
 
@@ -52,6 +54,9 @@ class Plan:
     engine: Engine | None = None
     token: Any = None
     error: BaseException | None = None
+    carry: Carry | None = None
+    """The call's data travels in its check (:mod:`cudampi.comm.carry`): it is reduced from
+    what the check returns, and ``run`` only finishes the call."""
 
     @property
     def ops(self) -> ArrayOps | None:
@@ -72,7 +77,9 @@ class Front(Protocol):
 
     def _engine(self, choice: PathChoice, b: Buf) -> Engine: ...
 
-    def _remember(self, r: Request, engine: Engine, dtype: str, sig: Signature) -> None: ...
+    def _remember(
+        self, r: Request, engine: Engine, dtype: str, sig: Signature, carried: Carry | None
+    ) -> None: ...
 
     def _check_counts(self, r: Request, error: BaseException | None) -> None: ...
 
@@ -110,6 +117,15 @@ def _elementwise(f: Front, r: Request) -> Plan:
         shape=xb.shape,
     )
     method = getattr(engine, c.engine)
+    carried = None
+    if (
+        c.reduces
+        and not c.rooted
+        and not engine.stream_ordered
+        and carries(f.size, xb, choice.label)
+    ):
+        carried = carry(xb, ob, r.op)
+        sig = dataclasses.replace(sig, carried=True)
     if not c.reduces:
 
         def run_in_place() -> Any:
@@ -121,13 +137,14 @@ def _elementwise(f: Front, r: Request) -> Plan:
     tail = (r.root,) if c.rooted else ()
 
     def run() -> Any:
-        of = flat(ob)
-        method(of if inplace else flat(xb), of, r.op, xb.dtype, *tail)
+        if carried is None:  # (a carried call's data was reduced from its check)
+            of = flat(ob)
+            method(of if inplace else flat(xb), of, r.op, xb.dtype, *tail)
         if r.remember:
-            f._remember(r, engine, xb.dtype, sig)
+            f._remember(r, engine, xb.dtype, sig, carried)
         return result(r.out, ob)
 
-    return Plan(sig, run, engine)
+    return Plan(sig, run, engine, carry=carried)
 
 
 def _gather(f: Front, r: Request) -> Plan:
@@ -286,4 +303,4 @@ _FORMS: dict[str, Callable[[Front, Request], Plan]] = {
 }
 assert {c.form for c in CALLS.values() if not c.p2p} <= set(_FORMS)
 
-__all__ = ["Plan", "Request", "check", "prepare", "result"]
+__all__ = ["Plan", "Request", "prepare"]

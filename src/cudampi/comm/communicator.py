@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from cudampi.comm import args
 from cudampi.comm.arrays import Buf, adapt, new_like
 from cudampi.comm.calls import Plan, Request, prepare
+from cudampi.comm.carry import Carry
 from cudampi.comm.deadline import Watch, agree_to_start
 from cudampi.comm.engines import Engine, Setting, engines_for
 from cudampi.comm.engines.base import node_comm
@@ -123,7 +123,6 @@ class Communicator(Messages):
             raise
         self._decisions = Decisions(self._support, self._path, self.rank)
         self._watch = Watch(self._coll, self.config.timeout, token)
-        self._watch.drain = _drainer(self)
         self._lock = threading.RLock()
         """Held by one collective at a time, from its number to its end (see the class doc)."""
         self._met = False  # two threads met here (warned once)
@@ -324,10 +323,15 @@ class Communicator(Messages):
         debug = self.config.debug
 
         def execute() -> Any:
-            check(self._coll, plan.sig, plan.error, debug=debug, watch=self._watch, seq=seq)
+            data = None if plan.carry is None else plan.carry.data
+            rows = check(
+                self._coll, plan.sig, plan.error, debug=debug, watch=self._watch, seq=seq, data=data
+            )
             run, ops = plan.run, plan.ops
             assert run is not None
             with observed:
+                if plan.carry is not None:  # its data came with the check
+                    plan.carry.finish(rows)
                 if ops is None or ops.device is None:  # host memory: no stream to order
                     return run()
                 with ops.device_ctx():
@@ -387,12 +391,14 @@ class Communicator(Messages):
 
         return self._run(build, r.call.name, async_op)
 
-    def _remember(self, r: Request, engine: Engine, dtype: str, sig: Signature) -> None:
+    def _remember(
+        self, r: Request, engine: Engine, dtype: str, sig: Signature, carried: Carry | None
+    ) -> None:
         """After an allreduce's full path: let its repeats skip the front end (repeat.py)."""
         if engine.stream_ordered:
             self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype)
         elif engine.ops.device is None:
-            self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype, sig)
+            self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype, sig, carried)
 
     def _check_counts(self, r: Request, error: BaseException | None) -> None:
         """The cross-rank check of counts exchanged inside a call (alltoall's receive counts)."""
@@ -441,9 +447,14 @@ class Communicator(Messages):
             return False
         self._seq += 1
         if e.sig is not None:
-            check(
-                self._coll, e.sig, None, debug=self.config.debug, watch=self._watch, seq=self._seq
+            data = None if e.carry is None else e.carry.data
+            debug, watch = self.config.debug, self._watch
+            rows = check(
+                self._coll, e.sig, None, debug=debug, watch=watch, seq=self._seq, data=data
             )
+            if e.carry is not None:
+                e.carry.finish(rows)
+                return True
         xf = e.kind.flat(x)
         e.engine.allreduce(xf, xf if out is x else e.kind.flat(out), op, e.dtype)
         return True
@@ -561,19 +572,6 @@ class Communicator(Messages):
     def barrier(self, *, async_op: bool = False) -> Any:
         """Return once every rank has called barrier (in order with queued collectives)."""
         return self._call(Request(CALLS["barrier"]), async_op)
-
-
-def _drainer(c: Communicator) -> Callable[[], None]:
-    """Waits, at exit, for the calls still queued on ``c`` (each is under its deadline); held
-    weakly, so a Communicator nobody holds is still collected."""
-    ref = weakref.ref(c)
-
-    def drain() -> None:
-        comm = ref()
-        if comm is not None and comm._worker is not None and not comm._closed:
-            comm._worker.drain(comm.config.timeout * 2 + 10)
-
-    return drain
 
 
 def _inline(fn: Callable[[], Any], what: str, async_op: bool) -> Any:

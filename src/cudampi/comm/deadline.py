@@ -127,14 +127,18 @@ class Watch:
         self._call = ("", -1)  # the call this rank waits in, for roll calls
         self._seen: dict[int, tuple[int, int]] = {}  # rank -> (seq, 1) heard in a roll call
         self._sent: list[Any] = []
+        self.exchange: Any = None
+        """The cross-rank check's buffers and persistent requests
+        (:class:`cudampi.comm.validate.Exchange`), made at the first check; freed at close."""
         _register(self)
 
     def wait(self, req: Any, call: str, seq: int) -> None:
         """Wait for the collective request ``req`` of ``call`` number ``seq`` (see module doc)."""
         if self.failed is not None:
             raise self.failed
-        if req.Test():  # the peers were there already: nothing to set up
-            return
+        for _ in range(FIRST_TESTS):  # the peers are there already, or a moment away
+            if req.Test():
+                return
         self._call = (call, seq)
         left_at: list[float] = []
 
@@ -284,6 +288,9 @@ class Watch:
     def close(self) -> None:
         self.closed = True
         _LIVE.discard(self)
+        if self.exchange is not None:
+            self.exchange.free()
+            self.exchange = None
 
 
 def hear_goodbyes(watches: list[Watch], seconds: float) -> None:

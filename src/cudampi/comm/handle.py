@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -131,8 +132,10 @@ def completed(what: str, result: Any = None, error: BaseException | None = None)
 
 
 class Worker:
-    """One daemon thread running submitted calls first-in first-out; ``watch``: the
-    communicator's (its handles fail it where a wait gives up)."""
+    """One daemon thread running submitted calls first-in first-out. ``watch``: the
+    communicator's :class:`~cudampi.comm.deadline.Watch`; its handles fail it where a wait
+    gives up, and at exit it waits for the calls still queued here (each is under its
+    deadline) before the process says goodbye."""
 
     def __init__(self, name: str, watch: Any = None) -> None:
         self._queue: queue.Queue[tuple[Callable[[], Any], Handle] | None] = queue.Queue()
@@ -141,6 +144,15 @@ class Worker:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        if watch is not None:
+            me = weakref.ref(self)  # (a worker nobody holds is still collected)
+
+            def drain() -> None:
+                worker = me()
+                if worker is not None:
+                    worker.drain(watch.timeout * 2 + 10)
+
+            watch.drain = drain
 
     @property
     def idle(self) -> bool:
@@ -178,5 +190,7 @@ class Worker:
             h._finish(result, error)
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.drain = None
         self._queue.put(None)
         self._thread.join(timeout=60)

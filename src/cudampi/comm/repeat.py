@@ -87,6 +87,9 @@ class Entry:
     sig: Any = None
     """The call's cross-rank signature where the host checks it (an engine that is not
     stream-ordered); None where the engine checks on the GPU."""
+    carry: Any = None
+    """Where the call's data travels in its check (:mod:`cudampi.comm.carry`): how it is
+    reduced from what the check returns."""
 
 
 class Repeats:
@@ -107,6 +110,7 @@ class Repeats:
         engine: Any,
         dtype: str,
         sig: Any = None,
+        carry: Any = None,
     ) -> None:
         """After the full path checked a call and chose ``engine`` for it (``sig``: what the
         call's cross-rank check compares, where the host runs it)."""
@@ -122,7 +126,7 @@ class Repeats:
             table.pop(k, None)
 
         table[k] = Entry(weakref.ref(x, drop), weakref.ref(out, drop),
-                         fingerprint(kind, x, out), engine, dtype, kind, sig)  # fmt: skip
+                         fingerprint(kind, x, out), engine, dtype, kind, sig, carry)  # fmt: skip
 
     def lookup(self, x: Any, out: Any, op: str, path: str | None) -> Entry | None:
         """The entry for this call, if nothing it depends on changed."""

@@ -2,10 +2,18 @@
 
 A collective whose ranks disagree on size, dtype, op, root or path would hang or corrupt memory;
 one whose input failed a local check on one rank would leave the others waiting. So every
-collective first exchanges a small signature: one tiny non-blocking allreduce of a few integers
-(the cheap check), waited on with the communicator's deadline (:mod:`~cudampi.comm.deadline`),
-and with CUDAMPI_DEBUG=1 then an allgather of the whole signature, shapes included. On any
-disagreement or local failure every rank raises, naming the ranks and values.
+collective first exchanges a small signature, waited on with the communicator's deadline
+(:mod:`~cudampi.comm.deadline`), and with CUDAMPI_DEBUG=1 then an allgather of the whole
+signature, shapes included. On any disagreement or local failure every rank raises, naming the
+ranks and values.
+
+The exchange is one non-blocking collective of a fixed size, the same on every rank whatever
+call each one makes, so ranks that disagree still meet in it. On a communicator of up to
+:data:`GATHER_RANKS` ranks it is an allgather of every rank's signature block, which also
+carries the data of a small allreduce on host memory (up to :data:`CARRY_BYTES`): the call then
+needs no second collective, and every rank reduces the ranks' data itself, in rank order
+(:mod:`cudampi.comm.carry`). Larger communicators exchange the signature codes in an allreduce
+(whose cost grows with the logarithm of the ranks, not with them).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ class Signature:
     """The path label every rank must share (:attr:`~cudampi.comm.paths.PathChoice.label`)."""
     algo: int = 0
     """0: not compared; 1: ring; 2: direct (see cudampi.comm.algorithms)."""
+    carried: bool = False
+    """The data travels in the check's own exchange (:mod:`cudampi.comm.carry`)."""
     shape: tuple[int, ...] | None = field(default=None, compare=False)
 
     def codes(self) -> list[int]:
@@ -50,6 +60,7 @@ class Signature:
             zlib.crc32(repr(self.counts).encode()) if self.counts else 0,
             PATH_LABELS.index(self.path) if self.path in PATH_LABELS else 0,
             self.algo,
+            int(self.carried),
         ]
 
     def shown(self) -> dict[str, Any]:
@@ -80,6 +91,22 @@ def _host_rank() -> str:
     return socket.gethostname()
 
 
+GATHER_RANKS = 16
+"""Communicators of up to this many ranks check calls with an allgather of signature blocks."""
+CARRY_BYTES = 128
+"""The most data of an allreduce that travels in its check (see the module doc)."""
+_WORDS = 1 + CARRY_BYTES // 8
+"""Words of a rank's block: a digest of its codes and whether it failed, then its data."""
+CHECK_TAG = 32_000
+"""The tag of the check's messages on a communicator's collective communicator (the deadline's
+goodbyes and roll calls use 32_001 and 32_002; the engines' own messages lower tags)."""
+
+
+def gathers(size: int) -> bool:
+    """Whether a communicator of ``size`` ranks checks calls with an allgather of blocks."""
+    return 1 < size <= GATHER_RANKS
+
+
 def check(
     comm: Any,
     sig: Signature,
@@ -88,29 +115,25 @@ def check(
     debug: bool,
     watch: Any = None,
     seq: int = -1,
-) -> None:
+    data: Any = None,
+) -> Any:
     """Collective over ``comm``: return when every rank passed ``sig`` and no local error;
     otherwise raise on every rank (the rank's own error where it had one). ``watch``: the
     communicator's :class:`~cudampi.comm.deadline.Watch` (its deadline; None waits for ever),
-    ``seq`` the call's number on the communicator (for its messages)."""
+    ``seq`` the call's number on the communicator (for its messages). ``data``: the bytes this
+    rank carries in the check (a ``sig.carried`` call, see :func:`gathers`); the result is then
+    every rank's, as a ``(ranks, nbytes)`` uint8 array, else None."""
     if comm.size == 1:
         if local_error is not None:
             raise local_error
-        return
-    from mpi4py import MPI
-
-    vec = _vector(sig, local_error is not None)
-    out = vec.copy()
-    if watch is None:
-        comm.Allreduce(vec, out, MPI.MAX)
+        return None
+    if gathers(comm.size):
+        got, rows = _gather(comm, sig, local_error is not None, data, watch, seq)
     else:
-        watch.wait(comm.Iallreduce(vec, out, MPI.MAX), sig.call, seq)
-    # max(c) == -max(-c), i.e. max == min, for every code: all ranks gave the same; the last
-    # entry is 1 where any rank failed its local check
-    got = out.tolist()
-    if got[-1] == 0 and not debug and _agree(got):
-        return
-    # Every rank has arrived (the allreduce completed): the full exchange cannot wait for ever.
+        got, rows = _reduce(comm, sig, local_error is not None, watch, seq)
+    if got and not debug:
+        return rows
+    # Every rank has arrived (the exchange completed): the full exchange cannot wait for ever.
     entries = comm.allgather(
         (
             sig,
@@ -119,8 +142,124 @@ def check(
         )
     )
     if debug and all(e[1] is None and e[0] == sig and e[0].shape == sig.shape for e in entries):
-        return
+        return rows
     _raise_for(comm.rank, sig, local_error, entries, debug)
+    return None  # (_raise_for raised)
+
+
+def _wait(comm: Any, req: Any, watch: Any, call: str, seq: int) -> None:
+    if watch is None:
+        req.Wait()
+    else:
+        watch.wait(req, call, seq)
+
+
+def _reduce(comm: Any, sig: Signature, failed: bool, watch: Any, seq: int) -> tuple[bool, None]:
+    """The check as one allreduce of the codes: max(c) == -max(-c), i.e. max == min, for every
+    code where all ranks gave the same; the last entry is 1 where any rank failed."""
+    from mpi4py import MPI
+
+    vec = _vector(sig, failed)
+    out = vec.copy()
+    _wait(comm, comm.Iallreduce(vec, out, MPI.MAX), watch, sig.call, seq)
+    got = out.tolist()
+    return got[-1] == 0 and _agree(got), None
+
+
+def _gather(
+    comm: Any, sig: Signature, failed: bool, data: Any, watch: Any, seq: int
+) -> tuple[bool, Any]:
+    """The check as an exchange of every rank's block with every other rank (point-to-point:
+    MPI's messages cost less than its non-blocking collectives): a digest of the codes and
+    whether the rank failed, then the data it carries. All agree where every rank's digest is
+    this rank's and it did not fail."""
+    ex = watch.exchange if watch is not None else None
+    if ex is None:
+        ex = Exchange(comm)
+        if watch is not None:
+            watch.exchange = ex
+    ex.mine[0] = _digest(sig, failed)
+    if data is not None:
+        ex.my_bytes[8 : 8 + len(data)] = data
+    ex.start()
+    try:
+        _wait(comm, ex, watch, sig.call, seq)
+    except BaseException:
+        ex.cancel()
+        raise
+    digests = ex.digests.tolist()
+    agree = not failed and digests.count(digests[ex.me]) == len(digests)
+    return agree, None if data is None else ex.data(len(data))
+
+
+class Exchange:
+    """One communicator's check exchange, made once: a row of words per rank (this rank's sent
+    to every other, theirs received in place) and persistent requests that start each call's
+    exchange without making any (:data:`CHECK_TAG`); :func:`check` keeps it on the
+    communicator's :class:`~cudampi.comm.deadline.Watch`, which frees it."""
+
+    def __init__(self, comm: Any) -> None:
+        import numpy
+
+        self.me, n = comm.rank, comm.size
+        self.rows = numpy.zeros((n, _WORDS), dtype=numpy.int64)
+        self.mine = self.rows[self.me]
+        self.bytes = self.rows.view(numpy.uint8)
+        self.my_bytes = self.bytes[self.me]
+        self.digests = self.rows[:, 0]
+        self._data: dict[int, Any] = {}
+        others = [r for r in range(n) if r != self.me]
+        self.reqs = [comm.Recv_init(self.rows[r], r, CHECK_TAG) for r in others]
+        self.reqs += [comm.Send_init(self.mine, r, CHECK_TAG) for r in others]
+
+    def data(self, nbytes: int) -> Any:
+        """Every rank's carried bytes: a ``(ranks, nbytes)`` view of the rows."""
+        view = self._data.get(nbytes)
+        if view is None:
+            view = self._data[nbytes] = self.bytes[:, 8 : 8 + nbytes]
+        return view
+
+    def start(self) -> None:
+        from mpi4py import MPI
+
+        MPI.Prequest.Startall(self.reqs)
+
+    def Test(self) -> bool:
+        from mpi4py import MPI
+
+        return bool(MPI.Request.Testall(self.reqs))
+
+    def Wait(self) -> None:
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(self.reqs)
+
+    def cancel(self) -> None:
+        """After a failed wait: what is pending will never be read (the communicator failed)."""
+        for req in self.reqs:
+            try:
+                if not req.Test():
+                    req.Cancel()
+            except Exception:  # the communicator is failing: nothing else to do with it
+                pass
+
+    def free(self) -> None:
+        for req in self.reqs:
+            try:
+                req.Free()
+            except Exception:  # freeing at teardown must not mask the real error
+                pass
+        self.reqs = []
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(sig: Signature, failed: bool) -> int:
+    """The codes of ``sig`` and whether the rank failed, as one 64-bit word (a rank that
+    differs in any code, or failed, differs here)."""
+    import hashlib
+
+    text = repr((sig.codes(), failed)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
 
 
 @functools.lru_cache(maxsize=256)

@@ -97,6 +97,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where to save the probed capabilities (default: CUDAMPI_CACHE_DIR or ~/.cache/cudampi)",
     )
+    add_job_arguments(parser)
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the doctor for a whole job (``--hosts``/``--hostfile``; inside an
+    allocation the doctor takes its nodes without them)."""
+    from cudampi.doctor.links import LINK_BYTES, NODE_TIMEOUT
+
+    job = parser.add_argument_group(
+        "a whole job",
+        "every node's doctor side by side, then every link between them, one rank per node "
+        "through cudampi launch (inside a Slurm/PBS/LSF allocation: its nodes, with no flag)",
+    )
+    where = job.add_mutually_exclusive_group()
+    where.add_argument(
+        "--hosts",
+        default=None,
+        metavar="H1,H2,...",
+        help="the job's nodes (as cudampi launch takes them)",
+    )
+    where.add_argument(
+        "--hostfile", default=None, metavar="FILE", help="the job's nodes from a hostfile"
+    )
+    job.add_argument(
+        "--ssh",
+        default=None,
+        metavar="CMD",
+        help='remote shell for the launcher, e.g. "ssh -i key" (as cudampi launch --ssh)',
+    )
+    job.add_argument(
+        "--launcher",
+        default="auto",
+        help="auto, mpirun, mpiexec, srun or a path (as cudampi launch --launcher)",
+    )
+    job.add_argument("--no-links", action="store_true", help="the nodes' facts only: no link test")
+    job.add_argument(
+        "--link-size",
+        type=_size,
+        default=LINK_BYTES,
+        metavar="BYTES",
+        help=f"message size of the link test (default {LINK_BYTES >> 20}M)",
+    )
+    job.add_argument(
+        "--node-timeout",
+        type=seconds_arg,
+        default=NODE_TIMEOUT,
+        metavar="SECONDS",
+        help="seconds a node has to answer, and a pair of nodes to finish its link test "
+        f"(default {NODE_TIMEOUT:g})",
+    )
 
 
 def _facts_data(facts: Any) -> dict[str, Any]:
@@ -183,21 +233,46 @@ def _progress_printer() -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from cudampi.doctor.checks import all_checks
-    from cudampi.doctor.gather import DoctorOptions, gather
+    from cudampi.doctor.gather import gather
     from cudampi.doctor.render import render_json, render_text
     from cudampi.doctor.report import Report
 
     if args.ranks < 2:
         raise ConfigError(f"--ranks must be at least 2 (p2p needs a peer), got {args.ranks!r}")
-    from cudampi.rankenv import launched_by
+    from cudampi.names import MPI_LAUNCHERS
+    from cudampi.rankenv import job_env, launched_by
 
     launcher = launched_by(os.environ)
-    if launcher.rank not in (None, 0):
-        # Started on several ranks (mpirun -n N cudampi doctor): rank 0 diagnoses and prints;
-        # the others would only repeat it and start N copies of the probe jobs.
+    given = bool(args.hosts or args.hostfile)
+    mpi = launched_by(os.environ, MPI_LAUNCHERS)
+    if not given and mpi.rank is not None and 0 < (mpi.local_size or 0) < (mpi.size or 0):
+        # A rank of an MPI job over several nodes: rank 0 diagnoses every node of the job.
+        from cudampi.doctor.job import hosts_of_this_job
+
+        hosts = hosts_of_this_job(mpi.size or 0, mpi.rank, args.node_timeout)
+        if hosts is None:
+            return 0
+        args.hosts, given = ",".join(hosts), True
+    elif launcher.rank not in (None, 0):
+        # Started on several ranks of one node (mpirun -n N cudampi doctor): rank 0 diagnoses
+        # and prints; the others would only repeat it and start N copies of the probe jobs.
         return 0
     config = Config.load({"probe_timeout": args.timeout, "cache_dir": args.cache_dir})
-    options = DoctorOptions(
+    options = _options(args, config)
+    if given or (launcher.rank is None and job_env(os.environ) is not None):
+        code = _run_job(args, options)
+        if code is not None:
+            return code
+    facts = gather(options, progress=_progress_printer())
+    report = Report.of(all_checks(facts), _facts_data(facts))
+    as_json = render_json(report)
+    return _emit(as_json if args.json else render_text(report), as_json, args, report.exit_code)
+
+
+def _options(args: argparse.Namespace, config: Config) -> Any:
+    from cudampi.doctor.gather import DoctorOptions
+
+    return DoctorOptions(
         mpiexec=args.mpiexec,
         preload_ucx=args.preload_ucx,
         mca=tuple((k, v) for k, v in args.mca),
@@ -208,10 +283,34 @@ def run(args: argparse.Namespace) -> int:
         timeout=config.probe_timeout,
         cache_dir=config.cache_dir,
     )
-    facts = gather(options, progress=_progress_printer())
-    report = Report.of(all_checks(facts), _facts_data(facts))
-    as_json = render_json(report)
-    return _emit(as_json if args.json else render_text(report), as_json, args, report.exit_code)
+
+
+def _run_job(args: argparse.Namespace, options: Any) -> int | None:
+    """The doctor for a whole job; None inside an allocation of one node (the single-node
+    doctor then runs as usual)."""
+    from cudampi.doctor.job import JobDoctor, JobOptions, end_progress, progress_line
+    from cudampi.doctor.job_render import job_json, render_job_json, render_job_text
+
+    job = JobOptions(
+        node=options,
+        hosts=args.hosts,
+        hostfile=args.hostfile,
+        ssh=args.ssh,
+        launcher=args.launcher,
+        links=not args.no_links,
+        link_bytes=args.link_size,
+        node_timeout=args.node_timeout,
+    )
+    doctor = JobDoctor(job, progress_line())
+    if not (args.hosts or args.hostfile):
+        _, launcher = doctor.plan()
+        if (launcher.get("nprocs") or 1) <= 1:
+            return None
+    result = doctor.run()
+    end_progress()
+    as_json = render_job_json(result)
+    text = as_json if args.json else render_job_text(result)
+    return _emit(text, as_json, args, int(job_json(result)["exit_code"]))
 
 
 def _emit(text: str, as_json: str, args: argparse.Namespace, exit_code: int) -> int:

@@ -45,6 +45,16 @@ FLOAT = ("float16", "bfloat16", "float32", "float64")
 COMPLEX = ("complex64", "complex128")
 
 
+class Flat(Protocol):
+    """A flat (1-D, contiguous) array of one library, a view of a caller's memory or a scratch
+    buffer: what the Communicator hands its engines and they hand :class:`ArrayOps`."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __getitem__(self, key: slice, /) -> Flat: ...
+
+
 @dataclass(slots=True)
 class Buf:
     """One array as the collectives see it (made for every array of every call: slots, not
@@ -401,6 +411,53 @@ class Checks:
         for p in parts[1:]:
             acc = self.combine(acc, p, "sum" if op == "avg" else op)
         return acc / len(parts) if op == "avg" else acc
+
+
+class ArrayApiChecks(Checks):
+    """:class:`Checks` for a library with NumPy's array API (NumPy, CuPy, jax.numpy), ``xp``:
+    the primitives it spells the same way, written once. ``f64`` is the float dtype the checks
+    compute in, ``wide`` the integer dtype bitwise reductions run in."""
+
+    xp: Any
+
+    @property
+    def f64(self) -> Any:
+        return self.xp.float64
+
+    @property
+    def wide(self) -> Any:
+        return self.xp.int64
+
+    def f64_index(self, count: int) -> Any:
+        return self.xp.arange(count, dtype=self.f64)
+
+    def to_f64(self, x: Any) -> Any:
+        return x.astype(self.f64)
+
+    def count_mismatch(self, got64: Any, exp64: Any, atol: float, rtol: float) -> int:
+        xp = self.xp
+        ok = xp.abs(got64 - exp64) <= atol + rtol * xp.abs(exp64)
+        return int(ok.size - int(ok.sum()))
+
+    def flat(self, x: Any) -> Any:
+        return x.reshape(-1)
+
+    def dtype_name(self, x: Any) -> str:
+        return str(x.dtype)
+
+    def concat(self, parts: list[Any]) -> Any:
+        return self.xp.concatenate(parts)
+
+    def combine(self, a: Any, b: Any, op: str) -> Any:
+        wide, f64 = self.wide, self.f64
+        return combine_with(self.xp, a, b, op, lambda x: x.astype(wide), lambda x: x.astype(f64))
+
+
+WRITABLE_FIX = (
+    "Pass a writable array (numpy: a copy, or np.frombuffer of a bytearray; a memmap opened "
+    "with mode 'r+')."
+)
+"""What a read-only array's error says to do (the libraries whose arrays can be writable)."""
 
 
 def combine_with(xp: Any, a: Any, b: Any, op: str, to_int: Any, to_f64: Any) -> Any:

@@ -10,13 +10,14 @@ from typing import Any
 from cudampi.comm.arrays.base import (
     BOOL_OP,
     NP_OP,
+    WRITABLE_FIX,
+    ArrayApiChecks,
     ArrayLibrary,
     ArrayOps,
     Buf,
     Checks,
     Stager,
     Unsupported,
-    combine_with,
     core,
 )
 from cudampi.comm.arrays.numpy import HostStager
@@ -190,7 +191,7 @@ class CupyStager:
         return "numpy"
 
 
-class CupyChecks(Checks):
+class CupyChecks(ArrayApiChecks):
     """CuPy arrays on the current CUDA device; bfloat16 only where CuPy has it."""
 
     name = "cupy"
@@ -199,7 +200,7 @@ class CupyChecks(Checks):
         super().__init__("cuda")
         import cupy as cp
 
-        self.cp = cp
+        self.xp = self.cp = cp
         if cp.cuda.runtime.getDeviceCount() < 1:
             raise Unsupported("CuPy sees no CUDA device")
 
@@ -210,15 +211,9 @@ class CupyChecks(Checks):
     def _dt(self, dtype: str) -> Any:
         return getattr(self.cp, dtype) if dtype == "bfloat16" else dtype
 
-    def f64_index(self, count: int) -> Any:
-        return self.cp.arange(count, dtype=self.cp.float64)
-
     def cast(self, x64: Any, dtype: str) -> Any:
         self.check_dtype(dtype)
         return self.cp.ascontiguousarray(x64.astype(self._dt(dtype)))
-
-    def to_f64(self, x: Any) -> Any:
-        return x.astype(self.cp.float64)
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
         self.check_dtype(dtype)
@@ -232,25 +227,6 @@ class CupyChecks(Checks):
 
     def sync(self) -> None:
         self.cp.cuda.Device().synchronize()
-
-    def count_mismatch(self, got64: Any, exp64: Any, atol: float, rtol: float) -> int:
-        ok = self.cp.abs(got64 - exp64) <= atol + rtol * self.cp.abs(exp64)
-        return int(ok.size - int(ok.sum().item()))
-
-    def flat(self, x: Any) -> Any:
-        return x.reshape(-1)
-
-    def dtype_name(self, x: Any) -> str:
-        return str(x.dtype)
-
-    def concat(self, parts: list[Any]) -> Any:
-        return self.cp.concatenate(parts)
-
-    def combine(self, a: Any, b: Any, op: str) -> Any:
-        cp = self.cp
-        return combine_with(
-            cp, a, b, op, lambda x: x.astype(cp.int64), lambda x: x.astype(cp.float64)
-        )
 
     def from_numpy(self, a: Any, dtype: str) -> Any:
         import numpy as np
@@ -274,10 +250,7 @@ class Cupy:
     """CuPy arrays (see :class:`~cudampi.comm.arrays.base.ArrayLibrary`)."""
 
     name = "cupy"
-    read_only_fix = (
-        "Pass a writable array (numpy: a copy, or np.frombuffer of a bytearray; a memmap opened "
-        "with mode 'r+')."
-    )
+    read_only_fix = WRITABLE_FIX
 
     def array_type(self) -> type | None:
         cupy = sys.modules.get("cupy")

@@ -17,13 +17,13 @@ import sys
 from typing import Any
 
 from cudampi.comm.arrays.base import (
+    ArrayApiChecks,
     ArrayLibrary,
     ArrayOps,
     Buf,
     Checks,
     Stager,
     Unsupported,
-    combine_with,
 )
 from cudampi.comm.arrays.cupy import CUPY
 from cudampi.comm.arrays.dlpack import CUDA_DEVICES, HOST_DEVICES
@@ -174,7 +174,7 @@ def _cuda_library() -> ArrayLibrary:
         return TORCH
 
 
-class JaxChecks(Checks):
+class JaxChecks(ArrayApiChecks):
     """JAX arrays on the CPU or the first GPU JAX sees. Computed with jax.numpy on the arrays'
     device; in float64 where ``jax_enable_x64`` is on, else in float32 (exact for the small
     integers of the patterns). JAX arrays are immutable: :meth:`fill`, :meth:`copy_into` and
@@ -189,13 +189,20 @@ class JaxChecks(Checks):
             import jax.numpy as jnp
         except ImportError as exc:
             raise Unsupported(f"jax is not importable here ({exc})") from None
-        self.jax, self.jnp = jax, jnp
+        self.jax, self.jnp, self.xp = jax, jnp, jnp
         try:
             self.dev = jax.devices("cpu" if device == "cpu" else "gpu")[0]
         except RuntimeError:
             raise Unsupported("JAX sees no GPU") from None
         self.x64 = jax.dtypes.canonicalize_dtype("float64").name == "float64"
-        self.f64 = jnp.float64 if self.x64 else jnp.float32
+
+    @property
+    def f64(self) -> Any:
+        return self.jnp.float64 if self.x64 else self.jnp.float32
+
+    @property
+    def wide(self) -> Any:
+        return self.jnp.int64 if self.x64 else self.jnp.int32
 
     def check_dtype(self, dtype: str) -> None:
         if dtype in _WIDE and not self.x64:
@@ -213,9 +220,6 @@ class JaxChecks(Checks):
     def cast(self, x64: Any, dtype: str) -> Any:
         self.check_dtype(dtype)
         return x64.astype(getattr(self.jnp, dtype))
-
-    def to_f64(self, x: Any) -> Any:
-        return x.astype(self.f64)
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
         self.check_dtype(dtype)  # JAX has no uninitialised arrays
@@ -235,25 +239,6 @@ class JaxChecks(Checks):
 
     def sync(self) -> None:
         self.jax.effects_barrier()
-
-    def count_mismatch(self, got64: Any, exp64: Any, atol: float, rtol: float) -> int:
-        jnp = self.jnp
-        ok = jnp.abs(got64 - exp64) <= atol + rtol * jnp.abs(exp64)
-        return int(ok.size - int(ok.sum()))
-
-    def flat(self, x: Any) -> Any:
-        return x.reshape(-1)
-
-    def dtype_name(self, x: Any) -> str:
-        return str(x.dtype)
-
-    def concat(self, parts: list[Any]) -> Any:
-        return self.jnp.concatenate(parts)
-
-    def combine(self, a: Any, b: Any, op: str) -> Any:
-        jnp, f64 = self.jnp, self.f64
-        wide = jnp.int64 if self.x64 else jnp.int32
-        return combine_with(jnp, a, b, op, lambda x: x.astype(wide), lambda x: x.astype(f64))
 
     def from_numpy(self, a: Any, dtype: str) -> Any:
         import numpy as np

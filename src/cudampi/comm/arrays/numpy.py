@@ -8,12 +8,13 @@ from typing import Any
 from cudampi.comm.arrays.base import (
     BOOL_OP,
     NP_OP,
+    WRITABLE_FIX,
+    ArrayApiChecks,
     ArrayLibrary,
     ArrayOps,
     Buf,
     Checks,
     Unsupported,
-    combine_with,
     core,
 )
 
@@ -137,7 +138,7 @@ class HostStager:
         return self.lib
 
 
-class NumpyChecks(Checks):
+class NumpyChecks(ArrayApiChecks):
     """Host arrays (NumPy); no bfloat16."""
 
     name = "numpy"
@@ -146,21 +147,15 @@ class NumpyChecks(Checks):
         super().__init__("cpu")
         import numpy as np
 
-        self.np = np
+        self.xp = self.np = np
 
     def check_dtype(self, dtype: str) -> None:
         if dtype == "bfloat16":
             raise Unsupported("NumPy has no bfloat16 (use --array torch for bfloat16 host buffers)")
 
-    def f64_index(self, count: int) -> Any:
-        return self.np.arange(count, dtype=self.np.float64)
-
     def cast(self, x64: Any, dtype: str) -> Any:
         self.check_dtype(dtype)
         return self.np.ascontiguousarray(x64.astype(dtype))
-
-    def to_f64(self, x: Any) -> Any:
-        return x.astype(self.np.float64)
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
         self.check_dtype(dtype)
@@ -171,25 +166,6 @@ class NumpyChecks(Checks):
 
     def copy_into(self, dst: Any, src: Any) -> None:
         self.np.copyto(dst, src)
-
-    def count_mismatch(self, got64: Any, exp64: Any, atol: float, rtol: float) -> int:
-        ok = self.np.abs(got64 - exp64) <= atol + rtol * self.np.abs(exp64)
-        return int(ok.size - int(ok.sum()))
-
-    def flat(self, x: Any) -> Any:
-        return x.reshape(-1)
-
-    def dtype_name(self, x: Any) -> str:
-        return str(x.dtype)
-
-    def concat(self, parts: list[Any]) -> Any:
-        return self.np.concatenate(parts)
-
-    def combine(self, a: Any, b: Any, op: str) -> Any:
-        np = self.np
-        return combine_with(
-            np, a, b, op, lambda x: x.astype(np.int64), lambda x: x.astype(np.float64)
-        )
 
     def from_numpy(self, a: Any, dtype: str) -> Any:
         self.check_dtype(dtype)
@@ -203,10 +179,7 @@ class Numpy:
     """NumPy arrays: used as they are (see :class:`~cudampi.comm.arrays.base.ArrayLibrary`)."""
 
     name = "numpy"
-    read_only_fix = (
-        "Pass a writable array (numpy: a copy, or np.frombuffer of a bytearray; a memmap opened "
-        "with mode 'r+')."
-    )
+    read_only_fix = WRITABLE_FIX
 
     def array_type(self) -> type | None:
         np = sys.modules.get("numpy")

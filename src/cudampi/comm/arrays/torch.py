@@ -9,6 +9,7 @@ from typing import Any
 
 from cudampi.comm.arrays.base import (
     BOOL_OP,
+    WRITABLE_FIX,
     ArrayLibrary,
     ArrayOps,
     Buf,
@@ -329,10 +330,7 @@ class Torch:
     """torch tensors (see :class:`~cudampi.comm.arrays.base.ArrayLibrary`)."""
 
     name = "torch"
-    read_only_fix = (
-        "Pass a writable array (numpy: a copy, or np.frombuffer of a bytearray; a memmap opened "
-        "with mode 'r+')."
-    )
+    read_only_fix = WRITABLE_FIX
 
     def array_type(self) -> type | None:
         torch = sys.modules.get("torch")

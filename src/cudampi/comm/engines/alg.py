@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cudampi.comm import algorithms
-from cudampi.comm.arrays import ArrayOps
+from cudampi.comm.arrays import ArrayOps, Flat
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Setting
 from cudampi.comm.engines.p2p import DirectP2P, apart, message_route
@@ -77,7 +77,7 @@ class AlgEngine(DirectP2P):
     def algo(self) -> int:
         return 1 + int(self.direct)
 
-    def _ctx(self, a: Any) -> algorithms.Ctx:
+    def _ctx(self, a: Flat) -> algorithms.Ctx:
         s = self.setting
         return algorithms.Ctx(
             s.rank,
@@ -90,7 +90,7 @@ class AlgEngine(DirectP2P):
             self.direct,
         )
 
-    def _work(self, xf: Any, op: str, dtype: str, scratch: bool) -> Any:
+    def _work(self, xf: Flat, op: str, dtype: str, scratch: bool) -> Any:
         """The array the algorithm reduces in place: ``xf`` itself where it is a scratch copy,
         else a copy; divided for ``avg`` (:meth:`share`)."""
         n = int(xf.shape[0])
@@ -98,12 +98,12 @@ class AlgEngine(DirectP2P):
         self.share(work, xf, op, dtype)
         return work
 
-    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+    def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         self.share(of, xf if xf is of else apart(self.ops, xf, of), op, dtype)
         algorithms.allreduce(self._ctx(of), of, op, dtype)
 
     def reduce(
-        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+        self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         if self.setting.rank == root:
             work = of
@@ -112,25 +112,25 @@ class AlgEngine(DirectP2P):
             work = self._work(xf, op, dtype, scratch)
         algorithms.reduce(self._ctx(work), work, op, dtype, root)
 
-    def broadcast(self, xf: Any, root: int) -> None:
+    def broadcast(self, xf: Flat, root: int) -> None:
         algorithms.broadcast(self._ctx(xf), xf, root)
 
     # Receives land in ``of`` while ``xf`` is still being sent: where the caller's input
     # overlaps the output (other than in place), it is copied apart first (as the mpi engine
     # does for MPI's sake), or blocks are sent after they were overwritten.
 
-    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+    def allgatherv(self, xf: Flat, of: Flat, counts: list[int]) -> None:
         algorithms.allgatherv(self._ctx(xf), self._apart(xf, of, counts), of, counts)
 
-    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+    def gatherv(self, xf: Flat, of: Flat | None, counts: list[int], root: int) -> None:
         send = xf if of is None else self._apart(xf, of, counts)
         algorithms.gatherv(self._ctx(xf), send, of, counts, root)
 
-    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+    def scatterv(self, xf: Flat | None, of: Flat, counts: list[int], root: int) -> None:
         send = xf if xf is None else apart(self.ops, xf, of)
         algorithms.scatterv(self._ctx(of), send, of, counts, root)
 
-    def _apart(self, xf: Any, of: Any, counts: list[int]) -> Any:
+    def _apart(self, xf: Flat, of: Flat, counts: list[int]) -> Any:
         """``xf``, unless it overlaps ``of`` other than as exactly this rank's block."""
         ops, r = self.ops, self.setting.rank
         lo = sum(counts[:r]) * ops.itemsize(of)
@@ -139,11 +139,11 @@ class AlgEngine(DirectP2P):
         return apart(ops, xf, of)
 
     def reduce_scatterv(
-        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+        self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         work = self._work(xf, op, dtype, scratch)
         algorithms.reduce_scatterv(self._ctx(xf), work, of, counts, op, dtype)
 
-    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+    def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         send = apart(self.ops, xf, of)
         algorithms.alltoallv(self._ctx(xf), send, send_counts, of, recv_counts)

@@ -44,14 +44,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from cudampi.comm.arrays import ArrayOps, ops_for
+from cudampi.comm.arrays import ArrayOps, Flat, ops_for
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.handle import Handle
 from cudampi.config import Config
 from cudampi.errors import CommError
 from cudampi.names import CALLS
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,9 +70,9 @@ def unimplemented(fn: F) -> F:
 class Setting:
     """What every engine of one communicator works with."""
 
-    coll: Any
+    coll: Comm
     """The MPI communicator of collectives (and of their internal point-to-point)."""
-    p2p: Any
+    p2p: Comm
     """The MPI communicator of user point-to-point, apart so it never matches a collective."""
     rank: int
     size: int
@@ -114,7 +117,7 @@ def _raw_stream() -> Any:
     return raw
 
 
-def node_comm(coll: Any, config: Config) -> Any:
+def node_comm(coll: Comm, config: Config) -> Comm:
     """The ranks of ``coll`` that share this rank's node (MPI's shared-memory split), cut into
     groups of ``config.node_ranks`` consecutive ranks where that is set. The caller frees it."""
     from mpi4py import MPI
@@ -244,60 +247,60 @@ class Engine:
     # ------------------------------------------------------------------ collectives
 
     @unimplemented
-    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+    def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         raise NotImplementedError
 
     @unimplemented
     def reduce(
-        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+        self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         raise NotImplementedError
 
     @unimplemented
-    def broadcast(self, xf: Any, root: int) -> None:
+    def broadcast(self, xf: Flat, root: int) -> None:
         raise NotImplementedError
 
     @unimplemented
-    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+    def allgatherv(self, xf: Flat, of: Flat, counts: list[int]) -> None:
         raise NotImplementedError
 
     @unimplemented
-    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+    def gatherv(self, xf: Flat, of: Flat | None, counts: list[int], root: int) -> None:
         raise NotImplementedError
 
     @unimplemented
-    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+    def scatterv(self, xf: Flat | None, of: Flat, counts: list[int], root: int) -> None:
         raise NotImplementedError
 
     @unimplemented
     def reduce_scatterv(
-        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+        self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         raise NotImplementedError
 
     @unimplemented
-    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+    def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ point-to-point
 
     @unimplemented
-    def send(self, f: Any, dest: int, tag: int) -> None:
+    def send(self, f: Flat, dest: int, tag: int) -> None:
         raise NotImplementedError
 
     @unimplemented
-    def recv(self, f: Any, source: int, tag: int) -> None:
+    def recv(self, f: Flat, source: int, tag: int) -> None:
         raise NotImplementedError
 
     @unimplemented
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+    def isend(self, f: Flat, dest: int, tag: int) -> Handle:
         raise NotImplementedError
 
     @unimplemented
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+    def irecv(self, f: Flat, source: int, tag: int) -> Handle:
         raise NotImplementedError
 
-    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+    def sendrecv(self, xf: Flat, dest: int, of: Flat, source: int, tag: int) -> None:
         """Send ``xf`` to ``dest`` while receiving ``of`` from ``source``."""
         r = self.irecv(of, source, tag)
         self.isend(xf, dest, tag).wait()
@@ -305,7 +308,7 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
 
-    def share(self, dst: Any, src: Any, op: str, dtype: str) -> None:
+    def share(self, dst: Flat, src: Flat, op: str, dtype: str) -> None:
         """``dst`` = ``src`` (``src is dst``: in place; else apart from it), divided by the
         number of ranks where ``op`` is ``avg``: each rank's share, before the sum, so the sum
         cannot overflow where the average fits (:data:`cudampi.comm.arrays.base.SEMANTICS`)."""
@@ -325,23 +328,23 @@ class CollectivesOnly(Engine):
         )
 
     @unimplemented
-    def send(self, f: Any, dest: int, tag: int) -> None:
+    def send(self, f: Flat, dest: int, tag: int) -> None:
         raise self._no_p2p()
 
     @unimplemented
-    def recv(self, f: Any, source: int, tag: int) -> None:
+    def recv(self, f: Flat, source: int, tag: int) -> None:
         raise self._no_p2p()
 
     @unimplemented
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+    def isend(self, f: Flat, dest: int, tag: int) -> Handle:
         raise self._no_p2p()
 
     @unimplemented
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+    def irecv(self, f: Flat, source: int, tag: int) -> Handle:
         raise self._no_p2p()
 
     @unimplemented
-    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+    def sendrecv(self, xf: Flat, dest: int, of: Flat, source: int, tag: int) -> None:
         raise self._no_p2p()
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudampi.comm.arrays import DTYPE_CODE, ArrayOps, adapt
+from cudampi.comm.arrays import DTYPE_CODE, ArrayOps, Flat, adapt
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import (
     Engine,
@@ -193,7 +193,7 @@ class IpcEngine(Engine):
             return self._fixed_stream
         return caller_stream(self.ops)
 
-    def _ptr(self, a: Any) -> int:
+    def _ptr(self, a: Flat | None) -> int:
         return 0 if a is None else self.ops.ptr(a)
 
     def _planned(self, key: tuple[Any, ...], make: Any) -> list[plan.Launch]:
@@ -215,7 +215,7 @@ class IpcEngine(Engine):
     def _move(self, launches: list[plan.Launch]) -> None:
         self.ws.launch(launches, {"exchange": L.exchange_name(self.ws.size)}, self._stream())
 
-    def _kind(self, a: Any) -> tuple[int, int]:
+    def _kind(self, a: Flat) -> tuple[int, int]:
         return self.ops.itemsize(a), DTYPE_CODE[adapt(a).dtype]
 
     @staticmethod
@@ -236,7 +236,7 @@ class IpcEngine(Engine):
 
     # ------------------------------------------------------------------ collectives
 
-    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+    def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         isz, n = self.ops.itemsize(xf), xf.shape[0]  # len() of a tensor is Python-level
         x, out = self._ptr(xf), self._ptr(of)
         reg = (0, 0, 0, 0)
@@ -263,7 +263,7 @@ class IpcEngine(Engine):
         return (*rin, *rout)
 
     def reduce(
-        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+        self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         isz, n, x, out = self.ops.itemsize(xf), xf.shape[0], self._ptr(xf), self._ptr(of)
         launches = self._planned(
@@ -275,7 +275,7 @@ class IpcEngine(Engine):
         self._reduce(launches, dtype, op)
 
     def reduce_scatterv(
-        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+        self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         isz, x, out = self.ops.itemsize(xf), self._ptr(xf), self._ptr(of)
         launches = self._planned(
@@ -284,7 +284,7 @@ class IpcEngine(Engine):
         )
         self._reduce(launches, dtype, op)
 
-    def broadcast(self, xf: Any, root: int) -> None:
+    def broadcast(self, xf: Flat, root: int) -> None:
         isz, code = self._kind(xf)
         n, x = xf.shape[0], self._ptr(xf)
         launches = self._planned(
@@ -295,7 +295,7 @@ class IpcEngine(Engine):
         )
         self._move(launches)
 
-    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+    def allgatherv(self, xf: Flat, of: Flat, counts: list[int]) -> None:
         isz, code = self._kind(xf)
         call = "allgather" if len(set(counts)) == 1 else "allgatherv"
         x, out = self._ptr(xf), self._ptr(of)
@@ -305,7 +305,7 @@ class IpcEngine(Engine):
         )
         self._move(launches)
 
-    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+    def gatherv(self, xf: Flat, of: Flat | None, counts: list[int], root: int) -> None:
         isz, code = self._kind(xf)
         call = "gather"  # (uneven counts differ in the signature's counts word)
         x, out = self._ptr(xf), self._ptr(of)
@@ -315,7 +315,7 @@ class IpcEngine(Engine):
         )
         self._move(launches)
 
-    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+    def scatterv(self, xf: Flat | None, of: Flat, counts: list[int], root: int) -> None:
         isz, code = self._kind(of)
         me = self.ws.rank
         recv = [counts[me] if s == root else 0 for s in range(self.ws.size)]
@@ -329,7 +329,7 @@ class IpcEngine(Engine):
         )  # fmt: skip
         self._move(launches)
 
-    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+    def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         isz, code = self._kind(xf)
         from mpi4py import MPI
 
@@ -353,7 +353,7 @@ class IpcEngine(Engine):
     def flush(self) -> None:
         self.ws.flush()
 
-    def _post(self, f: Any, send: bool, peer: int, tag: int) -> None:
+    def _post(self, f: Flat, send: bool, peer: int, tag: int) -> None:
         if peer < 0:
             raise CommError(ANY_SOURCE_REFUSED)
         if send and tag < 0:
@@ -378,11 +378,11 @@ class IpcEngine(Engine):
         self.inplace_sends += got[0] > 0
         return got
 
-    def send(self, f: Any, dest: int, tag: int) -> None:
+    def send(self, f: Flat, dest: int, tag: int) -> None:
         self._post(f, True, dest, tag)
         self.ws.flush()
 
-    def recv(self, f: Any, source: int, tag: int) -> None:
+    def recv(self, f: Flat, source: int, tag: int) -> None:
         self._post(f, False, source, tag)
         self.ws.flush()
 
@@ -396,16 +396,16 @@ class IpcEngine(Engine):
 
         return Handle(what, poll=launch)
 
-    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+    def sendrecv(self, xf: Flat, dest: int, of: Flat, source: int, tag: int) -> None:
         self._post(of, False, source, tag)
         self._post(xf, True, dest, tag)
         self.ws.flush()
 
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+    def isend(self, f: Flat, dest: int, tag: int) -> Handle:
         self._post(f, True, dest, tag)
         return self._pending(f"isend to rank {dest}")
 
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+    def irecv(self, f: Flat, source: int, tag: int) -> Handle:
         self._post(f, False, source, tag)
         return self._pending(f"irecv from rank {source}")
 
@@ -482,7 +482,7 @@ class HierEngine(Engine):
 
     # ------------------------------------------------------------------ helpers
 
-    def _scratch(self, n: int, like: Any) -> Any:
+    def _scratch(self, n: int, like: Flat) -> Any:
         return self.ops.empty(max(1, n), like)[:n]
 
     def _settle(self) -> None:
@@ -498,7 +498,7 @@ class HierEngine(Engine):
     # avg: the node's engine divides by the node's ranks, the cross engine by the nodes, each
     # before its sum: sum / (ranks per node * nodes) without an overflow in between.
 
-    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+    def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         counts = self._node_split(int(xf.shape[0]))
         part = self._scratch(counts[self.local], xf)
         self.node.reduce_scatterv(xf, part, counts, op, dtype)
@@ -507,7 +507,7 @@ class HierEngine(Engine):
         self.node.allgatherv(part, of, counts)
 
     def reduce_scatterv(
-        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+        self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         L, me = self.per_node, self.local
         mine = [counts[m * L + me] for m in range(self.nodes)]
@@ -522,7 +522,7 @@ class HierEngine(Engine):
         self._settle()
         self.cross.reduce_scatterv(part, of, mine, op, dtype, scratch=True)
 
-    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+    def allgatherv(self, xf: Flat, of: Flat, counts: list[int]) -> None:
         L = self.per_node
         sums = [sum(counts[m * L : (m + 1) * L]) for m in range(self.nodes)]
         me = self.setting.rank // L
@@ -536,32 +536,32 @@ class HierEngine(Engine):
     # ------------------------------------------------------------------ flat
 
     def reduce(
-        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+        self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         self.flat.reduce(xf, of, op, dtype, root, scratch=scratch)
 
-    def broadcast(self, xf: Any, root: int) -> None:
+    def broadcast(self, xf: Flat, root: int) -> None:
         self.flat.broadcast(xf, root)
 
-    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+    def gatherv(self, xf: Flat, of: Flat | None, counts: list[int], root: int) -> None:
         self.flat.gatherv(xf, of, counts, root)
 
-    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+    def scatterv(self, xf: Flat | None, of: Flat, counts: list[int], root: int) -> None:
         self.flat.scatterv(xf, of, counts, root)
 
-    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+    def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         self.flat.alltoallv(xf, send_counts, of, recv_counts)
 
-    def send(self, f: Any, dest: int, tag: int) -> None:
+    def send(self, f: Flat, dest: int, tag: int) -> None:
         self.flat.send(f, dest, tag)
 
-    def recv(self, f: Any, source: int, tag: int) -> None:
+    def recv(self, f: Flat, source: int, tag: int) -> None:
         self.flat.recv(f, source, tag)
 
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+    def isend(self, f: Flat, dest: int, tag: int) -> Handle:
         return self.flat.isend(f, dest, tag)
 
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+    def irecv(self, f: Flat, source: int, tag: int) -> Handle:
         return self.flat.irecv(f, source, tag)
 
 

@@ -19,16 +19,19 @@ a chunk sequence (:mod:`cudampi.comm.engines.p2p`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cudampi.comm import transport
 from cudampi.comm.algorithms import offsets
-from cudampi.comm.arrays import ArrayOps, nan_aware
+from cudampi.comm.arrays import ArrayOps, Flat, nan_aware
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Engine
 from cudampi.comm.engines.p2p import DirectP2P, apart, bytes_spec, message_route, overlap
 from cudampi.comm.transport import mem, pieces, typed_mem
 from cudampi.errors import DeviceError
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 NO_MPI_TYPE = ("float16", "bfloat16")
 
@@ -109,14 +112,14 @@ def can_reduce(dtype: str) -> bool:
     return dtype not in NO_MPI_TYPE
 
 
-def _typed(ops: ArrayOps, a: Any, dtype: str) -> Any:
+def _typed(ops: ArrayOps, a: Flat, dtype: str) -> Any:
     if ops.lib == "numpy":  # mpi4py reads a NumPy array's buffer itself, cheaper than an address
         return [a, int(a.shape[0]), mpi_type(dtype)]
     n = ops.nbytes(a)
     return typed_mem(ops.ptr(a), n, int(a.shape[0]), mpi_type(dtype))
 
 
-def _vec(ops: ArrayOps, a: Any, counts: list[int], itemsize: int) -> Any:
+def _vec(ops: ArrayOps, a: Flat, counts: list[int], itemsize: int) -> Any:
     from mpi4py import MPI
 
     b = [c * itemsize for c in counts]
@@ -125,7 +128,7 @@ def _vec(ops: ArrayOps, a: Any, counts: list[int], itemsize: int) -> Any:
 
 
 def _gather_send(
-    ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, rank: int
+    ops: ArrayOps, send: Flat, out: Flat, counts: list[int], itemsize: int, rank: int
 ) -> Any:
     """The send buffer of an (all)gather: MPI_IN_PLACE when ``send`` is exactly this rank's
     block of ``out``; a copy when it overlaps ``out`` anywhere else."""
@@ -139,7 +142,7 @@ def _gather_send(
     return bytes_spec(ops, apart(ops, send, out))
 
 
-def allreduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str) -> None:
+def allreduce(comm: Comm, ops: ArrayOps, send: Flat, out: Flat, op: str, dtype: str) -> None:
     """``out`` = reduction of every rank's ``send`` (``send is out``: in place)."""
     from mpi4py import MPI
 
@@ -149,7 +152,9 @@ def allreduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str
     comm.Allreduce(sbuf, _typed(ops, out, dtype), mpi_op(op, dtype))
 
 
-def reduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str, root: int) -> None:
+def reduce(
+    comm: Comm, ops: ArrayOps, send: Flat, out: Flat, op: str, dtype: str, root: int
+) -> None:
     from mpi4py import MPI
 
     if int(send.shape[0]) == 0:
@@ -161,37 +166,53 @@ def reduce(comm: Any, ops: ArrayOps, send: Any, out: Any, op: str, dtype: str, r
         comm.Reduce(_typed(ops, send, dtype), None, mpi_op(op, dtype), root)
 
 
-def broadcast(comm: Any, ops: ArrayOps, data: Any, root: int) -> None:
+def broadcast(comm: Comm, ops: ArrayOps, data: Flat, root: int) -> None:
     if ops.nbytes(data):
         comm.Bcast(bytes_spec(ops, data), root)
 
 
 def allgatherv(
-    comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int
+    comm: Comm, ops: ArrayOps, send: Flat, out: Flat, counts: list[int], itemsize: int
 ) -> None:
     sbuf = _gather_send(ops, send, out, counts, itemsize, comm.rank)
     comm.Allgatherv(sbuf, _vec(ops, out, counts, itemsize))
 
 
 def gatherv(
-    comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
+    comm: Comm,
+    ops: ArrayOps,
+    send: Flat,
+    out: Flat | None,
+    counts: list[int],
+    itemsize: int,
+    root: int,
 ) -> None:
     if comm.rank != root:
         comm.Gatherv(bytes_spec(ops, send), None, root)
         return
+    assert out is not None  # (the root has the output)
     sbuf = _gather_send(ops, send, out, counts, itemsize, root)
     comm.Gatherv(sbuf, _vec(ops, out, counts, itemsize), root)
 
 
 def scatterv(
-    comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], itemsize: int, root: int
+    comm: Comm,
+    ops: ArrayOps,
+    send: Flat | None,
+    out: Flat,
+    counts: list[int],
+    itemsize: int,
+    root: int,
 ) -> None:
-    sbuf = _vec(ops, apart(ops, send, out), counts, itemsize) if comm.rank == root else None
+    sbuf = None
+    if comm.rank == root:
+        assert send is not None  # (the root has the input)
+        sbuf = _vec(ops, apart(ops, send, out), counts, itemsize)
     comm.Scatterv(sbuf, bytes_spec(ops, out), root)
 
 
 def reduce_scatterv(
-    comm: Any, ops: ArrayOps, send: Any, out: Any, counts: list[int], op: str, dtype: str
+    comm: Comm, ops: ArrayOps, send: Flat, out: Flat, counts: list[int], op: str, dtype: str
 ) -> None:
     if sum(counts) == 0:
         return
@@ -204,11 +225,11 @@ def reduce_scatterv(
 
 
 def alltoallv(
-    comm: Any,
+    comm: Comm,
     ops: ArrayOps,
-    send: Any,
+    send: Flat,
     scounts: list[int],
-    out: Any,
+    out: Flat,
     rcounts: list[int],
     itemsize: int,
 ) -> None:
@@ -288,7 +309,7 @@ class MpiEngine(DirectP2P):
             "alg",
         )
 
-    def _isz(self, a: Any) -> int:
+    def _isz(self, a: Flat) -> int:
         return self.ops.itemsize(a)
 
     def _large(self) -> Engine:
@@ -300,7 +321,9 @@ class MpiEngine(DirectP2P):
         device memory, so cudampi's algorithm reduces them (on the same arrays)."""
         return self.ops.device is not None and nan_aware(op, dtype)
 
-    def _shares(self, xf: Any, dtype: str, into: Any = None, scratch: bool = False) -> Any:
+    def _shares(
+        self, xf: Flat, dtype: str, into: Flat | None = None, scratch: bool = False
+    ) -> Flat:
         """``avg``: this rank's share, ``xf`` divided by the number of ranks (before the sum:
         :data:`~cudampi.comm.arrays.base.SEMANTICS`), into ``into`` (else in place where ``xf``
         is a scratch copy, else a new array), ready for MPI to read."""
@@ -312,7 +335,7 @@ class MpiEngine(DirectP2P):
         self.ops.fence()
         return into
 
-    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+    def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         if self._nan_on_device(op, dtype):
             return self.peer("alg").allreduce(xf, of, op, dtype)
         if op == "avg":
@@ -327,7 +350,7 @@ class MpiEngine(DirectP2P):
         return None
 
     def reduce(
-        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+        self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         if self._nan_on_device(op, dtype):
             return self.peer("alg").reduce(xf, of, op, dtype, root, scratch=scratch)
@@ -345,32 +368,32 @@ class MpiEngine(DirectP2P):
             reduce(self.setting.coll, self.ops, send, out, op, dtype, root)
         return None
 
-    def broadcast(self, xf: Any, root: int) -> None:
+    def broadcast(self, xf: Flat, root: int) -> None:
         n, isz = int(xf.shape[0]), self._isz(xf)
         for lo, hi in pieces(n * isz):
             a, b = -(-lo // isz), min(n, -(-hi // isz))  # pieces on element bounds
             broadcast(self.setting.coll, self.ops, xf if b - a == n else xf[a:b], root)
 
-    def _over(self, counts: list[int], a: Any) -> bool:
+    def _over(self, counts: list[int], a: Flat) -> bool:
         return sum(counts) * self._isz(a) > transport.COUNT_LIMIT
 
-    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+    def allgatherv(self, xf: Flat, of: Flat, counts: list[int]) -> None:
         if self._over(counts, xf):
             return self._large().allgatherv(xf, of, counts)
         allgatherv(self.setting.coll, self.ops, xf, of, counts, self._isz(xf))
 
-    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+    def gatherv(self, xf: Flat, of: Flat | None, counts: list[int], root: int) -> None:
         if self._over(counts, xf):
             return self._large().gatherv(xf, of, counts, root)
         gatherv(self.setting.coll, self.ops, xf, of, counts, self._isz(xf), root)
 
-    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+    def scatterv(self, xf: Flat | None, of: Flat, counts: list[int], root: int) -> None:
         if self._over(counts, of):
             return self._large().scatterv(xf, of, counts, root)
         scatterv(self.setting.coll, self.ops, xf, of, counts, self._isz(of), root)
 
     def reduce_scatterv(
-        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+        self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         if self._over(counts, xf) or self._nan_on_device(op, dtype):
             return self._large().reduce_scatterv(xf, of, counts, op, dtype, scratch=scratch)
@@ -379,7 +402,7 @@ class MpiEngine(DirectP2P):
         reduce_scatterv(self.setting.coll, self.ops, xf, of, counts, op, dtype)
         return None
 
-    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+    def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         import numpy
         from mpi4py import MPI
 

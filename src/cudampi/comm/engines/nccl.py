@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cudampi.comm.algorithms import offsets
-from cudampi.comm.arrays import COMPLEX, FLOAT, ArrayOps
+from cudampi.comm.arrays import COMPLEX, FLOAT, ArrayOps, Flat
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines import nccl_support as fit
 from cudampi.comm.engines.base import CollectivesOnly, Engine, Engines, Setting, caller_stream
@@ -165,7 +165,7 @@ class NcclEngine(CollectivesOnly):
     def _k(self, name: str) -> int:
         return int(getattr(self._nccl, name))
 
-    def _ptr(self, a: Any, offset: int = 0) -> int:
+    def _ptr(self, a: Flat | None, offset: int = 0) -> int:
         return 0 if a is None else self.ops.ptr(a) + offset * self.ops.itemsize(a)
 
     def _red(self, dtype: str, op: str) -> fit.Reduction:
@@ -204,7 +204,8 @@ class NcclEngine(CollectivesOnly):
             )
 
     def _divide(self, a: Any, dtype: str) -> None:
-        """Finish ``avg`` on the caller's stream (the ArrayOps divide on their own stream)."""
+        """Finish ``avg`` on the caller's stream (the ArrayOps divide on their own stream);
+        ``a`` is a torch tensor or a CuPy array, divided with its library's own ops."""
         n = self.setting.size
         if self.ops.lib == "torch":
             import torch
@@ -223,7 +224,7 @@ class NcclEngine(CollectivesOnly):
 
     # ------------------------------------------------------------------ collectives
 
-    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+    def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         n = int(xf.shape[0])
         if not n:
             return
@@ -236,7 +237,7 @@ class NcclEngine(CollectivesOnly):
                 self._divide(of, dtype)
 
     def reduce(
-        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+        self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         n = int(xf.shape[0])
         if not n:
@@ -250,7 +251,7 @@ class NcclEngine(CollectivesOnly):
             if r.divide and self.setting.rank == root:
                 self._divide(of, dtype)
 
-    def broadcast(self, xf: Any, root: int) -> None:
+    def broadcast(self, xf: Flat, root: int) -> None:
         nbytes = self.ops.nbytes(xf)
         if not nbytes:
             return
@@ -258,7 +259,7 @@ class NcclEngine(CollectivesOnly):
             p = self._ptr(xf)
             self.nc.comm.broadcast(p, p, nbytes, self._k("NCCL_UINT8"), root, st)
 
-    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+    def allgatherv(self, xf: Flat, of: Flat, counts: list[int]) -> None:
         isz = self.ops.itemsize(of)
         me = self.setting.rank
         if len(set(counts)) == 1:
@@ -277,7 +278,7 @@ class NcclEngine(CollectivesOnly):
                 self._send(self._ptr(xf), counts[me] * isz, p, st)
                 self._recv(self._ptr(of, offs[p]), counts[p] * isz, p, st)
 
-    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+    def gatherv(self, xf: Flat, of: Flat | None, counts: list[int], root: int) -> None:
         isz = self.ops.itemsize(xf)
         me = self.setting.rank
         offs = offsets(counts)
@@ -291,7 +292,7 @@ class NcclEngine(CollectivesOnly):
                 else:
                     self._recv(self._ptr(of, offs[p]), counts[p] * isz, p, st)
 
-    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+    def scatterv(self, xf: Flat | None, of: Flat, counts: list[int], root: int) -> None:
         isz = self.ops.itemsize(of)
         me = self.setting.rank
         offs = offsets(counts)
@@ -305,7 +306,7 @@ class NcclEngine(CollectivesOnly):
                 else:
                     self._send(self._ptr(xf, offs[p]), counts[p] * isz, p, st)
 
-    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+    def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         isz = self.ops.itemsize(of)
         me = self.setting.rank
         so, ro = offsets(send_counts), offsets(recv_counts)
@@ -319,7 +320,7 @@ class NcclEngine(CollectivesOnly):
                 self._recv(self._ptr(of, ro[p]), recv_counts[p] * isz, p, st)
 
     def reduce_scatterv(
-        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+        self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         if not any(counts):
             return

@@ -15,7 +15,7 @@ from typing import Any
 
 from cudampi.comm import transport
 from cudampi.comm.args import truncated
-from cudampi.comm.arrays import ArrayOps
+from cudampi.comm.arrays import ArrayOps, Flat
 from cudampi.comm.choice import Ask, DeviceSupport, PathChoice
 from cudampi.comm.deadline import wait_request
 from cudampi.comm.engines.base import Engine
@@ -24,13 +24,13 @@ from cudampi.comm.transport import chunk_bounds, finish_recv, mem, mpi
 from cudampi.errors import DeviceError
 
 
-def bytes_spec(ops: ArrayOps, a: Any) -> Any:
+def bytes_spec(ops: ArrayOps, a: Flat) -> Any:
     if ops.lib == "numpy":  # as in _typed (half the cost of a small message's spec by address)
         return [a, mpi().BYTE]
     return mem(ops.ptr(a), ops.nbytes(a))
 
 
-def overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
+def overlap(ops: ArrayOps, a: Flat, b: Any) -> bool:
     """Do the flat arrays ``a`` and ``b`` share any byte?"""
     na, nb = ops.nbytes(a), ops.nbytes(b)
     if not na or not nb:
@@ -39,7 +39,7 @@ def overlap(ops: ArrayOps, a: Any, b: Any) -> bool:
     return pa < pb + nb and pb < pa + na
 
 
-def apart(ops: ArrayOps, a: Any, b: Any) -> Any:
+def apart(ops: ArrayOps, a: Flat, b: Any) -> Any:
     """``a``, or a copy of it where it overlaps ``b``: MPI forbids aliased send and receive
     buffers (MPICH checks: "Buffers must not be aliased"; FSDP2 all-gathers a shard that lives
     inside the output)."""
@@ -119,16 +119,16 @@ class DirectP2P(Engine):
     every wait has the communicator's deadline. The text that names a message (rank, tag) is
     made only when it times out: a small message's whole MPI call is about a microsecond."""
 
-    def _ptr(self, f: Any) -> Callable[[], int]:
+    def _ptr(self, f: Flat) -> Callable[[], int]:
         return lambda: self.ops.ptr(f)
 
-    def _big(self, f: Any) -> bool:
+    def _big(self, f: Flat) -> bool:
         """Is ``f`` over the count limit? (An element count far below it answers without the
         size: a small message pays one comparison.)"""
         limit = transport.COUNT_LIMIT
         return int(f.shape[0]) > limit >> 4 and self.ops.nbytes(f) > limit
 
-    def _post_send(self, f: Any, dest: int, tag: int) -> Any:
+    def _post_send(self, f: Flat, dest: int, tag: int) -> Any:
         """The send's request: one, or a chunk sequence's list of them (see the module doc)."""
         s = self.setting
         if not self._big(f):
@@ -137,32 +137,32 @@ class DirectP2P(Engine):
         bounds = chunk_bounds(n, s.config.chunk_bytes)
         return [s.p2p.Isend(mem(ptr + lo, hi - lo), dest, tag) for lo, hi in bounds]
 
-    def _recv_spec(self, f: Any) -> Any:
+    def _recv_spec(self, f: Flat) -> Any:
         """The first receive's buffer: ``f``, or its first :data:`COUNT_LIMIT` bytes."""
         if not self._big(f):
             return bytes_spec(self.ops, f)
         return mem(self.ops.ptr(f), transport.COUNT_LIMIT)
 
-    def send(self, f: Any, dest: int, tag: int) -> None:
+    def send(self, f: Flat, dest: int, tag: int) -> None:
         req = self._post_send(f, dest, tag)
         what = lambda: f"send to rank {dest} (tag {tag})"  # noqa: E731
         for r in req if isinstance(req, list) else (req,):
             wait_request(r, self.setting.config.timeout, what)
 
-    def recv(self, f: Any, source: int, tag: int) -> None:
+    def recv(self, f: Flat, source: int, tag: int) -> None:
         s = self.setting
         status = mpi().Status()
         req = s.p2p.Irecv(self._recv_spec(f), source, tag)
         wait_request(req, s.config.timeout, lambda: f"recv from rank {source} (tag {tag})", status)
         finish_recv(s.p2p, status, self.ops.nbytes(f), tag, s.config.chunk_bytes, self._ptr(f))
 
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+    def isend(self, f: Flat, dest: int, tag: int) -> Handle:
         req = self._post_send(f, dest, tag)
         return request_handle(
             lambda: f"isend to rank {dest} (tag {tag})", req, timeout=self.setting.config.timeout
         )
 
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+    def irecv(self, f: Flat, source: int, tag: int) -> Handle:
         s = self.setting
         return irecv_handle(
             s.p2p,
@@ -175,7 +175,7 @@ class DirectP2P(Engine):
             timeout=s.config.timeout,
         )
 
-    def sendrecv(self, xf: Any, dest: int, of: Any, source: int, tag: int) -> None:
+    def sendrecv(self, xf: Flat, dest: int, of: Flat, source: int, tag: int) -> None:
         """As the base's (the receive posted first; each wait with the deadline), without the
         two handles."""
         s = self.setting

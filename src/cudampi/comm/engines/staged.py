@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cudampi.comm.arrays import ArrayOps, Stager, stager_for
+from cudampi.comm.arrays import ArrayOps, Flat, Stager, stager_for
 from cudampi.comm.choice import Ask, DeviceSupport, Facts, PathChoice, Verdict
 from cudampi.comm.engines.base import Engine, Engines, Setting
 from cudampi.comm.engines.p2p import irecv_handle, request_handle
@@ -34,7 +34,7 @@ def piecewise(
     stager: Stager,
     src: Any | None,
     dst: Any | None,
-    like: Any,
+    like: Flat,
     count: int,
     itemsize: int,
     chunk_bytes: int,
@@ -70,7 +70,7 @@ def piecewise(
         stager.wait(ev)
 
 
-def stage_in(stager: Stager, a: Any, like: Any, count: int, itemsize: int) -> Any:
+def stage_in(stager: Stager, a: Flat, like: Flat, count: int, itemsize: int) -> Any:
     """A host copy of the flat ``a`` (``count`` elements), as host elements."""
     host = stager.pinned(max(1, count * itemsize))
     if count:
@@ -78,7 +78,7 @@ def stage_in(stager: Stager, a: Any, like: Any, count: int, itemsize: int) -> An
     return stager.host_view(host, like, count)
 
 
-def stage_buffer(stager: Stager, like: Any, count: int, itemsize: int) -> Any:
+def stage_buffer(stager: Stager, like: Flat, count: int, itemsize: int) -> Any:
     """An uninitialised host buffer of ``count`` elements."""
     return stager.host_view(stager.pinned(max(1, count * itemsize)), like, count)
 
@@ -185,15 +185,15 @@ class StagedEngine(Engine):
     # ------------------------------------------------------------------ helpers
 
     def _pieces(
-        self, src: Any | None, dst: Any | None, like: Any, fn: Callable[[Any], None]
+        self, src: Any | None, dst: Any | None, like: Flat, fn: Callable[[Any], None]
     ) -> None:
         n, isz = int(like.shape[0]), self.ops.itemsize(like)
         piecewise(self.stager, src, dst, like, n, isz, self.setting.config.chunk_bytes, fn)
 
-    def _in(self, a: Any) -> Any:
+    def _in(self, a: Flat) -> Any:
         return stage_in(self.stager, a, a, int(a.shape[0]), self.ops.itemsize(a))
 
-    def _buffer(self, like: Any, count: int) -> Any:
+    def _buffer(self, like: Flat, count: int) -> Any:
         return stage_buffer(self.stager, like, count, self.ops.itemsize(like))
 
     def _out(self, dst: Any, host: Any, count: int) -> None:
@@ -204,12 +204,12 @@ class StagedEngine(Engine):
     # The host engine reduces the staged copies with the call's own op (it divides avg's
     # shares there, before the sum).
 
-    def allreduce(self, xf: Any, of: Any, op: str, dtype: str) -> None:
+    def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         inner = self.inner
         self._pieces(xf, of, xf, lambda h: inner.allreduce(h, h, op, dtype))
 
     def reduce(
-        self, xf: Any, of: Any, op: str, dtype: str, root: int, *, scratch: bool = False
+        self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
     ) -> None:
         inner = self.inner
         is_root = self.setting.rank == root
@@ -220,26 +220,26 @@ class StagedEngine(Engine):
             lambda h: inner.reduce(h, h, op, dtype, root, scratch=True),
         )
 
-    def broadcast(self, xf: Any, root: int) -> None:
+    def broadcast(self, xf: Flat, root: int) -> None:
         inner = self.inner
         is_root = self.setting.rank == root
         self._pieces(
             xf if is_root else None, None if is_root else xf, xf, lambda h: inner.broadcast(h, root)
         )
 
-    def allgatherv(self, xf: Any, of: Any, counts: list[int]) -> None:
+    def allgatherv(self, xf: Flat, of: Flat, counts: list[int]) -> None:
         hx, ho = self._in(xf), self._buffer(xf, sum(counts))
         self.inner.allgatherv(hx, ho, counts)
         self._out(of, ho, sum(counts))
 
-    def gatherv(self, xf: Any, of: Any | None, counts: list[int], root: int) -> None:
+    def gatherv(self, xf: Flat, of: Flat | None, counts: list[int], root: int) -> None:
         hx = self._in(xf)
         ho = self._buffer(xf, sum(counts)) if of is not None else None
         self.inner.gatherv(hx, ho, counts, root)
         if of is not None:
             self._out(of, ho, sum(counts))
 
-    def scatterv(self, xf: Any | None, of: Any, counts: list[int], root: int) -> None:
+    def scatterv(self, xf: Flat | None, of: Flat, counts: list[int], root: int) -> None:
         isz, mine = self.ops.itemsize(of), counts[self.setting.rank]
         hx = stage_in(self.stager, xf, of, sum(counts), isz) if xf is not None else None
         ho = self._buffer(of, mine)
@@ -247,14 +247,14 @@ class StagedEngine(Engine):
         self._out(of, ho, mine)
 
     def reduce_scatterv(
-        self, xf: Any, of: Any, counts: list[int], op: str, dtype: str, *, scratch: bool = False
+        self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         mine = counts[self.setting.rank]
         hx, ho = self._in(xf), self._buffer(of, mine)
         self.inner.reduce_scatterv(hx, ho, counts, op, dtype, scratch=True)
         self._out(of, ho, mine)
 
-    def alltoallv(self, xf: Any, send_counts: list[int], of: Any, recv_counts: list[int]) -> None:
+    def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         hx, ho = self._in(xf), self._buffer(xf, sum(recv_counts))
         self.inner.alltoallv(hx, send_counts, ho, recv_counts)
         self._out(of, ho, sum(recv_counts))
@@ -265,15 +265,15 @@ class StagedEngine(Engine):
         c = self.setting.config
         return StagedTransport(self.setting.p2p, self.stager, c.chunk_bytes, c.timeout)
 
-    def send(self, f: Any, dest: int, tag: int) -> None:
+    def send(self, f: Flat, dest: int, tag: int) -> None:
         with self.ops.device_ctx():
             self._transport().send(f, dest, tag)
 
-    def recv(self, f: Any, source: int, tag: int) -> None:
+    def recv(self, f: Flat, source: int, tag: int) -> None:
         with self.ops.device_ctx():
             self._transport().recv(f, source, tag)
 
-    def isend(self, f: Any, dest: int, tag: int) -> Handle:
+    def isend(self, f: Flat, dest: int, tag: int) -> Handle:
         st, n = self.stager, self.ops.nbytes(f)
         keep = st.pinned(max(1, n))
         with self.ops.device_ctx():
@@ -282,7 +282,7 @@ class StagedEngine(Engine):
         what = f"isend to rank {dest} (tag {tag})"
         return request_handle(what, req, keep, self.setting.config.timeout)
 
-    def irecv(self, f: Any, source: int, tag: int) -> Handle:
+    def irecv(self, f: Flat, source: int, tag: int) -> Handle:
         st, n = self.stager, self.ops.nbytes(f)
         host = st.pinned(max(1, n))
 

@@ -1,0 +1,79 @@
+"""A small allreduce on host memory, carried in its own cross-rank check.
+
+A host allreduce of a few bytes (a loss, a metric, a flag) costs two collectives on the wire:
+the check that every rank makes the same call (:mod:`cudampi.comm.validate`), then MPI's
+allreduce, and the second doubles its latency. Where the check is an allgather of signature
+blocks (:func:`~cudampi.comm.validate.gathers`), the data of an allreduce of up to
+:data:`~cudampi.comm.validate.CARRY_BYTES` travels in this rank's block instead: after the one
+exchange every rank holds every rank's data and reduces it itself, in rank order, so every rank
+computes the same result in the same order. Whether a call is carried follows from its
+signature (size, dtype, path) and the communicator's size, so every rank that makes the same
+call carries it, and ranks that disagree meet in the same exchange and raise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cudampi.comm.arrays import ArrayOps, Buf, flat, ops_for
+from cudampi.comm.validate import CARRY_BYTES, gathers
+
+CARRIED_PATHS = ("host", "host-alg")
+"""The path labels whose host allreduce is carried: MPI's own and cudampi's algorithm on host
+memory, as auto (or ``path='host'``) takes them; a path asked for by another name runs as asked."""
+
+
+def carries(size: int, x: Buf, label: str) -> bool:
+    """Whether an allreduce of ``x`` on a communicator of ``size`` ranks, on the path labelled
+    ``label``, travels in its check."""
+    return (
+        gathers(size)
+        and x.device is None
+        and x.lib in ("numpy", "torch")
+        and x.nbytes <= CARRY_BYTES
+        and x.dtype != "bfloat16"  # (NumPy has no bfloat16 to reduce it in)
+        and label in CARRIED_PATHS
+    )
+
+
+@dataclass(slots=True)
+class Carry:
+    """One carried allreduce: the bytes this rank sends, where the result goes, how it is
+    reduced. Made once per call shape (the repeat path keeps it with its arrays)."""
+
+    data: Any
+    """The input's bytes (a NumPy uint8 view of the caller's memory)."""
+    out: Any
+    """The output, flat (a NumPy view of the caller's memory)."""
+    op: str
+    dtype: str
+    ops: ArrayOps
+
+    def finish(self, rows: Any) -> None:
+        """Reduce every rank's data (``rows``: one row of bytes per rank, in rank order) into
+        the output: rank 0's, then each next rank's combined into it (``avg``: each rank's
+        share, divided before the sum, as every engine does)."""
+        data = rows.view(self.out.dtype)
+        if self.op == "avg":
+            shares = data.copy()
+            self.ops.divide(shares, data.shape[0], self.dtype, data)
+            data = shares
+        self.out[...] = data[0]
+        for r in range(1, data.shape[0]):
+            self.ops.reduce(self.out, data[r], self.op, self.dtype)
+
+
+def carry(x: Buf, out: Buf, op: str) -> Carry:
+    """The :class:`Carry` of an allreduce of ``x`` into ``out`` (host memory, see
+    :func:`carries`)."""
+    import numpy
+
+    xf, of = _numpy(x), _numpy(out)
+    return Carry(xf.view(numpy.uint8), of, op, x.dtype, ops_for("numpy", None))
+
+
+def _numpy(b: Buf) -> Any:
+    """A flat NumPy view of host array ``b``'s memory (a torch CPU tensor's too)."""
+    f = flat(b)
+    return f.numpy() if b.lib == "torch" else f.reshape(-1)
