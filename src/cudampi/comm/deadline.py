@@ -53,6 +53,10 @@ DRAIN = 0.25
 SPIN = 0.02
 """Seconds of tight polling before a wait starts to sleep between polls."""
 NAP = 2e-4
+START = 10.0
+"""Seconds the ranks wait for each other at least when making a communicator
+(:func:`agree_to_start`): processes reach it at different times (their imports, their start),
+which a short deadline for calls must not count as a rank that never came."""
 FIRST_TESTS = 16
 """Polls of a point-to-point request before its wait starts the deadline's clock (each ~0.1 us:
 a peer that is already there completes a small message within them)."""
@@ -318,9 +322,12 @@ def agree_to_start(comm: Any, refused: BaseException | None, timeout: float) -> 
     not). Returns the communicator's number (:attr:`Watch.token`, rank 0's draw) where every
     rank could; raises on every rank otherwise (its own error on a rank that refused, a
     :class:`CommError` naming that rank on the others). A rank that does not come within
-    ``timeout`` seconds makes the others raise a :class:`CommTimeoutError`, and the process then
-    ends the job at exit (the exchange stays pending in MPI)."""
+    ``timeout`` seconds (:data:`START` at least) makes the others raise a
+    :class:`CommTimeoutError`, and the process then ends the job at exit (the exchange stays
+    pending in MPI)."""
     import numpy
+
+    timeout = max(timeout, START)
 
     size = int(comm.Get_size())
     if size == 1:
