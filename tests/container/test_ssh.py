@@ -171,7 +171,9 @@ def test_launch_runs_a_communicator_allreduce_across_two_containers(cluster: Clu
     # PRRTE has no such parameter, and the generator leaves it out for 5).
     assert env["OMPI_MCA_plm_rsh_agent"] == "ssh"
     assert "OMPI_MCA_oob_tcp_listen_mode" not in env
-    dry = cluster.exec("a", "cudampi", "launch", "--hosts", "a:1,b:1", "--dry-run", "job/_job.py")
+    # (a dry run looks up no host name: given by address, the hosts' network is worked out)
+    hosts = f"{cluster.addr['a']}:1,{cluster.addr['b']}:1"
+    dry = cluster.exec("a", "cudampi", "launch", "--hosts", hosts, "--dry-run", "job/_job.py")
     assert dry.returncode == 0, dry.stderr
     # the interface: MPI's TCP and its daemons' kept on the bridge's subnet
     assert f"--mca btl_tcp_if_include {cluster.subnet}" in dry.stdout, dry.stdout
