@@ -200,7 +200,14 @@ class Exchange:
 
     def __init__(self, comm: Any) -> None:
         import numpy
+        from mpi4py import MPI
 
+        # (the calls bound once: an import statement costs more than a poll, and a wait polls)
+        self._startall, self._testall, self._waitall = (
+            MPI.Prequest.Startall,
+            MPI.Request.Testall,
+            MPI.Request.Waitall,
+        )
         self.me, n = comm.rank, comm.size
         self.rows = numpy.zeros((n, _WORDS), dtype=numpy.int64)
         self.mine = self.rows[self.me]
@@ -220,19 +227,13 @@ class Exchange:
         return view
 
     def start(self) -> None:
-        from mpi4py import MPI
-
-        MPI.Prequest.Startall(self.reqs)
+        self._startall(self.reqs)
 
     def Test(self) -> bool:
-        from mpi4py import MPI
-
-        return bool(MPI.Request.Testall(self.reqs))
+        return bool(self._testall(self.reqs))
 
     def Wait(self) -> None:
-        from mpi4py import MPI
-
-        MPI.Request.Waitall(self.reqs)
+        self._waitall(self.reqs)
 
     def cancel(self) -> None:
         """After a failed wait: what is pending will never be read (the communicator failed)."""
