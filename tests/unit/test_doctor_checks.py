@@ -292,7 +292,8 @@ def test_without_a_gpu_the_text_report_folds_gpu_checks_into_one_line():
     )  # --json keeps every check
 
 
-def test_ipc_engine_row():
+def test_ipc_engine_row(monkeypatch):
+    from cudampi.comm.engines.ipc import IpcEngine
     from cudampi.doctor.checks import check_ipc
     from cudampi.probe.capabilities import ProbeOutcome
     from cudampi.probe.runtime import ProbeRun
@@ -304,7 +305,13 @@ def test_ipc_engine_row():
 
     c = check_ipc(ProbeOutcome("skipped", "CuPy is not installed (pip install ...)"), None, False)
     assert c.status == "n/a" and "cu13" in c.fix
+    # the doctor judges with this process's CuPy as well as the probe's word: without it here
+    # auto cannot take ipc, however the probe went (whether CuPy is installed is the tier's)
     o, r = run(False, False)
+    monkeypatch.setattr(IpcEngine, "available", classmethod(lambda cls: "CuPy is not installed"))
+    c = check_ipc(o, r, False)
+    assert c.status == "warn" and "unavailable: CuPy is not installed" in c.detail
+    monkeypatch.setattr(IpcEngine, "available", classmethod(lambda cls: None))
     c = check_ipc(o, r, False)
     assert c.status == "ok" and "20 us" in c.detail and "311.6 GB/s" in c.detail
     assert "auto takes it" in c.detail
