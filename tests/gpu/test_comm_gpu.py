@@ -139,6 +139,9 @@ def rank_gpu_semantics(comm, lib):
         for path in ("staged", "gpu-ring", "native", "ipc", "nccl"):
             try:
                 why = c.refusal("allreduce", probe, "max", path=path) or ""
+                if not why:  # an engine that cannot start here (nccl on a shared GPU) raises
+                    c.allreduce(probe, "max", path=path)  # on every rank, and is passed over
+                    c.synchronize()
             except CudampiError as exc:
                 why = str(exc)
             every = [w for w in comm.allgather(why) if w]  # it runs where every rank runs it
@@ -201,25 +204,40 @@ def rank_gpu_streams(comm, lib):
 
 
 def rank_gpu_errors(comm, lib):
-    """Wrong device / host path for a device array: DeviceError on every rank, no hang."""
+    """Wrong device / host path for a device array: an error on every rank, no hang. Where
+    auto takes a stream-ordered engine (ipc) the others learn of rank 0's rejected call on the
+    GPU, as of any failed call there: at their next call or synchronize(), and the
+    communicator is unusable after it (a new one checks the sum)."""
     import numpy as np
 
     from cudampi.comm import Communicator
-    from cudampi.errors import DeviceError
+    from cudampi.comm.paths import kinds
+    from cudampi.errors import CommError, DeviceError
 
     _setup(comm, lib)
-    with Communicator(comm) as c:
-        x = to_lib(gen(comm.rank, 8, "float32"), lib, "float32")
-        for call in (
-            lambda: c.allreduce(x, out=np.zeros(8, dtype=np.float32)),
-            lambda: c.allreduce(x, path="host" if comm.rank == 0 else None),
-        ):
-            try:
-                call()
-            except DeviceError as exc:
-                assert "device" in str(exc).lower() or "host" in str(exc), exc
-            else:
-                raise AssertionError("no DeviceError")
+    c = Communicator(comm)
+    x = to_lib(gen(comm.rank, 8, "float32"), lib, "float32")
+    ordered = kinds()[c.path_for("allreduce", x).engine].stream_ordered
+    try:
+        c.allreduce(x, out=np.zeros(8, dtype=np.float32))  # refused on every rank alike
+    except DeviceError as exc:
+        assert "device" in str(exc).lower() or "host" in str(exc), exc
+    else:
+        raise AssertionError("no DeviceError")
+    try:
+        c.allreduce(x, path="host" if comm.rank == 0 else None)
+        c.synchronize()
+    except DeviceError as exc:  # rank 0's own; the others' through the host check
+        assert comm.rank == 0 or not ordered, exc
+        assert "device" in str(exc).lower() or "host" in str(exc), exc
+    except CommError as exc:  # the others', from the GPU
+        assert ordered and comm.rank != 0 and "rank 0 rejected its arguments" in str(exc), exc
+    else:
+        raise AssertionError("no error")
+    if ordered:
+        c.close()
+        c = Communicator(comm)
+    with c:
         if lib == "torch-cuda":
             import torch
 

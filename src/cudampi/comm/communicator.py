@@ -254,12 +254,12 @@ class Communicator(Messages):
     def _engine(self, choice: PathChoice, b: Buf) -> Engine:
         return self._engines.get(choice.engine, choice.inner, b.lib, b.device)
 
-    def _run(self, build: Callable[[], Plan], what: str, async_op: bool) -> Any:
+    def _run(self, build: Callable[[], Plan], what: str, async_op: bool, x: Any = None) -> Any:
         """One collective, whole, under the lock (see the class doc)."""
         if not self._lock.acquire(blocking=False):
             self._meet(what)
         try:
-            return self._run_locked(build, what, async_op)
+            return self._run_locked(build, what, async_op, x)
         finally:
             self._lock.release()
 
@@ -277,7 +277,9 @@ class Communicator(Messages):
             )
         self._lock.acquire()
 
-    def _run_locked(self, build: Callable[[], Plan], what: str, async_op: bool) -> Any:
+    def _run_locked(
+        self, build: Callable[[], Plan], what: str, async_op: bool, x: Any = None
+    ) -> Any:
         if self._closed:
             raise CommError(f"{what}: this Communicator was closed")
         self._chosen = None
@@ -294,7 +296,7 @@ class Communicator(Messages):
             if not ordered and engine is not None and engine.ops.device is not None:
                 plan.token = engine.ops.capture()
         except Exception as exc:
-            if self._reject_ordered(what):
+            if self._reject_ordered(what, x):
                 raise
             plan, ordered = Plan(Signature(what), error=exc), False
         # Every collective is observed here, whatever engine runs it: the log line (path and
@@ -342,13 +344,31 @@ class Communicator(Messages):
 
         return self._submit(execute, what, async_op)
 
-    def _reject_ordered(self, what: str) -> bool:
+    def _reject_ordered(self, what: str, x: Any) -> bool:
         """A call this rank rejected, where the others may run it on a stream-ordered engine
         (they check on the GPU, not on the host): tell them there, so they raise too instead of
-        waiting. True when that was done (the caller then raises its own error at once)."""
-        if self._path != "ipc":
+        waiting. True when that was done (the caller then raises its own error at once).
+
+        The others' arrays are judged by this rank's ``x``: a device array goes where theirs
+        would go on this communicator's path (``path='ipc'``, or auto's verdict), made now if
+        no call made it yet, as their call does; a host array meets them in the host check.
+        Without ``x`` (:meth:`refuse`) the stream-ordered engines made so far are told where
+        that path takes device arrays."""
+        try:
+            b = None if x is None else adapt(x, "x")
+            device = self._device if b is None or self._device is not None else b.device
+            if device is None or (b is not None and b.device is None):
+                return False
+            dtype, nbytes = ("float32", 4096) if b is None else (b.dtype, b.nbytes)
+            choice = self._decisions.choose(what, None, True, dtype, nbytes)
+            if not kinds()[choice.engine].stream_ordered:
+                return False
+            if b is None:
+                engines = self._engines.stream_ordered()
+            else:
+                engines = [self._engines.get(choice.engine, choice.inner, b.lib, device)]
+        except Exception:  # (a best guess inside the caller's error: its own error is raised)
             return False
-        engines = self._engines.stream_ordered()
         for engine in engines:
             engine.reject(what)
         return bool(engines)
@@ -389,7 +409,7 @@ class Communicator(Messages):
             r.seq = self._seq
             return prepare(self, r)
 
-        return self._run(build, r.call.name, async_op)
+        return self._run(build, r.call.name, async_op, r.x)
 
     def _remember(
         self, r: Request, engine: Engine, dtype: str, sig: Signature, carried: Carry | None

@@ -245,6 +245,13 @@ template <int FAM> struct Finish<FAM, c128> {
   static __device__ __forceinline__ c128 f(c128 a, int n) { a.re /= n; a.im /= n; return a; }
 };
 
+// avg: each rank's share is divided before the sum (as NCCL's ncclAvg): the mean of values
+// whose sum would overflow (3e38 and 3e38 in float32) is still the mean, as on every other path.
+template <int OP, int FAM, typename A> __device__ __forceinline__ A share(A a, int n) {
+  if (OP == OP_AVG) return Finish<FAM, A>::f(a, n);
+  return a;
+}
+
 // ---------------------------------------------------------------- the per-block barrier
 
 struct Ctx {
@@ -439,11 +446,10 @@ _Pragma("unroll")
       uint4 res;
 _Pragma("unroll")
       for (int i = 0; i < E; i++) {
-        A acc = K::up(((const S*)&raw[0])[i]);
+        A acc = share<OP, K::fam, A>(K::up(((const S*)&raw[0])[i]), N);
 _Pragma("unroll")
         for (int r = 1; r < N; r++)
-          acc = Combine<OP, K::fam, A>::f(acc, K::up(((const S*)&raw[r])[i]));
-        if (OP == OP_AVG) acc = Finish<K::fam, A>::f(acc, N);
+          acc = Combine<OP, K::fam, A>::f(acc, share<OP, K::fam, A>(K::up(((const S*)&raw[r])[i]), N));
         ((S*)&res)[i] = K::down(acc);
       }
       *(uint4*)(out + (a - w)) = res;
@@ -454,10 +460,10 @@ _Pragma("unroll")
     } else {
 _Pragma("unroll 1")
       for (i64 x = a; x < b; x += es) {
-        A acc = K::up(*(const S*)(src[0] + x));
+        A acc = share<OP, K::fam, A>(K::up(*(const S*)(src[0] + x)), N);
 _Pragma("unroll 1")
-        for (int r = 1; r < N; r++) acc = Combine<OP, K::fam, A>::f(acc, K::up(*(const S*)(src[r] + x)));
-        if (OP == OP_AVG) acc = Finish<K::fam, A>::f(acc, N);
+        for (int r = 1; r < N; r++)
+          acc = Combine<OP, K::fam, A>::f(acc, share<OP, K::fam, A>(K::up(*(const S*)(src[r] + x)), N));
         const S res = K::down(acc);
         *(S*)(out + (x - w)) = res;
         if (keep) *(S*)(keep + x) = res;
