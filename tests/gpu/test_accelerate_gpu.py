@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from importlib.metadata import entry_points
 import textwrap
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest

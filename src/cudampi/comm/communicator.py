@@ -1,13 +1,10 @@
-"""The Communicator: collectives and point-to-point on NumPy, torch, CuPy and DLPack/CAI arrays.
+"""The Communicator: collectives and point-to-point on NumPy, torch, CuPy, JAX and DLPack arrays.
 
 Each call adapts its arrays (:mod:`~cudampi.comm.arrays`), checks them locally, picks a path
 (:mod:`~cudampi.comm.paths`), checks across ranks that everyone makes the same call
-(:mod:`~cudampi.comm.validate`) and hands flat arrays to one engine (:mod:`~cudampi.comm.engines`):
-MPI's own collective (``host``/``native``), cudampi's algorithms over direct point-to-point
-(``gpu-ring``), or the staged pipeline through pinned host buffers (``staged``). Collectives run in
-call order on one worker thread per communicator; user point-to-point traffic travels on a
-separate duplicate of the communicator so it can never match a collective's internal messages
-(:mod:`~cudampi.comm.messages` has those methods).
+(:mod:`~cudampi.comm.validate`) and hands flat arrays to one engine (:mod:`~cudampi.comm.engines`,
+which declare themselves there). User point-to-point traffic travels on a separate duplicate of
+the communicator, so it never matches a collective's internal messages (:mod:`~cudampi.comm.messages`).
 """
 
 from __future__ import annotations
@@ -56,14 +53,10 @@ class Communicator(Messages):
     (``config.timeout``, see :mod:`~cudampi.comm.deadline`). Use it as a context manager, or
     call :meth:`close`, which tells the other ranks this one is gone.
 
-    Threads: a Communicator may be called from several threads. Its collectives run one at a
-    time, each whole, in the order the threads reach it (one lock per communicator, from the
-    call's number to its end; an ``async_op`` call holds it until queued), as torch's process
-    groups order theirs. The ranks pair calls by that order, so calls from threads that race
-    pair across ranks in whichever order each rank's threads came: give each thread its own
-    communicator (:meth:`split`), or order the threads' calls, where that matters. A
-    RuntimeWarning says so the first time two threads meet on one communicator. Messages
-    (send, recv, ...) do not take the lock: MPI matches them by rank and tag.
+    Threads: its collectives run one at a time, each whole, in the order the threads reach it
+    (one lock per communicator), and the ranks pair calls by that order: give each thread its
+    own communicator (:meth:`split`) where threads race (a RuntimeWarning says so the first
+    time they meet). Messages do not take the lock: MPI matches them by rank and tag.
 
     Args:
         comm: an mpi4py intracommunicator (``MPI.COMM_WORLD`` or one split from it). It is
@@ -347,13 +340,10 @@ class Communicator(Messages):
     def _reject_ordered(self, what: str, x: Any) -> bool:
         """A call this rank rejected, where the others may run it on a stream-ordered engine
         (they check on the GPU, not on the host): tell them there, so they raise too instead of
-        waiting. True when that was done (the caller then raises its own error at once).
-
-        The others' arrays are judged by this rank's ``x``: a device array goes where theirs
-        would go on this communicator's path (``path='ipc'``, or auto's verdict), made now if
-        no call made it yet, as their call does; a host array meets them in the host check.
-        Without ``x`` (:meth:`refuse`) the stream-ordered engines made so far are told where
-        that path takes device arrays."""
+        waiting; True when done (the caller raises its own error at once). A device ``x`` goes
+        where the others' would on this communicator's path (``path='ipc'``, or auto's
+        verdict), its engine made now if need be, as their call makes it; a host ``x`` meets
+        them in the host check; no ``x`` (:meth:`refuse`): the engines made so far are told."""
         try:
             b = None if x is None else adapt(x, "x")
             device = self._device if b is None or self._device is not None else b.device
@@ -363,10 +353,12 @@ class Communicator(Messages):
             choice = self._decisions.choose(what, None, True, dtype, nbytes)
             if not kinds()[choice.engine].stream_ordered:
                 return False
-            if b is None:
-                engines = self._engines.stream_ordered()
-            else:
-                engines = [self._engines.get(choice.engine, choice.inner, b.lib, device)]
+            made = self._engines
+            engines = (
+                made.stream_ordered()
+                if b is None
+                else [made.get(choice.engine, choice.inner, b.lib, device)]
+            )
         except Exception:  # (a best guess inside the caller's error: its own error is raised)
             return False
         for engine in engines:
