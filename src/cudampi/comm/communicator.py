@@ -3,8 +3,9 @@
 Each call adapts its arrays (:mod:`~cudampi.comm.arrays`), checks them locally, picks a path
 (:mod:`~cudampi.comm.paths`), checks across ranks that everyone makes the same call
 (:mod:`~cudampi.comm.validate`) and hands flat arrays to one engine (:mod:`~cudampi.comm.engines`,
-which declare themselves there). User point-to-point traffic travels on a separate duplicate of
-the communicator, so it never matches a collective's internal messages (:mod:`~cudampi.comm.messages`).
+which declare themselves there). User point-to-point traffic travels on a separate duplicate
+of the communicator, so it never matches a collective's internal messages
+(:mod:`~cudampi.comm.messages`).
 """
 
 from __future__ import annotations
@@ -343,24 +344,22 @@ class Communicator(Messages):
         waiting; True when done (the caller raises its own error at once). A device ``x`` goes
         where the others' would on this communicator's path (``path='ipc'``, or auto's
         verdict), its engine made now if need be, as their call makes it; a host ``x`` meets
-        them in the host check; no ``x`` (:meth:`refuse`): the engines made so far are told."""
-        try:
-            b = None if x is None else adapt(x, "x")
-            device = self._device if b is None or self._device is not None else b.device
-            if device is None or (b is not None and b.device is None):
+        them in the host check; no ``x`` (:meth:`refuse`): the engines made so far are told
+        where every device call goes to them (``path='ipc'``)."""
+        if x is None:
+            engines = self._engines.stream_ordered() if self._path == "ipc" else []
+        else:
+            try:
+                b = adapt(x, "x")
+                device = self._device if self._device is not None else b.device
+                if device is None or b.device is None:
+                    return False
+                choice = self._decisions.choose(what, None, True, b.dtype, b.nbytes)
+                if not kinds()[choice.engine].stream_ordered:
+                    return False
+                engines = [self._engines.get(choice.engine, choice.inner, b.lib, device)]
+            except Exception:  # (a best guess inside the caller's error, which is raised)
                 return False
-            dtype, nbytes = ("float32", 4096) if b is None else (b.dtype, b.nbytes)
-            choice = self._decisions.choose(what, None, True, dtype, nbytes)
-            if not kinds()[choice.engine].stream_ordered:
-                return False
-            made = self._engines
-            engines = (
-                made.stream_ordered()
-                if b is None
-                else [made.get(choice.engine, choice.inner, b.lib, device)]
-            )
-        except Exception:  # (a best guess inside the caller's error: its own error is raised)
-            return False
         for engine in engines:
             engine.reject(what)
         return bool(engines)
