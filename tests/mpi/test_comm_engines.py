@@ -103,9 +103,9 @@ def _count_full_paths(c):
     full = [0]
     real = c._run
 
-    def counting(build, what, async_op):
+    def counting(*args, **kwargs):
         full[0] += 1
-        return real(build, what, async_op)
+        return real(*args, **kwargs)
 
     c._run = counting
     return full
