@@ -147,7 +147,7 @@ def check(
     return None  # (_raise_for raised)
 
 
-def _wait(comm: Any, req: Any, watch: Any, call: str, seq: int) -> None:
+def _wait(req: Any, watch: Any, call: str, seq: int) -> None:
     if watch is None:
         req.Wait()
     else:
@@ -161,7 +161,7 @@ def _reduce(comm: Any, sig: Signature, failed: bool, watch: Any, seq: int) -> tu
 
     vec = _vector(sig, failed)
     out = vec.copy()
-    _wait(comm, comm.Iallreduce(vec, out, MPI.MAX), watch, sig.call, seq)
+    _wait(comm.Iallreduce(vec, out, MPI.MAX), watch, sig.call, seq)
     got = out.tolist()
     return got[-1] == 0 and _agree(got), None
 
@@ -183,7 +183,7 @@ def _gather(
         ex.my_bytes[8 : 8 + len(data)] = data
     ex.start()
     try:
-        _wait(comm, ex, watch, sig.call, seq)
+        _wait(ex, watch, sig.call, seq)
     except BaseException:
         ex.cancel()
         raise
