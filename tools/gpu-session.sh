@@ -128,6 +128,7 @@ verify)
   # count each, tests/gpu/jobs.py). Past the deadline a test is "not run" (a failure); one
   # summary at the end (tools/gpu-summary.py). Both stacks: the wheels + libucx-cu13 run the
   # tests, the system Open MPI is CUDAMPI_TEST_SYSTEM_PYTHON (comm checks, doctor tests).
+  # VERIFY_ENGINES: the engine files in the order to run them (default: tests/gpu, by name).
   export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
   [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
   mkdir -p .cupy-cache && touch /tmp/verify-stamp
@@ -159,7 +160,7 @@ verify)
         echo "rc_$name=$?" >> $V/run.txt
       }
       part cli $CLI_FILES &
-      part engines tests/gpu $(for f in $CLI_FILES; do echo --ignore=$f; done) &
+      part engines ${VERIFY_ENGINES:-tests/gpu} $(for f in $CLI_FILES; do echo --ignore=$f; done) &
       wait )
     echo "wall_s=$(( $(date +%s) - start ))" >> $V/run.txt
     grep -a -H -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" $V/cli.log $V/engines.log
@@ -167,6 +168,8 @@ verify)
   mps_each verify_one
   $W tools/gpu-summary.py $VERIFY_RUNS > $OUT/verify-summary.txt; VERIFY_RC=$?
   [ -n "$(find .cupy-cache -newer /tmp/verify-stamp -type f | head -1)" ] && tar czf $OUT/cupy-cache.tgz .cupy-cache
+  # (one archive per run: the device tool returns at most 8 files, and the engines' log matters most)
+  for V in $VERIFY_RUNS; do tar czf $V.tgz -C $OUT $(basename $V) && rm -rf $V; done
   cat $OUT/verify-summary.txt
   [ $VERIFY_RC = 0 ] || echo "VERIFY FAILED (exit $VERIFY_RC): see the FAILED, NOT RUN, STOPPED or NOTHING PASSED lines above"
   ;;

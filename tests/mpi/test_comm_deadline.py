@@ -5,9 +5,11 @@ or, for a rank that left, within seconds; the job then ends (non-zero) instead o
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -130,16 +132,21 @@ def rank_three_wait_for_one(comm):
     except CommTimeoutError as exc:
         print(f"rank {comm.rank}: {exc}", flush=True)
     # The failed communicator aborts the job at exit: stay until the other waiting rank has
-    # reached its own deadline (on a loaded machine it may enter the barrier seconds later).
-    time.sleep(10)
+    # reached its own deadline (on a loaded machine it may enter the barrier seconds later),
+    # told by a file each (the communicator cannot carry it).
+    meet = Path(os.environ["MEET_DIR"])
+    (meet / str(comm.rank)).touch()
+    t0 = time.monotonic()
+    while not (meet / str(1 - comm.rank)).exists() and time.monotonic() - t0 < 15:
+        time.sleep(0.05)
 
 
-def test_the_ranks_that_wait_name_the_one_that_did_not_come():
+def test_the_ranks_that_wait_name_the_one_that_did_not_come(tmp_path):
     proc = run_mpi(
         3,
         __file__,
         "rank_three_wait_for_one",
-        env={"CUDAMPI_TIMEOUT": TIMEOUT},
+        env={"CUDAMPI_TIMEOUT": TIMEOUT, "MEET_DIR": str(tmp_path)},
         timeout=120,
         check=False,
     )
