@@ -17,10 +17,12 @@ Needs root, ``ip netns`` and sshd; :func:`why_skip` says what is missing.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,9 +30,10 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 SUBNET = "10.232.0"
 
 
-def why_skip(*, tools: tuple[str, ...] = ()) -> str | None:
-    """Why a cluster cannot be made here (None when it can): root, iproute2, OpenSSH, and the
-    extra ``tools`` a test needs (``tc``, ``iptables``)."""
+def why_skip(*, tools: tuple[str, ...] = (), ssh: bool = True) -> str | None:
+    """Why a cluster cannot be made here (None when it can): root, iproute2, OpenSSH (unless
+    ``ssh`` is False: a cluster without sshd), and the extra ``tools`` a test needs (``tc``,
+    ``iptables``)."""
     if os.geteuid() != 0:
         return "needs root (creates network namespaces)"
     if shutil.which("ip") is None:
@@ -38,7 +41,7 @@ def why_skip(*, tools: tuple[str, ...] = ()) -> str | None:
     missing = [t for t in ("ssh", "ssh-keygen") if shutil.which(t) is None]
     if not Path(SSHD).exists():
         missing.insert(0, "sshd")
-    if missing:
+    if ssh and missing:
         return (
             f"OpenSSH is not installed ({', '.join(missing)} missing): apt-get install "
             "openssh-server openssh-client (see .ci/run)"
@@ -65,10 +68,22 @@ class Cluster:
     """``n`` nodes on one bridge; see the module docstring."""
 
     def __init__(
-        self, tmp: Path, n: int = 4, tag: str = "cj", login: dict[str, str] | None = None
+        self,
+        tmp: Path,
+        n: int = 4,
+        tag: str = "cj",
+        login: dict[str, str] | None = None,
+        *,
+        sshd: bool = True,
+        own_shm: bool = False,
     ) -> None:
         self.tmp = tmp
         self.n = n
+        self.sshd = sshd
+        """Each node runs an sshd (False: a test starts each node's side itself, as torchrun)."""
+        self.own_shm = own_shm
+        """Each process started on a node gets a /dev/shm of its own (a tmpfs that goes when the
+        last process of that start ends), as separate machines have."""
         pid = f"{os.getpid() % 100000}"
         self.switch = f"{tag}S{pid}"
         self.ns = [f"{tag}{i}n{pid}" for i in range(n)]
@@ -87,10 +102,11 @@ class Cluster:
     # -- bring up, take down -----------------------------------------------------------------
 
     def up(self) -> None:
-        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
-        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.tmp / "hostkey"))
-        shutil.copy(f"{self.key}.pub", self.tmp / "authorized_keys")
-        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
+        if self.sshd:
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.tmp / "hostkey"))
+            shutil.copy(f"{self.key}.pub", self.tmp / "authorized_keys")
+            os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
         lines = ["127.0.0.1 localhost"] + [f"{a} {n}" for a, n in zip(self.addr, self.names)]
         self.hosts_file.write_text("\n".join(lines) + "\n")
         sh("ip", "netns", "add", self.switch)
@@ -101,7 +117,7 @@ class Cluster:
 
     def add_node(self, i: int) -> None:
         """Node ``i``: its namespace, its veth to the bridge (``cm0`` inside, ``p<i>`` on the
-        switch), its address and its sshd."""
+        switch), its address and its sshd (where the nodes have one)."""
         ns = self.ns[i]
         sh("ip", "netns", "add", ns)
         port = f"p{i}"
@@ -117,7 +133,8 @@ class Cluster:
         for other in self.ns:  # a node made again has a new MAC: forget the old one
             if other != ns:
                 sh("ip", "-n", other, "neigh", "flush", "all", check=False)
-        self.start_sshd(i)
+        if self.sshd:
+            self.start_sshd(i)
 
     def start_sshd(self, i: int) -> None:
         conf = self.tmp / f"sshd{i}.conf"
@@ -157,15 +174,27 @@ class Cluster:
     # -- running things ----------------------------------------------------------------------
 
     def in_host(self, i: int, *argv: str) -> list[str]:
-        """argv run on node i: its network namespace, its hostname, the nodes' names."""
+        """argv run on node i: its network namespace, its hostname, the nodes' names (and its
+        own /dev/shm where the cluster says so)."""
+        shm = "mount -t tmpfs -o size=1g cmshm /dev/shm && " if self.own_shm else ""
         return [
             "ip", "netns", "exec", self.ns[i], "unshare", "--uts", "--mount", "sh", "-c",
-            f'hostname "$0" && mount --bind {self.hosts_file} /etc/hosts && exec "$@"',
+            f'hostname "$0" && mount --bind {self.hosts_file} /etc/hosts && {shm}exec "$@"',
             self.names[i], *argv,
         ]  # fmt: skip
 
     def run_on(self, i: int, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return sh(*self.in_host(i, *argv), check=False, timeout=timeout)
+
+    def rx_bytes(self, i: int) -> int:
+        """Bytes node i has received on its link so far."""
+        out = sh("ip", "-n", self.ns[i], "-s", "-j", "link", "show", "cm0").stdout
+        return int(json.loads(out)[0]["stats64"]["rx"]["bytes"])
+
+    def free_port(self, i: int = 0) -> int:
+        """A TCP port free on node i now."""
+        probe = "from cudampi.net import free_port; print(free_port())"
+        return int(sh(*self.netns(i), sys.executable, "-c", probe).stdout)
 
     def pids(self, i: int) -> list[int]:
         out = sh("ip", "netns", "pids", self.ns[i], check=False).stdout.split()

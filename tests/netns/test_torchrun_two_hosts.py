@@ -1,6 +1,6 @@
-"""torchrun across two real hosts with the cudampi backend: two network namespaces joined by a
-veth pair (tests/netns/test_launch_two_hosts.py's, without its sshd), each with its own
-hostname (UTS namespace) and its own /dev/shm, as separate machines have. Each host runs
+"""torchrun across two real hosts with the cudampi backend: a cluster of two nodes
+(tests/netns/cluster.py, without sshd), each with its own hostname (UTS namespace) and its own
+/dev/shm, as separate machines have. Each host runs
 ``torchrun --nnodes 2 --nproc-per-node 2 --node-rank K`` (static rendezvous at host 1); the
 workers' ``init_process_group("cudampi")`` must make the four processes one MPICH job through
 cudampi's PMI-1 server (cudampi.pmi.join), served on host 1's veth address, and its
@@ -14,7 +14,6 @@ torch) loads its libmpi through MPI4PY_LIBMPI.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -27,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.mpirun import MPICH_SKIP, bring_up, mpich_venv
-from tests.netns.test_launch_two_hosts import ADDR, NAMES, TwoHosts, _why_skip, sh
+from tests.netns.cluster import Cluster, why_skip
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.torch]
 
@@ -48,56 +47,18 @@ def mpich_lib() -> Path:
     return lib
 
 
-class Hosts(TwoHosts):
-    """TwoHosts without sshd (torchrun starts each host's side itself), each host with its own
-    /dev/shm, as separate machines have: MPICH's segments there are named after the job and
-    the node only, so a shared one could meet another job's (a run beside this test's), and
-    the segments of the jobs this module kills go away with their host's tmpfs."""
-
-    def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp)
-        tag = f"{os.getpid() % 100000}"
-        self.ns = (f"ctA{tag}", f"ctB{tag}")  # apart from test_launch_two_hosts's
-
-    def up(self) -> None:
-        self.link("ct")
-
-    def in_host(self, i: int, *argv: str) -> list[str]:
-        """argv run on host i: its network namespace, its hostname, its own /dev/shm (a tmpfs
-        that goes when the last process of this call ends)."""
-        return [
-            "ip",
-            "netns",
-            "exec",
-            self.ns[i],
-            "unshare",
-            "--uts",
-            "--mount",
-            "sh",
-            "-c",
-            'hostname "$0" && mount -t tmpfs -o size=1g cmshm /dev/shm && exec "$@"',
-            NAMES[i],
-            *argv,
-        ]
-
-    def down(self) -> None:
-        super().down()
-        subprocess.run(["ip", "link", "del", f"cta{self.ns[0][3:]}"], capture_output=True)
-
-    def veth_bytes(self, i: int) -> int:
-        """Bytes host i has received on its veth so far."""
-        out = sh("ip", "-n", self.ns[i], "-s", "-j", "link", "show", "cm0").stdout
-        return int(json.loads(out)[0]["stats64"]["rx"]["bytes"])
-
-    def free_port(self) -> int:
-        probe = "from cudampi.net import free_port; print(free_port())"
-        return int(sh("ip", "netns", "exec", self.ns[0], sys.executable, "-c", probe).stdout)
-
-
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory):
+    """Two nodes without sshd (torchrun starts each host's side itself), each process started
+    there with its own /dev/shm, as separate machines have: MPICH's segments there are named
+    after the job and the node only, so a shared one could meet another job's (a run beside
+    this test's), and the segments of the jobs this module kills go away with their host's
+    tmpfs."""
     yield from bring_up(
-        lambda: Hosts(tmp_path_factory.mktemp("torchrun-hosts")), _why_skip(need_ssh=False)
+        lambda: Cluster(
+            tmp_path_factory.mktemp("torchrun-hosts"), 2, "ct", sshd=False, own_shm=True
+        ),
+        why_skip(ssh=False),
     )
 
 
@@ -216,7 +177,7 @@ class JobHung(AssertionError):
 
 
 def run_job(
-    hosts: Hosts,
+    hosts: Cluster,
     script: Path,
     extra: dict[str, str | None],
     timeout: float,
@@ -235,7 +196,7 @@ def run_job(
         for i in (0, 1):
             argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
             argv += ["--nproc-per-node", "2", "--node-rank", str(i), "--rdzv-backend", "static"]
-            argv += ["--master-addr", ADDR[0], "--master-port", str(port), str(script)]
+            argv += ["--master-addr", hosts.addr[0], "--master-port", str(port), str(script)]
             with logs[i].open("w") as out:
                 procs.append(
                     subprocess.Popen(
@@ -264,7 +225,7 @@ def run_job(
             if p.poll() is None:
                 p.kill()
         for i in (0, 1):
-            hosts.kill_host(i)  # workers, PMI server: whatever torchrun left behind
+            hosts.kill_node(i)  # workers, PMI server: whatever torchrun left behind
         for p in procs:
             p.wait()
     return [(p.returncode, log.read_text()) for p, log in zip(procs, logs)]
@@ -275,7 +236,7 @@ def _tails(logs: list[Path]) -> str:
 
 
 def run_worker(
-    hosts: Hosts, tmp_path: Path, name: str, extra: dict[str, str | None], **kw: Any
+    hosts: Cluster, tmp_path: Path, name: str, extra: dict[str, str | None], **kw: Any
 ) -> tuple[int, str, int, str, str]:
     """_WORKER (as ``tmp_path/name.py``) on both hosts through :func:`run_job`: each host's exit
     code and output, then both outputs' tails for an assertion's message."""
@@ -285,23 +246,25 @@ def run_worker(
     return rc1, out1, rc2, out2, f"--- host 1:\n{out1[-4000:]}\n--- host 2:\n{out2[-4000:]}"
 
 
-def test_torchrun_on_two_hosts_is_one_mpi_job(hosts: Hosts, tmp_path: Path):
-    before = hosts.veth_bytes(0)
+def test_torchrun_on_two_hosts_is_one_mpi_job(hosts: Cluster, tmp_path: Path):
+    before = hosts.rx_bytes(0)
     rc1, out1, rc2, out2, both = run_worker(hosts, tmp_path, "worker", {}, timeout=90)
     assert (rc1, rc2) == (0, 0), both
     seen = dict(re.findall(r"rank (\d) ok on (.*? end)", out1 + out2))
     assert sorted(seen) == ["0", "1", "2", "3"], both
     for r, line in seen.items():
         host, pmi, names = re.fullmatch(r"(\S+) pmi=(\S+) hosts=(\S+) end", line).groups()
-        assert host == NAMES[int(r) // 2], line  # ranks 0, 1 on host 1; 2, 3 on host 2
-        assert names == f"{NAMES[0]},{NAMES[0]},{NAMES[1]},{NAMES[1]}", line  # as MPI sees
+        assert host == hosts.names[int(r) // 2], line  # ranks 0, 1 on host 1; 2, 3 on host 2
+        assert names == f"{hosts.names[0]},{hosts.names[0]},{hosts.names[1]},{hosts.names[1]}", (
+            line
+        )  # as MPI sees
         # rank 0 (host 1) serves PMI on the veth, not loopback: host 2's ranks reached it
-        assert re.fullmatch(rf"{re.escape(ADDR[0])}:\d+", pmi), line
-    crossed = hosts.veth_bytes(0) - before
+        assert re.fullmatch(rf"{re.escape(hosts.addr[0])}:\d+", pmi), line
+    crossed = hosts.rx_bytes(0) - before
     assert crossed > BIG * 4, f"the 8 MiB all_reduce did not cross the veth: {crossed} bytes did"
 
 
-def test_a_rank_raising_on_host_2_ends_both_torchruns(hosts: Hosts, tmp_path: Path):
+def test_a_rank_raising_on_host_2_ends_both_torchruns(hosts: Cluster, tmp_path: Path):
     rc1, out1, rc2, out2, both = run_worker(
         hosts, tmp_path, "raises", {"FAIL_RANK": "2"}, timeout=60, after="rank 2 raises", grace=20
     )
@@ -311,7 +274,7 @@ def test_a_rank_raising_on_host_2_ends_both_torchruns(hosts: Hosts, tmp_path: Pa
     assert "cudampi: rank 2 called MPI_Abort (exit code 1); ending rank" in out1, both
 
 
-def test_ranks_in_mpi_finalize_end_when_a_rank_dies_at_exit(hosts: Hosts, tmp_path: Path):
+def test_ranks_in_mpi_finalize_end_when_a_rank_dies_at_exit(hosts: Cluster, tmp_path: Path):
     """Host 1's ranks finish and enter MPI_Finalize (mpi4py calls it at interpreter exit, when no
     Python thread runs, so their PMI watchers cannot act); rank 2 on host 2 is then killed, and
     host 1's torchrun never hears of it. Host 1's ranks waited in the PMI barrier for ever
@@ -326,7 +289,7 @@ def test_ranks_in_mpi_finalize_end_when_a_rank_dies_at_exit(hosts: Hosts, tmp_pa
 
 
 def test_a_job_across_hosts_without_a_pmi_secret_is_refused_on_every_rank(
-    hosts: Hosts, tmp_path: Path
+    hosts: Cluster, tmp_path: Path
 ):
     """Across hosts the PMI server listens on the network, so the job must
     share a secret (torch's store is readable by anyone who reaches it): every rank refuses, and
