@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
+from typing import Any
 
 
 def main() -> int:
@@ -19,12 +20,18 @@ def main() -> int:
         spec.loader.exec_module(module)
         getattr(module, func)(comm, *args)
     except BaseException:
-        sys.stderr.write(f"--- rank {comm.rank} of {comm.size} failed in {func}:\n")
-        sys.stderr.write(traceback.format_exc())
-        sys.stderr.flush()
-        comm.Abort(1)
-        return 1
+        return abort_job(comm, f"in {func}")
     return 0
+
+
+def abort_job(comm: Any, where: str) -> int:
+    """The exception being handled, with the rank that raised it, on stderr; then the whole
+    job ends (no rank left waiting for this one)."""
+    sys.stderr.write(f"--- rank {comm.rank} of {comm.size} failed {where}:\n")
+    sys.stderr.write(traceback.format_exc())
+    sys.stderr.flush()
+    comm.Abort(1)
+    return 1
 
 
 if __name__ == "__main__":

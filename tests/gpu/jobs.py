@@ -119,11 +119,9 @@ def main(argv: Sequence[str]) -> int:
         table = {c.name: c for c in importlib.import_module(module).checks()}
         run_checks(comm, [table.get(n, n) for n in names])
     except BaseException:
-        sys.stderr.write(f"--- rank {comm.rank} of {comm.size} failed outside a check:\n")
-        sys.stderr.write(traceback.format_exc())
-        sys.stderr.flush()
-        comm.Abort(1)
-        return 1
+        from tests._rank_main import abort_job
+
+        return abort_job(comm, "outside a check")
     return 0
 
 
