@@ -8,6 +8,7 @@ lists, never shell strings.
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -125,3 +126,39 @@ def launcher_never_started(returncode: int | None, stderr: str) -> bool:
     """True when the launcher itself failed to start (so no rank ran) for a known transient
     reason, and one more try is the right answer."""
     return returncode not in (0, None) and any(m in stderr for m in LAUNCHER_STARTUP_FAILURES)
+
+
+def add_job_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Where a job's ranks run and how its launcher reaches them, as every command that starts
+    a job takes them (``cudampi launch``, ``cudampi doctor --hosts``): ``--hosts`` (mpirun's
+    ``-H``/``--host``) or ``--hostfile`` (Hydra's ``-f``), ``--ssh`` and ``--launcher``."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--hosts",
+        "-H",
+        "--host",
+        dest="hosts",
+        default=None,
+        metavar="H1:S,H2:S",
+        help="hosts and slots, e.g. h1:4,h2:4 (mpirun's -H/--host)",
+    )
+    where.add_argument(
+        "--hostfile",
+        "-f",
+        dest="hostfile",
+        default=None,
+        metavar="FILE",
+        help="hostfile: 'host slots=N' or 'host:N' lines (Hydra's -f)",
+    )
+    parser.add_argument(
+        "--ssh",
+        default=None,
+        metavar="CMD",
+        help='remote shell command with options, e.g. "ssh -i key -o StrictHostKeyChecking=no"',
+    )
+    parser.add_argument(
+        "--launcher",
+        default="auto",
+        help="auto, mpirun, mpiexec, srun or a path (auto: srun in a Slurm allocation, else the "
+        "mpiexec beside this python, else PATH)",
+    )

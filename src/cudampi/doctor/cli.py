@@ -10,6 +10,7 @@ from typing import Any
 
 from cudampi.config import PROBE_TIMEOUT, Config, parse_size, seconds_arg
 from cudampi.errors import ConfigError
+from cudampi.mpiexec import add_job_flags
 from cudampi.probe.runtime import PROBE_BYTES, PROBE_RANKS
 
 
@@ -110,27 +111,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "every node's doctor side by side, then every link between them, one rank per node "
         "through cudampi launch (inside a Slurm/PBS/LSF allocation: its nodes, with no flag)",
     )
-    where = job.add_mutually_exclusive_group()
-    where.add_argument(
-        "--hosts",
-        default=None,
-        metavar="H1,H2,...",
-        help="the job's nodes (as cudampi launch takes them)",
-    )
-    where.add_argument(
-        "--hostfile", default=None, metavar="FILE", help="the job's nodes from a hostfile"
-    )
-    job.add_argument(
-        "--ssh",
-        default=None,
-        metavar="CMD",
-        help='remote shell for the launcher, e.g. "ssh -i key" (as cudampi launch --ssh)',
-    )
-    job.add_argument(
-        "--launcher",
-        default="auto",
-        help="auto, mpirun, mpiexec, srun or a path (as cudampi launch --launcher)",
-    )
+    add_job_flags(job)  # the nodes as cudampi launch takes them, --ssh and --launcher
     job.add_argument("--no-links", action="store_true", help="the nodes' facts only: no link test")
     job.add_argument(
         "--link-size",

@@ -29,6 +29,7 @@ from cudampi.launch import workdir as workdirs
 from cudampi.launch.hosts import Host, parse_hostfile, parse_hosts, read_hostfile
 from cudampi.launch.plan import BINDS, GPU_BINDS, LaunchPlan, PlanRequest
 from cudampi.launch.prepare import BOOTSTRAP, plan_launch, rank_command
+from cudampi.mpiexec import add_job_flags
 
 __all__ = ["BOOTSTRAP", "EXEC", "add_arguments", "prepare", "run", "split_target"]
 
@@ -48,22 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="number of ranks (mpirun's -n/-np/--np)",
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--hosts",
-        "-H",
-        "--host",
-        dest="hosts",
-        default=None,
-        help="hosts and slots, e.g. h1:4,h2:4 (mpirun's -H/--host)",
-    )
-    where.add_argument(
-        "--hostfile",
-        "-f",
-        dest="hostfile",
-        default=None,
-        help="hostfile: 'host slots=N' or 'host:N' lines (Hydra's -f)",
-    )
+    add_job_flags(parser)  # --hosts/-H, --hostfile/-f, --ssh, --launcher
     parser.add_argument(
         "--gpus-per-node",
         "--nproc-per-node",
@@ -96,12 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="nodes (torchrun's --nnodes): -n defaults to nodes x --nproc-per-node; the hosts "
         "(or the Slurm allocation) must have this many",
-    )
-    parser.add_argument(
-        "--launcher",
-        default="auto",
-        help="auto, mpirun, mpiexec, srun or a path (auto: srun in a Slurm allocation, else the "
-        "mpiexec beside this python, else PATH)",
     )
     parser.add_argument(
         "--bind-to",
@@ -138,11 +118,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="network interface for NCCL/Gloo/MPI TCP (default: chosen per rank from the route "
         "to MASTER_ADDR; for MPI, the network reaching the remote hosts)",
-    )
-    parser.add_argument(
-        "--ssh",
-        default=None,
-        help='remote shell command with options, e.g. "ssh -i key -o StrictHostKeyChecking=no"',
     )
     parser.add_argument(
         "-x",
