@@ -3,7 +3,8 @@
 The ground floor, for everything that starts MPI ranks: ``cudampi launch`` (through
 :mod:`cudampi.launch.plan`, which decides the values) and the doctor's runtime probe
 (:mod:`cudampi.probe.runtime`); ``cudampi bench --np`` goes through ``cudampi launch``. Pure: argv
-lists, never shell strings.
+lists, never shell strings. Also the flags a user gives for where a job runs
+(:func:`add_job_flags`), the same for ``cudampi launch`` and ``cudampi doctor --hosts``.
 """
 
 from __future__ import annotations
