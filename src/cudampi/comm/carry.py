@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cudampi.comm.arrays import ArrayOps, Buf, flat, ops_for
+from cudampi.comm.arrays import Buf, flat
+from cudampi.comm.arrays.numpy import NUMPY_OPS, NumpyOps
 from cudampi.comm.validate import CARRY_BYTES, gathers
 
 CARRIED_PATHS = ("host", "host-alg")
@@ -48,24 +49,37 @@ class Carry:
     """The output, flat (a NumPy view of the caller's memory)."""
     op: str
     dtype: str
-    ops: ArrayOps
+    ops: NumpyOps
     _rows: Any = None
     _data: Any = None
+    _parts: tuple[Any, ...] = ()
+    _rest: tuple[Any, ...] = ()
+    _shares: Any = None
+    _combine: Any = None
 
     def finish(self, rows: Any) -> None:
         """Reduce every rank's data (``rows``: one row of bytes per rank, in rank order) into
-        the output: rank 0's, then each next rank's combined into it (``avg``: each rank's
-        share, divided before the sum, as every engine does)."""
+        the output: rank 0's combined with rank 1's, then each next rank's combined into that
+        (``avg``: each rank's share, divided before the sum, as every engine does)."""
         if rows is not self._rows:  # (the check returns the same rows call after call)
-            self._rows, self._data = rows, rows.view(self.out.dtype)
-        data, out, reduce = self._data, self.out, self.ops.reduce
+            self._bind(rows)
+        combine, out, parts = self._combine, self.out, self._parts
+        if self._shares is not None:
+            self.ops.divide(self._shares, len(parts), self.dtype, self._data)
+        combine(parts[0], parts[1], out)
+        for part in self._rest:
+            combine(out, part, out)
+
+    def _bind(self, rows: Any) -> None:
+        """The views of ``rows`` that every call with them reduces (made once)."""
+        self._rows, data = rows, rows.view(self.out.dtype)
+        self._data = data
         if self.op == "avg":
-            shares = data.copy()
-            self.ops.divide(shares, data.shape[0], self.dtype, data)
-            data = shares
-        out[...] = data[0]
-        for r in range(1, data.shape[0]):
-            reduce(out, data[r], self.op, self.dtype)
+            self._shares = data.copy()
+            data = self._shares
+        self._parts = tuple(data[r] for r in range(data.shape[0]))
+        self._rest = self._parts[2:]
+        self._combine = self.ops.ufunc(self.op, self.dtype)
 
 
 def carry(x: Buf, out: Buf, op: str) -> Carry:
@@ -74,7 +88,7 @@ def carry(x: Buf, out: Buf, op: str) -> Carry:
     import numpy
 
     xf, of = _numpy(x), _numpy(out)
-    return Carry(xf.view(numpy.uint8), of, op, x.dtype, ops_for("numpy", None))
+    return Carry(xf.view(numpy.uint8), of, op, x.dtype, NUMPY_OPS)
 
 
 def _numpy(b: Buf) -> Any:

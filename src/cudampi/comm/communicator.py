@@ -36,7 +36,7 @@ from cudampi.comm.paths import (
     kinds,
 )
 from cudampi.comm.repeat import Repeats
-from cudampi.comm.validate import Signature, agree, check
+from cudampi.comm.validate import Recheck, Signature, agree, check
 from cudampi.config import Config
 from cudampi.errors import CommError, CommTimeoutError, CudampiError, DeviceError
 from cudampi.names import CALLS
@@ -409,7 +409,9 @@ class Communicator(Messages):
         if engine.stream_ordered:
             self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype)
         elif engine.ops.device is None:
-            self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype, sig, carried)
+            data = None if carried is None else carried.data
+            rc = Recheck(self._coll, sig, self._watch, data, self.config.debug)
+            self._repeats.remember(r.x, r.out, r.op, r.path, engine, dtype, rc, carried)
 
     def _check_counts(self, r: Request, error: BaseException | None) -> None:
         """The cross-rank check of counts exchanged inside a call (alltoall's receive counts)."""
@@ -444,31 +446,18 @@ class Communicator(Messages):
         if not self._lock.acquire(blocking=False):
             self._meet("allreduce")
         try:
-            return self._repeat_locked(e, x, op, out)
+            if (
+                self._closed
+                or self._watch.failed is not None
+                or not self._observer.quiet()
+                or (self._worker is not None and (e.check is None or not self._worker.idle))
+            ):
+                return False
+            self._seq += 1
+            e.run(x, out, op, self._seq)
+            return True
         finally:
             self._lock.release()
-
-    def _repeat_locked(self, e: Any, x: Any, op: str, out: Any) -> bool:
-        if (
-            self._closed
-            or self._watch.failed is not None
-            or not self._observer.quiet()
-            or (self._worker is not None and (e.sig is None or not self._worker.idle))
-        ):
-            return False
-        self._seq += 1
-        if e.sig is not None:
-            data = None if e.carry is None else e.carry.data
-            debug, watch = self.config.debug, self._watch
-            rows = check(
-                self._coll, e.sig, None, debug=debug, watch=watch, seq=self._seq, data=data
-            )
-            if e.carry is not None:
-                e.carry.finish(rows)
-                return True
-        xf = e.kind.flat(x)
-        e.engine.allreduce(xf, xf if out is x else e.kind.flat(out), op, e.dtype)
-        return True
 
     def reduce(
         self,

@@ -33,13 +33,19 @@ LIMIT = 256
 """Entries at most (a model's buckets are tens); the table starts over when full."""
 
 
-def _tensor_facts(t: Any) -> tuple[Any, ...]:
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+def _tensor_facts(t: Any, out: Any) -> tuple[Any, ...]:
+    if out is t:
+        return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype,
+            out.data_ptr(), out.shape, out.stride(), out.dtype)  # fmt: skip
 
 
-def _ndarray_facts(a: Any) -> tuple[Any, ...]:
-    # no address: MPI reads it per call, and nothing the front end decides depends on it
-    return (a.shape, a.strides, a.dtype, a.flags.writeable)
+def _ndarray_facts(a: Any, out: Any) -> tuple[Any, ...]:
+    # no address: MPI reads it per call, and nothing the front end decides depends on it; of
+    # writability, the output's alone (the full path checks no other)
+    if out is a:
+        return (a.shape, a.strides, a.dtype, a.flags.writeable)
+    return (a.shape, a.strides, a.dtype, out.shape, out.strides, out.dtype, out.flags.writeable)
 
 
 def _ndarray_flat(a: Any) -> Any:
@@ -50,7 +56,8 @@ def _ndarray_flat(a: Any) -> Any:
 class Kind:
     """One array library this table takes: what must not change, and the flat view."""
 
-    facts: Callable[[Any], tuple[Any, ...]]
+    facts: Callable[[Any, Any], tuple[Any, ...]]
+    """What must not have changed since the full path checked ``x`` and ``out`` (one call)."""
     flat: Callable[[Any], Any]
 
 
@@ -69,27 +76,36 @@ def kind_of(x: Any) -> Kind | None:
     return None
 
 
-def fingerprint(kind: Kind, x: Any, out: Any) -> tuple[Any, ...]:
-    """What must not have changed since the full path checked ``x`` and ``out``."""
-    return kind.facts(x) if out is x else (*kind.facts(x), *kind.facts(out))
-
-
 @dataclass(slots=True)
 class Entry:
     x: Any
     """weakref to the input array"""
     out: Any
     """weakref to the output array (the same object for in-place calls and messages)"""
+    op: str
+    path: str | None
     key: tuple[Any, ...]
     engine: Any
     dtype: str
     kind: Kind
-    sig: Any = None
-    """The call's cross-rank signature where the host checks it (an engine that is not
-    stream-ordered); None where the engine checks on the GPU."""
+    check: Any = None
+    """The call's cross-rank check where the host runs it (an engine that is not
+    stream-ordered): a :class:`~cudampi.comm.validate.Recheck`, called with the call's number;
+    None where the engine checks on the GPU."""
     carry: Any = None
     """Where the call's data travels in its check (:mod:`cudampi.comm.carry`): how it is
     reduced from what the check returns."""
+
+    def run(self, x: Any, out: Any, op: str, seq: int) -> None:
+        """The allreduce of ``x`` into ``out``, call number ``seq``: its check where the host
+        runs it, then the engine (a carried call: the reduction of what the check brought)."""
+        if self.check is not None:
+            rows = self.check(seq)
+            if self.carry is not None:
+                self.carry.finish(rows)
+                return
+        xf = self.kind.flat(x)
+        self.engine.allreduce(xf, xf if out is x else self.kind.flat(out), op, self.dtype)
 
 
 class Repeats:
@@ -97,6 +113,7 @@ class Repeats:
 
     def __init__(self) -> None:
         self._table: dict[tuple[int, int, str, str | None], Entry] = {}
+        self._last: Entry | None = None
 
     def __len__(self) -> int:
         return len(self._table)
@@ -109,11 +126,11 @@ class Repeats:
         path: str | None,
         engine: Any,
         dtype: str,
-        sig: Any = None,
+        check: Any = None,
         carry: Any = None,
     ) -> None:
-        """After the full path checked a call and chose ``engine`` for it (``sig``: what the
-        call's cross-rank check compares, where the host runs it)."""
+        """After the full path checked a call and chose ``engine`` for it (``check``: the
+        call's cross-rank check, where the host runs it)."""
         kind = kind_of(x)
         if kind is None or (out is not x and kind_of(out) is not kind):
             return
@@ -125,18 +142,28 @@ class Repeats:
         def drop(_: Any, table: dict[Any, Entry] = table, k: Any = k) -> None:
             table.pop(k, None)
 
-        table[k] = Entry(weakref.ref(x, drop), weakref.ref(out, drop),
-                         fingerprint(kind, x, out), engine, dtype, kind, sig, carry)  # fmt: skip
+        table[k] = self._last = Entry(weakref.ref(x, drop), weakref.ref(out, drop), op, path,
+                                      kind.facts(x, out), engine, dtype, kind, check, carry)  # fmt: skip
 
     def lookup(self, x: Any, out: Any, op: str, path: str | None) -> Entry | None:
         """The entry for this call, if nothing it depends on changed."""
-        try:
-            e = self._table.get((id(x), id(out), op, path))
-        except TypeError:  # an unhashable op or path: the full path says what is wrong
-            return None
-        if e is None or e.x() is not x or e.out() is not out:
-            return None
-        return e if fingerprint(e.kind, x, out) == e.key else None
+        e = self._last  # (a loop that repeats one call finds it here, without a key to hash)
+        if (
+            e is None
+            or e.x() is not x
+            or e.out() is not out
+            or e.op is not op
+            or e.path is not path
+        ):
+            try:
+                e = self._table.get((id(x), id(out), op, path))
+            except TypeError:  # an unhashable op or path: the full path says what is wrong
+                return None
+            if e is None or e.x() is not x or e.out() is not out:
+                return None
+            self._last = e
+        return e if e.kind.facts(x, out) == e.key else None
 
     def forget(self) -> None:
         self._table.clear()
+        self._last = None

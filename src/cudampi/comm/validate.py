@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudampi.comm.arrays import DTYPE_CODE
+from cudampi.comm.deadline import FIRST_TESTS
 from cudampi.errors import CommError, DeviceError, MismatchError
 from cudampi.names import CALLS, FORCED_PATHS, REDUCE_OPS
 
@@ -133,6 +134,13 @@ def check(
         got, rows = _reduce(comm, sig, local_error is not None, watch, seq)
     if got and not debug:
         return rows
+    return _settle(comm, sig, local_error, rows, debug)
+
+
+def _settle(
+    comm: Any, sig: Signature, local_error: BaseException | None, rows: Any, debug: bool
+) -> Any:
+    """After an exchange that found a disagreement (or any, under ``debug``): the full one."""
     # Every rank has arrived (the exchange completed): the full exchange cannot wait for ever.
     entries = comm.allgather(
         (
@@ -173,11 +181,7 @@ def _gather(
     MPI's messages cost less than its non-blocking collectives): a digest of the codes and
     whether the rank failed, then the data it carries. All agree where every rank's digest is
     this rank's and it did not fail."""
-    ex = watch.exchange if watch is not None else None
-    if ex is None:
-        ex = Exchange(comm)
-        if watch is not None:
-            watch.exchange = ex
+    ex = _exchange(comm, watch)
     ex.mine[0] = _digest(sig, failed)
     if data is not None:
         ex.my_bytes[8 : 8 + len(data)] = data
@@ -190,6 +194,70 @@ def _gather(
     digests = ex.digests.tolist()
     agree = not failed and digests.count(digests[ex.me]) == len(digests)
     return agree, None if data is None else ex.data(len(data))
+
+
+def _exchange(comm: Any, watch: Any) -> Exchange:
+    """The communicator's :class:`Exchange`, kept on its ``watch`` (made at the first check)."""
+    ex = watch.exchange if watch is not None else None
+    if ex is None:
+        ex = Exchange(comm)
+        if watch is not None:
+            watch.exchange = ex
+    return ex
+
+
+class Recheck:
+    """The cross-rank check of one call the full path prepared, made once for its repeats
+    (:mod:`cudampi.comm.repeat`): calling it with the call's number is :func:`check` with no
+    local error, the same exchange and the same outcome (every rank raises where any differs),
+    without working out again what cannot change between repeats (the digest, where the
+    carried bytes go and come back)."""
+
+    __slots__ = (
+        "_startall", "comm", "data", "debug", "digest", "dst", "ex", "n", "rows", "sig", "watch"
+    )  # fmt: skip
+
+    def __init__(
+        self, comm: Any, sig: Signature, watch: Any, data: Any = None, debug: bool = False
+    ) -> None:
+        self.comm, self.sig, self.watch, self.data, self.debug = comm, sig, watch, data, debug
+        self.ex: Exchange | None = None
+        self.n = comm.size
+        if gathers(self.n) and watch is not None and not debug:
+            ex = self.ex = _exchange(comm, watch)
+            self._startall = ex._startall
+            self.digest = _digest(sig, False)
+            self.dst = None if data is None else ex.my_bytes[8 : 8 + len(data)]
+            self.rows = None if data is None else ex.data(len(data))
+
+    def __call__(self, seq: int) -> Any:
+        ex = self.ex
+        if ex is None:  # (no exchange of blocks: the check as the full path makes it)
+            return check(
+                self.comm, self.sig, None, debug=self.debug, watch=self.watch, seq=seq,
+                data=self.data,
+            )  # fmt: skip
+        ex.mine[0] = self.digest
+        if self.dst is not None:
+            self.dst[...] = self.data
+        reqs = ex.reqs
+        self._startall(reqs)
+        # Watch.wait's first polls, inline: one request at a time (a persistent request that
+        # completed tests true until started again), then the wait under the deadline
+        for req in reqs:
+            for _ in range(FIRST_TESTS):
+                if req.Test():
+                    break
+            else:
+                try:
+                    self.watch.wait(ex, self.sig.call, seq)
+                except BaseException:
+                    ex.cancel()
+                    raise
+                break
+        if ex.digests.tolist().count(self.digest) == self.n:
+            return self.rows
+        return _settle(self.comm, self.sig, None, self.rows, False)
 
 
 class Exchange:

@@ -64,10 +64,14 @@ class NumpyOps(ArrayOps):
         dst[...] = src
 
     def reduce(self, dst: Any, src: Any, op: str, dtype: str) -> None:
+        self.ufunc(op, dtype)(dst, src, out=dst)
+
+    @staticmethod
+    def ufunc(op: str, dtype: str) -> Any:
+        """The NumPy ufunc that combines two arrays of ``dtype`` for reduction ``op``."""
         import numpy
 
-        name = BOOL_OP[core(op)] if dtype == "bool" else NP_OP[core(op)]
-        getattr(numpy, name)(dst, src, out=dst)
+        return getattr(numpy, BOOL_OP[core(op)] if dtype == "bool" else NP_OP[core(op)])
 
     def divide(self, a: Any, n: int, dtype: str, src: Any = None) -> None:
         import numpy
