@@ -8,12 +8,14 @@ allreduce is one kernel launch, a small MPI message a microsecond or so; docs/be
 has the per-call figures). :class:`Repeats` remembers what the full path decided for a call on NumPy arrays or torch
 tensors; the next call with the same array objects, op (for messages: send or receive) and path,
 whose arrays still have the same layout (shape, strides, dtype; a tensor's data pointer, which
-changes with its storage or device; a NumPy array's writability), goes straight to the engine.
+changes with its storage or device; the output's writability), goes straight to the engine.
 Nothing else the full path checks can change without changing those. The engine still runs
 every call and checks what it checks (ranks, tags, sizes, deadlines), and the Communicator
 keeps its per-call work: a device engine that is not stream-ordered still waits for the
 caller's stream, and a collective on host memory still runs the cross-rank check, with the
-signature the full path made (its peers may have changed their call), before the engine.
+signature the full path made (its peers may have changed their call), before the engine: the
+check's own exchange prepared once (:class:`~cudampi.comm.validate.Recheck`), so a small
+allreduce carried in it (:mod:`cudampi.comm.carry`) costs little more than that exchange.
 
 Entries hold the arrays weakly (an array that dies takes its entry with it) and the table is
 bounded.
@@ -90,20 +92,14 @@ class Entry:
     kind: Kind
     check: Any = None
     """The call's cross-rank check where the host runs it (an engine that is not
-    stream-ordered): a :class:`~cudampi.comm.validate.Recheck`, called with the call's number;
-    None where the engine checks on the GPU."""
+    stream-ordered): a :class:`~cudampi.comm.validate.Recheck`; None where the engine checks on
+    the GPU."""
     carry: Any = None
     """Where the call's data travels in its check (:mod:`cudampi.comm.carry`): how it is
     reduced from what the check returns."""
 
-    def run(self, x: Any, out: Any, op: str, seq: int) -> None:
-        """The allreduce of ``x`` into ``out``, call number ``seq``: its check where the host
-        runs it, then the engine (a carried call: the reduction of what the check brought)."""
-        if self.check is not None:
-            rows = self.check(seq)
-            if self.carry is not None:
-                self.carry.finish(rows)
-                return
+    def run(self, x: Any, out: Any, op: str) -> None:
+        """The allreduce of ``x`` into ``out`` on the engine (after its check, if any)."""
         xf = self.kind.flat(x)
         self.engine.allreduce(xf, xf if out is x else self.kind.flat(out), op, self.dtype)
 

@@ -208,13 +208,14 @@ def _exchange(comm: Any, watch: Any) -> Exchange:
 
 class Recheck:
     """The cross-rank check of one call the full path prepared, made once for its repeats
-    (:mod:`cudampi.comm.repeat`): calling it with the call's number is :func:`check` with no
+    (:mod:`cudampi.comm.repeat`): :meth:`run` with the call's number is :func:`check` with no
     local error, the same exchange and the same outcome (every rank raises where any differs),
     without working out again what cannot change between repeats (the digest, where the
     carried bytes go and come back)."""
 
     __slots__ = (
-        "_startall", "comm", "data", "debug", "digest", "dst", "ex", "n", "rows", "sig", "watch"
+        "_startall", "comm", "data", "debug", "digest", "digests", "dst", "ex", "mine", "n",
+        "rows", "sig", "watch",
     )  # fmt: skip
 
     def __init__(
@@ -225,37 +226,39 @@ class Recheck:
         self.n = comm.size
         if gathers(self.n) and watch is not None and not debug:
             ex = self.ex = _exchange(comm, watch)
-            self._startall = ex._startall
+            self._startall, self.mine, self.digests = ex._startall, ex.mine, ex.digests
             self.digest = _digest(sig, False)
             self.dst = None if data is None else ex.my_bytes[8 : 8 + len(data)]
             self.rows = None if data is None else ex.data(len(data))
 
-    def __call__(self, seq: int) -> Any:
+    def run(self, seq: int) -> Any:
+        """The check of call number ``seq``: every rank's carried bytes (or None)."""
         ex = self.ex
         if ex is None:  # (no exchange of blocks: the check as the full path makes it)
             return check(
                 self.comm, self.sig, None, debug=self.debug, watch=self.watch, seq=seq,
                 data=self.data,
             )  # fmt: skip
-        ex.mine[0] = self.digest
+        self.mine[0] = self.digest
         if self.dst is not None:
             self.dst[...] = self.data
         reqs = ex.reqs
         self._startall(reqs)
-        # Watch.wait's first polls, inline: one request at a time (a persistent request that
-        # completed tests true until started again), then the wait under the deadline
-        for req in reqs:
-            for _ in range(FIRST_TESTS):
+        try:  # Watch.wait's first polls, inline: one request at a time (a persistent request
+            # that completed tests true until started again), then the wait under the deadline
+            for req in reqs:
                 if req.Test():
-                    break
-            else:
-                try:
+                    continue
+                for _ in range(FIRST_TESTS):
+                    if req.Test():
+                        break
+                else:
                     self.watch.wait(ex, self.sig.call, seq)
-                except BaseException:
-                    ex.cancel()
-                    raise
-                break
-        if ex.digests.tolist().count(self.digest) == self.n:
+                    break
+        except BaseException:
+            ex.cancel()
+            raise
+        if self.digests.tolist().count(self.digest) == self.n:
             return self.rows
         return _settle(self.comm, self.sig, None, self.rows, False)
 
