@@ -453,11 +453,12 @@ class Communicator(Messages):
                 or (self._worker is not None and (e.check is None or not self._worker.idle))
             ):
                 return False
-            self._seq += 1
-            if e.check is None:  # the engine checks on the GPU
+            seq = self._seq = self._seq + 1
+            check = e.check
+            if check is None:  # the engine checks on the GPU
                 e.run(x, out, op)
             else:
-                rows = e.check.run(self._seq)
+                rows = check.run(seq)
                 if e.carry is None:
                     e.run(x, out, op)
                 else:  # its data came with the check
