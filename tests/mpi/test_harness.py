@@ -42,12 +42,13 @@ def test_two_host_tests_skip_with_the_reason_without_openssh(monkeypatch):
     install it (they used to error in setup)."""
     import os
 
-    import tests.netns.test_launch_two_hosts as two
+    import tests.netns.cluster as cluster
 
-    if os.geteuid() != 0 or two.shutil.which("ip") is None:
+    if os.geteuid() != 0 or cluster.shutil.which("ip") is None:
         pytest.skip("the reason given first here is root or iproute2, not OpenSSH")
-    monkeypatch.setattr(two, "SSHD", "/nonexistent/sshd")
-    why = two._why_skip()
+    monkeypatch.setattr(cluster, "SSHD", "/nonexistent/sshd")
+    why = cluster.why_skip()
     assert why is not None and "OpenSSH is not installed (sshd missing)" in why
     assert "apt-get install openssh-server openssh-client" in why
-    assert two._why_skip(need_ssh=False) is None or "OpenSSH" not in two._why_skip(need_ssh=False)
+    without = cluster.why_skip(ssh=False)  # torchrun's hosts: no sshd needed
+    assert without is None or "OpenSSH" not in without
