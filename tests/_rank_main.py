@@ -26,11 +26,12 @@ def main() -> int:
 
 def abort_job(comm: Any, where: str) -> int:
     """The exception being handled, with the rank that raised it, on stderr; then the whole
-    job ends (no rank left waiting for this one)."""
-    sys.stderr.write(f"--- rank {comm.rank} of {comm.size} failed {where}:\n")
-    sys.stderr.write(traceback.format_exc())
-    sys.stderr.flush()
-    comm.Abort(1)
+    job ends (no rank left waiting for this one), as cudampi ends a job (cudampi.abort)."""
+    from cudampi.abort import abort_job as end_the_job
+
+    end_the_job(
+        1, f"--- rank {comm.rank} of {comm.size} failed {where}:\n{traceback.format_exc()}", comm
+    )
     return 1
 
 
