@@ -173,6 +173,50 @@ verify)
   cat $OUT/verify-summary.txt
   [ $VERIFY_RC = 0 ] || echo "VERIFY FAILED (exit $VERIFY_RC): see the FAILED, NOT RUN, STOPPED or NOTHING PASSED lines above"
   ;;
+targets)
+  # Issue 31's measurements in one call, 2 ranks, each MPS setting of MPS_MODES (on off): one
+  # probe (kernels compiled beside it), then allreduce on the engine, the torch backend, the
+  # Communicator's auto and the peers (staged, copy, mpi4py) in the same run; the naive
+  # registered IPC kernel (.naive/, from ../shared/tools); point-to-point against mpi4py; FSDP2
+  # beside DDP and gloo (MPS on); the per-call cost of each ipc collective at 2 and 4 ranks.
+  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  B=$OUT/targets; mkdir -p $B
+  sec probe and kernels
+  ( nice -n 10 timeout 200 $W tools/ipc-warm.py --ranks 2,4 --jobs 12 > $B/warm.txt 2>&1; echo "rc=$?" >> $B/warm.txt ) &
+  T 150 $W -m cudampi doctor --json --preload-ucx --size 64M > $B/doctor.json 2> $B/doctor.err
+  wait; tail -2 $B/warm.txt
+  L="$W -m cudampi launch"
+  tg() {
+    sec allreduce 2 ranks, MPS $MPS
+    T 150 $L -n 2 -m cudampi bench allreduce -b 8 -e 256M -f 8 -w 3 -n 20 --time-limit 0.4 \
+      --paths ipc,torch-cudampi,auto,staged,mpi,copy --json $B/ar-mps$MPS.json > $B/ar-mps$MPS.txt
+    grep -a -E "^ *[0-9]|Verdict|wrong|skip|runs" $B/ar-mps$MPS.txt | head -50
+    sec ipc per call, every collective, 2 and 4 ranks, MPS $MPS
+    for n in 2 4; do
+      T 90 $L -n $n -m cudampi bench all -b 8 -e 1M -f 64 -w 2 -n 20 --time-limit 0.3 --paths ipc \
+        --json $B/ipcall$n-mps$MPS.json > $B/ipcall$n-mps$MPS.txt; grep -a -E "^ *[0-9]|^#|wrong|skip" $B/ipcall$n-mps$MPS.txt | head -40
+    done
+    if [ $MPS = off ]; then
+      sec torch stream-ordered check alone, MPS $MPS
+      ( export CUDAMPI_TIMEOUT=60; T 150 $L -n 2 -m tests.gpu.jobs tests.gpu.test_torch_gpu \
+          stream_ordered_work_never_blocks_the_host ) > $B/stream-ordered-mps$MPS.txt 2>&1
+      grep -a -E "^CHECK|rc=|Error|error" $B/stream-ordered-mps$MPS.txt | head -20
+      return 0
+    fi
+    sec naive registered IPC allreduce, MPS $MPS
+    T 90 $L -n 2 .naive/naive_ipc_allreduce.py 4096,65536,1048576,2097152,16777216,134217728,268435456 2>&1 \
+      | grep -a -v -i warn | tee $B/naive-mps$MPS.txt | tail -10
+    sec p2p device buffers, MPS $MPS
+    T 120 $L -n 2 -m cudampi bench p2p --buffers device -b 1 -e 256M -f 4 -n 30 --time-limit 0.4 \
+      --paths ipc,cudampi,mpi,torch-cudampi --json $B/p2p-mps$MPS.json > $B/p2p-mps$MPS.txt
+    grep -a -E "^ *[0-9]|wrong|skip|path|^#" $B/p2p-mps$MPS.txt | head -60
+    sec fsdp, MPS $MPS
+    T ${FSDP_T:-150} $L -n 2 -m cudampi bench fsdp -w 3 -n 10 --json $B/fsdp-mps$MPS.json > $B/fsdp-mps$MPS.txt
+    tail -20 $B/fsdp-mps$MPS.txt
+  }
+  mps_each tg
+  tar czf $OUT/targets.tgz -C $OUT targets && rm -rf $B
+  ;;
 ddpasync)
   B=$OUT/bench; mkdir -p $B
   export PATH=/tmp/v/bin:$PATH

@@ -264,6 +264,16 @@ def time_left(limit: float) -> float:
     return limit if left is None else max(1.0, min(limit, left))
 
 
+def time_sliced(ranks: int) -> bool:
+    """Whether ``ranks`` ranks of one job on this machine time-slice a GPU: more ranks than
+    GPUs and no MPS daemon. Their kernels then never run side by side: an ipc kernel that waits
+    for its peers' holds the GPU until its slice ends, a slice per step of every call, where
+    with MPS (or a GPU per rank) the step takes microseconds."""
+    from cudampi.probe.gpu import driver_gpus, mps_active
+
+    return not mps_active() and len(driver_gpus() or ()) < ranks
+
+
 def without_recipe(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in UCX_RECIPE}
 
