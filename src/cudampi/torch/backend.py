@@ -17,9 +17,8 @@ False none). ``isend``/``irecv`` are truly non-blocking either way.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,6 +58,24 @@ if TYPE_CHECKING:
 # Typed as Any: the Python overrides follow c10d's (untyped, version-dependent) call convention
 # rather than the overload stubs of one torch release.
 _ProcessGroup: Any = dist.ProcessGroup
+
+
+class _Refusing:
+    """``with``: an exception raised inside is first told to every rank as this rank's
+    refusal of ``call`` (:meth:`cudampi.comm.Communicator.refuse`), then raised here."""
+
+    __slots__ = ("_call", "_comm")
+
+    def __init__(self, comm: Communicator, call: str) -> None:
+        self._comm, self._call = comm, call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if isinstance(exc, Exception):
+            self._comm.refuse(self._call, exc)
+        return False
 
 
 class CudampiProcessGroup(_ProcessGroup):
@@ -168,16 +185,11 @@ class CudampiProcessGroup(_ProcessGroup):
                 "group (dist.new_group / init_process_group) before using it."
             )
 
-    @contextlib.contextmanager
-    def _checks(self, call: str) -> Iterator[None]:
+    def _checks(self, call: str) -> _Refusing:
         """Local checks of one collective's arguments: where one fails on this rank, every rank
         raises in ``call`` (through the Communicator's cross-rank check) instead of the others
         waiting in it for ever."""
-        try:
-            yield
-        except Exception as exc:
-            self._comm.refuse(call, exc)
-            raise
+        return _Refusing(self._comm, call)
 
     # --- collectives ------------------------------------------------------------------------
     @_collective

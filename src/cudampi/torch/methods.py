@@ -68,23 +68,35 @@ class Opts:
     """The root rank (0 where the options have none)."""
 
 
-_DEFAULT: list[Opts] = []
+_FIELDS: dict[type, tuple[bool, bool]] = {}
+"""An options class -> whether it has ``reduceOp``, ``rootRank`` (asked once per class: a
+missing attribute of a pybind object raises, which costs more than the rest of the decoding)."""
+_KEPT: dict[tuple[Any, int], Opts] = {}
+"""(reduce op type or None, root) -> its Opts (PREMUL_SUM, whose factor varies, never kept)."""
 
 
 def decode(opts: Any) -> Opts:
     """``opts`` (None, or any c10d options object) as an :class:`Opts`."""
     if opts is None:
-        if not _DEFAULT:
-            import torch.distributed as dist
-
-            _DEFAULT.append(Opts(reduce_spec(dist.ReduceOp.SUM), 0))
-        return _DEFAULT[0]
-    red = getattr(opts, "reduceOp", None)
+        red, root = None, 0
+    else:
+        fields = _FIELDS.get(type(opts))
+        if fields is None:
+            fields = _FIELDS[type(opts)] = (hasattr(opts, "reduceOp"), hasattr(opts, "rootRank"))
+        red = opts.reduceOp if fields[0] else None
+        root = int(opts.rootRank) if fields[1] else 0
+    key = (getattr(red, "op", red), root)
+    kept = _KEPT.get(key)
+    if kept is not None:
+        return kept
     if red is None:
         import torch.distributed as dist
 
         red = dist.ReduceOp.SUM
-    return Opts(reduce_spec(red), int(getattr(opts, "rootRank", 0)))
+    made = Opts(reduce_spec(red), root)
+    if made.spec.premul is None:
+        _KEPT[key] = made
+    return made
 
 
 def opts_of(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
