@@ -489,6 +489,7 @@ class Jobs:
                 self.reports[check.job] = (_interrupted(exc), {}, [])
                 raise
             self.reports[check.job] = (ran, *parse_checks(ran.stdout))
+            print(self.timeline(check.job))
         ran, ended, started = self.reports[check.job]
         where = f"{check.ranks}-rank job ({check.stack} stack)"
         if check.name in ended:
@@ -517,6 +518,22 @@ class Jobs:
             )
         how = f"hung ({ran.seconds:.0f} s)" if ran.timed_out else f"ended (exit {ran.returncode})"
         pytest.fail(f"{check.name}: the {where} {how} {during}\n{ran.tail()}", pytrace=False)
+
+    def timeline(self, job: tuple[int, str]) -> str:
+        """Each check of a job that ran, in order, with its status and seconds, and the one
+        it was in when it ended otherwise (which check a slow or stopped job spent its time on:
+        the checks after it report only that they did not run)."""
+        ran, ended, started = self.reports[job]
+        how = f"exit {ran.returncode}"
+        if ran.deadline:
+            how = "stopped at the session's deadline"
+        elif ran.timed_out:
+            how = f"stopped after its {ran.seconds:.0f} s (hung)"
+        lines = [f"the {job[0]}-rank job ({job[1]} stack): {ran.seconds:.0f} s, {how}"]
+        for name in started:
+            status, secs, _ = ended.get(name, ("RUNNING when the job ended", 0.0, ""))
+            lines.append(f"  {name} {status}" + (f" {secs:.1f} s" if name in ended else ""))
+        return "\n".join(lines)
 
     def _run(self, job: tuple[int, str]) -> Ran:
         from cudampi.mpiexec import launcher_never_started

@@ -93,7 +93,10 @@ def test_a_job_reports_each_check_and_goes_on_after_a_failure(capsys):
     jobs = Jobs(__name__, [*(CHECKS[n] for n in names), unknown])
     got = {n: _outcome(jobs, n) for n in names}
     assert got["passes"] == ("passed", "")
-    assert "sum 3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "sum 3" in out
+    assert "the 2-rank job (this stack): " in out and "\n  passes PASS " in out, out
+    assert "\n  fails[on-1] FAIL " in out and "\n  slow PASS " in out, out
     status, text = got["fails[on-1]"]
     assert status == "failed" and "rank 1: AssertionError: rank 1 saw 2 ranks" in text, text
     assert "rank_fail_on_1" in text  # the rank's traceback
@@ -127,6 +130,9 @@ def test_the_sessions_deadline_stops_a_job_and_its_ranks(monkeypatch):
     t0 = time.monotonic()
     status, text = _outcome(jobs, "sleeps")
     assert status == "skipped" and text.startswith("time ran out") and "while it ran" in text
+    timeline = jobs.timeline((2, "this"))
+    assert "stopped at the session's deadline" in timeline, timeline
+    assert "\n  sleeps RUNNING when the job ended" in timeline, timeline
     status, text = _outcome(jobs, "passes")
     assert status == "skipped" and "before it ran (during sleeps)" in text, text
     assert time.monotonic() - t0 < 40
