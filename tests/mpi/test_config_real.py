@@ -78,17 +78,17 @@ def test_a_setting_out_of_bounds_is_refused_on_every_rank():
 
 
 LATE = """
-import time
 import numpy as np
 from mpi4py import MPI
 from cudampi.comm import Communicator
+from cudampi.comm.deadline import ROLLCALL_TAG
 from cudampi.errors import CommTimeoutError
 
 comm = MPI.COMM_WORLD
 c = Communicator(comm)
 comm.Barrier()
-if comm.rank == 1:
-    time.sleep(0.5)  # comes after rank 0's deadline, but while rank 0 calls the roll
+if comm.rank == 1:  # comes after rank 0's deadline, while rank 0 calls the roll: once its call
+    c._coll.Probe(source=0, tag=ROLLCALL_TAG)  # has come (not after a guessed sleep: load)
 try:
     c.allreduce(np.ones(4))
 except CommTimeoutError as exc:
