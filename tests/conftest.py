@@ -36,6 +36,11 @@ left as they are."""
 def pytest_configure(config: pytest.Config) -> None:
     for name, value in OPEN_MPI_TEST_SETTINGS.items():
         os.environ.setdefault(name, value)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # an xdist worker gets COLUMNS=80 LINES=24, a terminal it does not have: the CLIs the
+        # tests run would wrap their reports at 80 columns, as a serial run never does
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
 
 
 TOGETHER = {
