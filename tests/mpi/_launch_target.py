@@ -100,6 +100,10 @@ def main() -> int:
     if mode == "mpi-kill":  # MPI up (MPICH's shared-memory segment made), then one rank killed
         from mpi4py import MPI
 
+        if rank != target:  # the job's own segments: what this rank maps in /dev/shm
+            with open("/proc/self/maps") as f:
+                mapped = sorted({ln.split()[-1] for ln in f if "/dev/shm/mpich_" in ln})
+            print("SEGMENTS", *mapped, flush=True)
         MPI.COMM_WORLD.Barrier()
         if rank == target:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -10,7 +10,6 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -124,9 +123,12 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_job_runs(tmp_pat
 def started(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
     """``cudampi launch -n 2`` of ranks that sleep, once both have started: (the supervisor,
     the ranks' pids). Whatever the test did, nothing of it is left running."""
+    # its work folder in a TMPDIR of its own: another launch on the machine (a test beside this
+    # one) removes the folders of killed launches it finds in its TMPDIR when it starts
+    (tmp_path / "tmp").mkdir()
     sup = subprocess.Popen(
         [sys.executable, "-m", "cudampi", "launch", "-n", "2", TARGET, "sleep", str(tmp_path)],
-        env=ENV,
+        env={**ENV, "TMPDIR": str(tmp_path / "tmp")},
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -166,22 +168,24 @@ def test_sigterm_stops_every_rank_and_says_terminated(started):
     assert _gone(pids)
 
 
-def _workdir_of(pid: int) -> Path | None:
-    for folder in Path(tempfile.gettempdir()).glob("cudampi-launch-*"):
+def _workdir_of(pid: int, tmp: Path) -> Path | None:
+    for folder in tmp.glob("cudampi-launch-*"):
         owner = folder / "owner"
         if owner.exists() and owner.read_text().split()[0] == str(pid):
             return folder
     return None
 
 
-def test_the_folder_of_a_killed_launch_is_removed_at_the_next_start(started):
+def test_the_folder_of_a_killed_launch_is_removed_at_the_next_start(started, tmp_path):
     sup, pids = started
-    folder = _workdir_of(sup.pid)
+    folder = _workdir_of(sup.pid, tmp_path / "tmp")
     assert folder is not None and (folder / "reports").is_dir()
     sup.kill()  # nothing of cudampi launch runs after -9
     sup.communicate()
     assert _gone(pids) and folder.exists()
-    p = launch("-n", "1", TARGET, "check", "1", "--flag", "a b")
+    p = launch(
+        "-n", "1", TARGET, "check", "1", "--flag", "a b", env={"TMPDIR": str(tmp_path / "tmp")}
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert not folder.exists(), "the killed launch's work folder was left behind"
 

@@ -41,7 +41,10 @@ def test_the_block_needs_no_sudo_and_installs_what_the_suite_needs():
     assert "'.[dev,plot,env,integrations]'" in block  # Lightning and accelerate's tests
     assert "python -m cudampi.pmi.mpich install" in block  # torchrun's MPI, as command 1
     assert ".venv-mpich/bin/pip install mpich mpi4py numpy" in block  # the Hydra tests' MPI
-    assert block.rstrip().endswith("python -m pytest -q")
+    # side by side (tests/conftest.py), then the timing that needs a quiet machine
+    assert block.rstrip().endswith(
+        'python -m pytest -q -n 3 -m "not alone" && python -m pytest -q -m alone'
+    )
 
 
 def test_command_1_installs_torchruns_mpi_too():
