@@ -164,8 +164,11 @@ def test_a_node_whose_mpi_ports_are_blocked_is_named(cluster: Cluster, tmp_path:
     f = finding(report, "node3", "does not accept TCP connections on the ports MPI uses")
     assert "open node3's firewall" in f["fix"] and "btl_tcp_port_min_v4" in f["fix"]
     links = {(lk["a"], lk["b"]): lk for lk in report["links"]}
+    # node3 still dials out: a pair whose first connection it makes may pass (Open MPI's TCP
+    # transport connects from either side); a pair without node3 always passes
     for pair, lk in links.items():
-        assert (lk["status"] == "failed") == ("node3" in pair), links
+        assert lk["status"] != "failed" or "node3" in pair, links
+    assert any(lk["status"] == "failed" for pair, lk in links.items() if "node3" in pair), links
     assert [f["subject"] for f in report["findings"]] == ["node3"], report["findings"]
 
 

@@ -72,10 +72,9 @@ class _Refusing:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         if isinstance(exc, Exception):
             self._comm.refuse(self._call, exc)
-        return False
 
 
 class CudampiProcessGroup(_ProcessGroup):
