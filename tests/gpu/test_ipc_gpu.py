@@ -614,16 +614,15 @@ def checks() -> list[Check]:
     libs = _libs()
     torch = None if importlib.util.find_spec("torch") else "needs torch"
     ipc = (("CUDAMPI_PATH", "ipc"),)
-    # Time-sliced ranks (no MPS on a shared GPU) wait a slice for each other at every step of
-    # every call: there the matrix takes SLICED_DTYPES, the other checks their smaller rank
-    # counts and hierarchical one library; the code paths are the same (the full set runs
-    # with MPS).
-    sliced = time_sliced(2)
+    # Time-sliced ranks (no MPS, more ranks than GPUs) wait a slice for each other at every
+    # step of every call: there the matrix takes SLICED_DTYPES, the other checks their smaller
+    # rank counts and hierarchical one library; the code paths are the same (the full set runs
+    # with MPS or a GPU per rank).
     out = []
     for n in (2, 3, 4):
         for lib in libs:
             name = f"every_collective_dtype_and_op_matches_numpy[{lib}-{n}]"
-            if not sliced:
+            if not time_sliced(n):
                 out.append(Check(name, rank_ipc_matrix, (lib,), ranks=n, timeout=900))
             elif n < 4:
                 out.append(Check(name, rank_ipc_matrix, (lib, SLICED_DTYPES), ranks=n))
@@ -637,7 +636,7 @@ def checks() -> list[Check]:
     for n in (2, 3):
         name = f"registered_buffers_in_place_and_reused[{n}]"
         out.append(Check(name, rank_ipc_registered, ranks=n, skip=torch))
-    for lib in libs[-1:] if sliced else libs:
+    for lib in libs[-1:] if time_sliced(4) else libs:
         name = f"hierarchical_across_two_pretend_nodes[{lib}]"
         out.append(Check(name, rank_ipc_hier, (lib,), ranks=4, timeout=600))
     for n in (2, 3, 4):
@@ -647,7 +646,7 @@ def checks() -> list[Check]:
     for n in (2, 3):
         name = f"point_to_point_stream_order_graph_and_torch_batch[{n}]"
         out.append(Check(name, rank_ipc_p2p_stream_graph, ranks=n, env=ipc, skip=torch))
-    for n in (2,) if sliced else (2, 3):
+    for n in (2,) if time_sliced(3) else (2, 3):
         for lib in libs:
             name = f"point_to_point_large_messages_are_read_in_place[{lib}-{n}]"
             out.append(Check(name, rank_ipc_p2p_in_place, (lib,), ranks=n))
