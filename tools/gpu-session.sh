@@ -44,6 +44,18 @@ mps_stop() {
 }
 mps_each() { for m in ${MPS_MODES:-off on}; do [ $m = on ] && mps_start; MPS=$m "$@"; [ $m = on ] && mps_stop; done; }
 T() { local s=$1; shift; timeout -k 5 "$s" "$@"; echo "rc=$?"; }
+# CuPy's kernel cache: carried in as .cupy-cache.tgz (verify and ipc return it as cupy-cache.tgz)
+cupy_cache() {
+  export CUPY_CACHE_DIR=$PWD/.cupy-cache
+  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  mkdir -p .cupy-cache
+}
+# DIR RANKS SECONDS: the ipc kernels for RANKS compiled (niced, in the background: `wait` for
+# them) beside the one doctor probe, which fills the capabilities cache; its JSON and exit in DIR
+warm_and_probe() {
+  ( nice -n 10 timeout $3 $W tools/ipc-warm.py --ranks $2 --jobs 12 > $1/warm.txt 2>&1; echo "rc=$?" >> $1/warm.txt ) &
+  timeout 150 $W -m cudampi doctor --json --preload-ucx --size 64M > $1/doctor.json 2> $1/doctor.err; echo $? > $1/doctor.rc
+}
 for stage in "$@"; do case $stage in
 doctor)
   sec doctor system Open MPI
@@ -131,9 +143,8 @@ verify)
   # summary at the end (tools/gpu-summary.py). Both stacks: the wheels + libucx-cu13 run the
   # tests, the system Open MPI is CUDAMPI_TEST_SYSTEM_PYTHON (comm checks, doctor tests).
   # VERIFY_ENGINES: the engine files in the order to run them (default: tests/gpu, by name).
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
-  mkdir -p .cupy-cache && touch /tmp/verify-stamp
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache && touch /tmp/verify-stamp
   # (bench first: beside the comm checks, the engine file that least needs the GPU's time; the
   # rest, whose GPU stays mostly idle, beside the ipc checks, whose kernels wait on each other)
   CLI_FILES="tests/gpu/test_bench_gpu.py tests/gpu/test_doctor_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_env_gpu.py tests/gpu/test_launch_gpu.py"
@@ -146,9 +157,8 @@ verify)
     local end=$(( start + share )); mkdir -p $V
     sec verify, MPS $MPS, until $(date -d @$end +%T)
     printf 'mps=%s\ndevice=%s\nlimit_s=%s\n' $MPS "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" $share > $V/run.txt
-    ( nice -n 10 timeout 240 $W tools/ipc-warm.py --ranks 2,3,4 --jobs 12 > $V/warm.txt 2>&1; echo "rc=$?" >> $V/warm.txt ) &
     ( env "${UCX_ENV[@]}" timeout 100 $W -m pytest --collect-only -q -p no:cacheprovider -o addopts= -m gpu ${GPU_K:+-k "$GPU_K"} tests/gpu > $V/collected.txt 2>&1 ) &
-    timeout 150 $W -m cudampi doctor --json --preload-ucx --size 64M > $V/doctor.json 2> $V/doctor.err; echo $? > $V/doctor.rc
+    warm_and_probe $V 2,3,4 240
     wait
     echo "probe: exit $(cat $V/doctor.rc); kernels: $(grep -a -E '^compiled|^rc=' $V/warm.txt | tr '\n' ' ')($(( $(date +%s) - start )) s)"
     local hard=$(( end - $(date +%s) )); [ $hard -ge 30 ] || hard=30  # (timeout 0: no limit)
@@ -185,12 +195,12 @@ targets)
   # Communicator's auto and the peers (staged, copy, mpi4py) in the same run; the naive
   # registered IPC kernel (.naive/, from ../shared/tools); point-to-point against mpi4py; FSDP2
   # beside DDP and gloo (MPS on); the per-call cost of each ipc collective at 2 and 4 ranks.
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
   B=$OUT/targets; mkdir -p $B
   sec probe and kernels
-  ( nice -n 10 timeout 200 $W tools/ipc-warm.py --ranks 2,4 --jobs 12 > $B/warm.txt 2>&1; echo "rc=$?" >> $B/warm.txt ) &
-  T 150 $W -m cudampi doctor --json --preload-ucx --size 64M > $B/doctor.json 2> $B/doctor.err
-  wait; tail -2 $B/warm.txt
+  warm_and_probe $B 2,4 200
+  wait; tail -2 $B/warm.txt; echo "probe: exit $(cat $B/doctor.rc)"
   L="$W -m cudampi launch"
   tg() {
     sec allreduce 2 ranks, MPS $MPS
@@ -226,8 +236,7 @@ targets)
 ddpasync)
   B=$OUT/bench; mkdir -p $B
   export PATH=/tmp/v/bin:$PATH
-  export CUPY_CACHE_DIR=$PWD/.cupy-cache
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  cupy_cache
   ddp() {
     local n=${DDP_NP:-2}
     sec bench ddp $n ranks ${DDP_ARGS:-}, MPS $MPS
@@ -327,8 +336,8 @@ p2pcheck)
   ;;
 graphdebug)
   # Which call breaks a CUDA graph capture on the cudampi backend (tools/graph-debug.py).
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache CUDAMPI_TIMEOUT=20
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  export PATH=/tmp/v/bin:$PATH CUDAMPI_TIMEOUT=20
+  cupy_cache
   gdebug() {
     for v in ${GRAPH_VARIANTS:-allreduce:global ddp:global ddp:relaxed fsdp:global}; do
       sec graph capture ${v%%:*} ${v##*:}, MPS $MPS
@@ -342,15 +351,15 @@ ipc|warm)
   # The ipc engine: compile its kernels for IPC_RANKS in parallel (CuPy's disk cache, carried
   # between calls as .cupy-cache.tgz); `ipc` then runs tests/gpu/test_ipc_gpu.py with MPS off
   # and on (`ipctests` alone runs the tests).
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
   sec ipc kernels
   T 300 $W tools/ipc-warm.py --ranks ${IPC_RANKS:-2,3,4} --jobs 16 2>&1 | tee $OUT/ipc-warm.log | grep -a -v warning | tail -40
   tar czf $OUT/cupy-cache.tgz .cupy-cache
   ;;&
 ipc|ipctests)
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache CUDAMPI_TIMEOUT=${IPC_TIMEOUT:-30}
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  export PATH=/tmp/v/bin:$PATH CUDAMPI_TIMEOUT=${IPC_TIMEOUT:-30}
+  cupy_cache
   # the whole file took ~5 min under MPS and ~6 min without (each call waits for a time slice)
   ipc_tests() {
     sec ipc tests, MPS $MPS
@@ -361,8 +370,8 @@ ipc|ipctests)
   mps_each ipc_tests
   ;;
 ipcprofile)
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
   ipc_prof() {
     sec ipc profile, MPS $MPS
     for n in ${PROF_SIZES:-1024}; do T 60 $W -m cudampi launch -n 2 tools/ipc-profile.py $n 2>&1 | tee -a $OUT/ipc-profile-mps-$MPS.txt | tail -${PROF_LINES:-48}; done
@@ -372,8 +381,8 @@ ipcprofile)
 ipcswitch)
   # Where allreduce should switch from one-shot to two-shot: ipc forced one way, then the
   # other (CUDAMPI_IPC_ONESHOT_BYTES), SWITCH_NP ranks, MPS on.
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
   B=$OUT/switch; mkdir -p $B
   switch() {
     for N in ${SWITCH_NP:-2 4}; do for one in 1G 0; do
@@ -390,8 +399,8 @@ ipcswitch)
 ipcbench)
   # Every collective on ipc beside gpu-ring, staged, torch gloo and the copy peer, MPS off and
   # on, BENCH_NP (2) ranks (run `probe` first: gpu-ring needs the probe's result).
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
   B=$OUT/bench; mkdir -p $B; N=${BENCH_NP:-2}
   ipc_bench() {
     sec bench ${BENCH_OPS:-allreduce} $N ranks, MPS $MPS
@@ -409,7 +418,8 @@ ipcp2p)
   # Point-to-point between ranks 0 and 1 (OSU latency, bandwidth, bidirectional bandwidth) on
   # device buffers: ipc beside cudampi's MPI path, mpi4py and torch over the cudampi backend, MPS
   # off and on (run `probe` first).
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
   B=$OUT/bench; mkdir -p $B
   p2p_bench() {
     sec bench p2p 2 ranks, MPS $MPS
@@ -424,8 +434,8 @@ ddpgap)
   # Where DDP's throughput goes (tools/ddp-gap.py): local, DDP without communication, DDP
   # meeting at every bucket without data, DDP as shipped, DDP on a side stream; once per
   # setting of GAP_ENVS ("none" = the defaults, else NAME=VALUE).
-  export PATH=/tmp/v/bin:$PATH CUPY_CACHE_DIR=$PWD/.cupy-cache
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
   gap() {
     for e in ${GAP_ENVS:-none}; do
       sec ddp gap ${GAP_MODEL:-resnet50} ${GAP_NP:-2} ranks, $e, MPS $MPS
