@@ -531,8 +531,11 @@ class Jobs:
             how = f"stopped after its {ran.seconds:.0f} s (hung)"
         lines = [f"the {job[0]}-rank job ({job[1]} stack): {ran.seconds:.0f} s, {how}"]
         for name in started:
-            status, secs, _ = ended.get(name, ("RUNNING when the job ended", 0.0, ""))
-            lines.append(f"  {name} {status}" + (f" {secs:.1f} s" if name in ended else ""))
+            if name in ended:
+                status, secs, _ = ended[name]
+                lines.append(f"  {name} {status} {secs:.1f} s")
+            else:
+                lines.append(f"  {name} RUNNING when the job ended")
         return "\n".join(lines)
 
     def _run(self, job: tuple[int, str]) -> Ran:
