@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import importlib
 import os
 import re
@@ -48,6 +49,11 @@ TIME_RAN_OUT = "time ran out"
 
 CHECK_WAIT = float(os.environ.get("CUDAMPI_TEST_CHECK_WAIT") or 60)
 """Seconds a rank that ended a check waits for the others before it ends the job."""
+
+STOPS = "CUDAMPI_TEST_JOB_STOPS"
+"""When the test side stops the job (seconds since the epoch), set in its ranks' environment."""
+STACKS_BEFORE = 4.0
+"""Seconds before the job's stop when its ranks print their stacks."""
 
 NAME = re.compile(r"[\w.+-]+(\[[\w.+,-]+\])?")
 LINE = re.compile(r"^CHECK (\S+) (START|PASS|FAIL|SKIP)(?: ([0-9.]+)s)?(?: (.*))?$")
@@ -113,6 +119,11 @@ def main(argv: Sequence[str]) -> int:
     """A job's ranks: import the test module, run the named checks of its ``checks()``."""
     from mpi4py import MPI
 
+    # a few seconds before the job is stopped, each rank prints where its threads are (which
+    # Jobs.timeline shows under the check that was running)
+    stops = os.environ.get(STOPS)
+    if stops:
+        faulthandler.dump_traceback_later(max(1.0, float(stops) - time.time() - STACKS_BEFORE))
     comm = MPI.COMM_WORLD
     module, *names = argv
     try:
@@ -536,6 +547,7 @@ class Jobs:
                 lines.append(f"  {name} {status} {secs:.1f} s")
             else:
                 lines.append(f"  {name} RUNNING when the job ended")
+                lines += [f"    {ln}" for ln in _stacks(ran.stderr).splitlines()]
         return "\n".join(lines)
 
     def _run(self, job: tuple[int, str]) -> Ran:
@@ -552,6 +564,7 @@ class Jobs:
         argv += [c.name for c in mine]
         timeout = 60 + sum(c.timeout for c in mine)
         for attempt in range(3):
+            env[STOPS] = str(time.time() + time_left(timeout))
             ran = run(argv, env=env, timeout=timeout)
             if "CHECK " in ran.stdout or not launcher_never_started(ran.returncode, ran.stderr):
                 break
@@ -563,6 +576,16 @@ def _interrupted(exc: BaseException) -> Ran:
     return Ran(
         [], None, "", f"the job was interrupted: {type(exc).__name__}: {exc}", 0, False, False
     )
+
+
+STACK = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+
+
+def _stacks(stderr: str, limit: int = 6000) -> str:
+    """Where the ranks' threads were just before the job was stopped (what faulthandler
+    printed), the last ``limit`` characters."""
+    first = STACK.search(stderr)
+    return stderr[first.start() :][-limit:] if first else "(no rank printed its stack)"
 
 
 def _tracebacks(stderr: str, name: str) -> str:

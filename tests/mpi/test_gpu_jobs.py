@@ -123,8 +123,9 @@ def test_a_rank_left_waiting_by_a_failed_peer_ends_the_job(monkeypatch):
 
 
 def test_the_sessions_deadline_stops_a_job_and_its_ranks(monkeypatch):
-    """Past CUDAMPI_TEST_DEADLINE the job's process group is stopped (no rank left behind) and
-    its checks skip as "time ran out" (tools/gpu-summary.py counts them as not run)."""
+    """Past CUDAMPI_TEST_DEADLINE the job's process group is stopped (no rank left behind), its
+    checks skip as "time ran out" (tools/gpu-summary.py counts them as not run), and the timeline
+    shows each rank's stack in the check it was stopped in."""
     monkeypatch.setenv("CUDAMPI_TEST_DEADLINE", str(time.time() + 8))
     jobs = Jobs(__name__, [CHECKS["sleeps"], CHECKS["passes"]])
     t0 = time.monotonic()
@@ -133,6 +134,8 @@ def test_the_sessions_deadline_stops_a_job_and_its_ranks(monkeypatch):
     timeline = jobs.timeline((2, "this"))
     assert "stopped at the session's deadline" in timeline, timeline
     assert "\n  sleeps RUNNING when the job ended" in timeline, timeline
+    # where the ranks were just before they were stopped (faulthandler), under the check
+    assert timeline.count(" in rank_sleeps\n") == 2, timeline
     status, text = _outcome(jobs, "passes")
     assert status == "skipped" and "before it ran (during sleeps)" in text, text
     assert time.monotonic() - t0 < 40
