@@ -171,12 +171,15 @@ verify)
           --timeout $hard --durations=15 --junitxml=$V/$name.xml ${GPU_K:+-k "$GPU_K"} "$@" > $V/$name.log 2>&1
         echo "rc_$name=$?" >> $V/run.txt
       }
-      # (MPS off: the engine files alone outlast the run, the torch file last (on one H100 the
-      # CLI side took 317 s, the comm, ipc and nccl files 309 s, the torch file's 2-rank job
-      # more than 224 s alone), so the comm checks go to the CLI side; VERIFY_BESIDE sets them)
+      # (MPS off: the engine files in one process outlast the run (on one H100 the CLI side took
+      # 317 s, the comm, ipc and nccl files 309 s, the torch file's 2-rank job more than 224 s
+      # alone), so the comm checks go to the CLI side (VERIFY_BESIDE) and the torch file runs
+      # in a process of its own (VERIFY_ALONE))
       beside=${VERIFY_BESIDE-$([ $MPS = off ] && echo tests/gpu/test_comm_gpu.py)}
+      alone=${VERIFY_ALONE-$([ $MPS = off ] && echo tests/gpu/test_torch_gpu.py)}
       part cli $CLI_FILES $beside &
-      part engines ${VERIFY_ENGINES:-tests/gpu} $(for f in $CLI_FILES $beside; do echo --ignore=$f; done) &
+      for f in $alone; do part $(basename $f .py) $f & done
+      part engines ${VERIFY_ENGINES:-tests/gpu} $(for f in $CLI_FILES $beside $alone; do echo --ignore=$f; done) &
       wait )
     echo "wall_s=$(( $(date +%s) - start ))" >> $V/run.txt
     grep -a -H -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" $V/cli.log $V/engines.log
@@ -192,9 +195,11 @@ verify)
 targets)
   # Issue 31's measurements in one call, 2 ranks, each MPS setting of MPS_MODES (on off): one
   # probe (kernels compiled beside it), then allreduce on the engine, the torch backend, the
-  # Communicator's auto and the peers (staged, copy, mpi4py) in the same run; the naive
-  # registered IPC kernel (.naive/, from ../shared/tools); point-to-point against mpi4py; FSDP2
-  # beside DDP and gloo (MPS on); the per-call cost of each ipc collective at 2 and 4 ranks.
+  # Communicator's auto and the peers (staged, copy, mpi4py) in the same run; MPS on: the per-call
+  # cost of each ipc collective at 2 and 4 ranks, the naive registered IPC kernel (.naive/, from
+  # ../shared/tools), point-to-point against mpi4py, FSDP2 beside DDP and gloo; MPS off: the
+  # torch stream-ordered check alone. Each command stops at its own limit or at TARGETS_LIMIT
+  # (570) seconds from this script's start, whichever comes first.
   export PATH=/tmp/v/bin:$PATH
   cupy_cache
   B=$OUT/targets; mkdir -p $B
@@ -202,32 +207,38 @@ targets)
   warm_and_probe $B 2,4 200
   wait; tail -2 $B/warm.txt; echo "probe: exit $(cat $B/doctor.rc)"
   L="$W -m cudampi launch"
+  TL() {  # SECONDS COMMAND...: T, stopping at the call's own end too
+    local cap=$(( T0 + ${TARGETS_LIMIT:-570} - $(date +%s) )); [ $cap -lt $1 ] || cap=$1; shift
+    [ $cap -ge 5 ] || { echo "skipped, no time left: $*"; return; }
+    T $cap "$@"
+  }
   tg() {
     sec allreduce 2 ranks, MPS $MPS
-    T 150 $L -n 2 -m cudampi bench allreduce -b 8 -e 256M -f 8 -w 3 -n 20 --time-limit 0.4 \
+    TL 120 $L -n 2 -m cudampi bench allreduce -b 8 -e 256M -f 8 -w 3 -n 20 --time-limit 0.4 \
       --paths ipc,torch-cudampi,auto,staged,mpi,copy --json $B/ar-mps$MPS.json > $B/ar-mps$MPS.txt
     grep -a -E "^ *[0-9]|Verdict|wrong|skip|runs" $B/ar-mps$MPS.txt | head -50
-    sec ipc per call, every collective, 2 and 4 ranks, MPS $MPS
-    for n in 2 4; do
-      T 90 $L -n $n -m cudampi bench all -b 8 -e 1M -f 64 -w 2 -n 20 --time-limit 0.3 --paths ipc \
-        --json $B/ipcall$n-mps$MPS.json > $B/ipcall$n-mps$MPS.txt; grep -a -E "^ *[0-9]|^#|wrong|skip" $B/ipcall$n-mps$MPS.txt | head -40
-    done
     if [ $MPS = off ]; then
       sec torch stream-ordered check alone, MPS $MPS
-      ( export CUDAMPI_TIMEOUT=60; T 150 $L -n 2 -m tests.gpu.jobs tests.gpu.test_torch_gpu \
-          stream_ordered_work_never_blocks_the_host ) > $B/stream-ordered-mps$MPS.txt 2>&1
-      grep -a -E "^CHECK|rc=|Error|error" $B/stream-ordered-mps$MPS.txt | head -20
+      ( export CUDAMPI_TIMEOUT=60 CUDAMPI_TEST_JOB_STOPS=$(( $(date +%s) + 120 ))
+        TL 120 $L -n 2 -m tests.gpu.jobs tests.gpu.test_torch_gpu stream_ordered_work_never_blocks_the_host
+      ) > $B/stream-ordered-mps$MPS.txt 2>&1
+      grep -a -E "^CHECK|rc=|Error|error| in rank_|line [0-9]+ in " $B/stream-ordered-mps$MPS.txt | head -40
       return 0
     fi
+    sec ipc per call, every collective, 2 and 4 ranks, MPS $MPS
+    for n in 2 4; do
+      TL 60 $L -n $n -m cudampi bench all -b 8 -e 1M -f 64 -w 2 -n 20 --time-limit 0.3 --paths ipc \
+        --json $B/ipcall$n-mps$MPS.json > $B/ipcall$n-mps$MPS.txt; grep -a -E "^ *[0-9]|^#|wrong|skip" $B/ipcall$n-mps$MPS.txt | head -40
+    done
     sec naive registered IPC allreduce, MPS $MPS
-    T 90 $L -n 2 .naive/naive_ipc_allreduce.py 4096,65536,1048576,2097152,16777216,134217728,268435456 2>&1 \
+    TL 60 $L -n 2 .naive/naive_ipc_allreduce.py 4096,65536,1048576,2097152,16777216,134217728,268435456 2>&1 \
       | grep -a -v -i warn | tee $B/naive-mps$MPS.txt | tail -10
     sec p2p device buffers, MPS $MPS
-    T 120 $L -n 2 -m cudampi bench p2p --buffers device -b 1 -e 256M -f 4 -n 30 --time-limit 0.4 \
+    TL 90 $L -n 2 -m cudampi bench p2p --buffers device -b 1 -e 256M -f 4 -n 30 --time-limit 0.4 \
       --paths ipc,cudampi,mpi,torch-cudampi --json $B/p2p-mps$MPS.json > $B/p2p-mps$MPS.txt
     grep -a -E "^ *[0-9]|wrong|skip|path|^#" $B/p2p-mps$MPS.txt | head -60
     sec fsdp, MPS $MPS
-    T ${FSDP_T:-150} $L -n 2 -m cudampi bench fsdp -w 3 -n 10 --json $B/fsdp-mps$MPS.json > $B/fsdp-mps$MPS.txt
+    TL ${FSDP_T:-150} $L -n 2 -m cudampi bench fsdp -w 3 -n 10 --json $B/fsdp-mps$MPS.json > $B/fsdp-mps$MPS.txt
     tail -20 $B/fsdp-mps$MPS.txt
   }
   mps_each tg
