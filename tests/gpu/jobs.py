@@ -85,7 +85,8 @@ class Check:
     """``this``: the test's interpreter and its MPI; ``system``: the system Open MPI through
     CUDAMPI_TEST_SYSTEM_PYTHON, without the UCX recipe (:func:`system_env`)."""
     timeout: float = 300.0
-    """Seconds it may take; a job may take the sum over its checks, plus start-up."""
+    """Seconds it may take: past them its ranks print their stacks and end the job (a job may
+    take the sum over its checks, plus start-up)."""
 
     def __post_init__(self) -> None:
         if not NAME.fullmatch(self.name):
@@ -119,11 +120,6 @@ def main(argv: Sequence[str]) -> int:
     """A job's ranks: import the test module, run the named checks of its ``checks()``."""
     from mpi4py import MPI
 
-    # a few seconds before the job is stopped, each rank prints where its threads are (which
-    # Jobs.timeline shows under the check that was running)
-    stops = os.environ.get(STOPS)
-    if stops:
-        faulthandler.dump_traceback_later(max(1.0, float(stops) - time.time() - STACKS_BEFORE))
     comm = MPI.COMM_WORLD
     module, *names = argv
     try:
@@ -196,9 +192,24 @@ def _environ(pairs: Sequence[tuple[str, str]]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _watch(check: Check | None) -> None:
+    """Each rank prints where its threads are a few seconds before the test side stops the job
+    (Jobs.timeline shows it under the check that was running), and ends the job with them
+    where ``check`` outlasts its own timeout first (the checks after it do not run)."""
+    stops = os.environ.get(STOPS)
+    job_left = float(stops) - time.time() - STACKS_BEFORE if stops else None
+    if check is not None and (job_left is None or check.timeout < job_left):
+        faulthandler.dump_traceback_later(check.timeout, exit=True)
+    elif job_left is not None:
+        faulthandler.dump_traceback_later(max(1.0, job_left))
+    else:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def _run_one(comm: Any, check: Check) -> tuple[str, str, Any]:
     """(status, detail, the duplicate communicator) of one check on this rank."""
     sub = comm.Dup()
+    _watch(check)
     try:
         with _environ(check.env):
             detail = check.func(sub, *check.args)
@@ -216,6 +227,8 @@ def _run_one(comm: Any, check: Check) -> tuple[str, str, Any]:
         sys.stderr.write(traceback.format_exc())
         sys.stderr.flush()
         return "FAIL", f"{type(exc).__name__}: {exc}", sub
+    finally:
+        _watch(None)
 
 
 def _meet(comm: Any, name: str) -> None:

@@ -71,6 +71,7 @@ def checks():
         Check("stuck", rank_stuck),
         Check("after_stuck", rank_pass),
         Check("sleeps", rank_sleeps),
+        Check("sleeps_past_its_timeout", rank_sleeps, timeout=3),
     ]
 
 
@@ -144,6 +145,21 @@ def test_the_sessions_deadline_stops_a_job_and_its_ranks(monkeypatch):
     assert len(pids) == 2, ran.tail()
     time.sleep(1)
     assert not [pid for pid in pids if _running(pid)], ran.tail()
+
+
+def test_a_check_past_its_timeout_ends_the_job_with_each_ranks_stack():
+    jobs = Jobs(__name__, [CHECKS["passes"], CHECKS["sleeps_past_its_timeout"], CHECKS["slow"]])
+    t0 = time.monotonic()
+    assert _outcome(jobs, "passes")[0] == "passed"
+    status, text = _outcome(jobs, "sleeps_past_its_timeout")
+    assert status == "failed" and "ended (exit" in text and "while it ran" in text, text
+    assert "Timeout (0:00:03" in text and " in rank_sleeps\n" in text, text
+    timeline = jobs.timeline((2, "this"))
+    assert "\n  sleeps_past_its_timeout RUNNING when the job ended" in timeline, timeline
+    assert " in rank_sleeps\n" in timeline, timeline
+    status, text = _outcome(jobs, "slow")
+    assert status == "failed" and "before it ran (during sleeps_past_its_timeout)" in text, text
+    assert time.monotonic() - t0 < 30
 
 
 def _running(pid: int) -> bool:
