@@ -23,10 +23,6 @@ W=/tmp/v/bin/python
 if [ ! -x $W ]; then
   python3 -m venv /tmp/v && echo /opt/torch/.venv/lib/python3.12/site-packages > /tmp/v/lib/python3.12/site-packages/zz.pth
   /tmp/v/bin/pip install -q --no-index --no-deps .whl/*.whl
-  # cudampi's own MPICH for torchrun's ranks, from the wheel carried in .whl/mpich (where given:
-  # `../shared/tools/device-wheels.sh` then `pip download ... -d .whl/mpich mpich`)
-  ls .whl/mpich/mpich-*.whl >/dev/null 2>&1 && PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl/mpich \
-    $W -m cudampi.pmi.mpich install
 fi
 # installed (editable, no deps) as a user's pip does: torch finds the backend by name through
 # the package's torch.backends entry point, which PYTHONPATH alone does not give
