@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -221,9 +222,11 @@ def test_mpich_hydra_launch_and_fault():
     assert f"rank 1 on host {HOST} exited with code 1" in p.stderr
     assert "rank 0" not in p.stderr.split("the job failed")[1]  # stopped, not failed
     p = launch("-n", "2", "--grace", "1", TARGET, "mpi-kill", "1", python=MPICH_PY)
-    assert p.returncode != 0 and f"rank 1 on host {HOST} was killed by signal 9" in p.stderr, (
-        p.stderr
-    )
+    # Hydra names one process per host that did not exit by itself, the first by rank: rank 1
+    # (it killed itself), or rank 0 where Hydra's SIGKILL of the others reached it before it
+    # saw its peer gone and exited (seen on a loaded machine)
+    killed = re.findall(rf"rank ([01]) on host {HOST} was killed by signal 9 \(SIGKILL\)", p.stderr)
+    assert p.returncode != 0 and len(killed) == 1, p.stderr
     # this job's segments, as its rank 0 mapped them (other jobs on the machine have theirs)
     line = next((ln for ln in p.stdout.splitlines() if "SEGMENTS" in ln), "")
     segments = line.split("SEGMENTS", 1)[-1].split()
