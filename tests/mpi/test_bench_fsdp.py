@@ -41,6 +41,7 @@ def rank_fsdp_gloo_vs_cudampi(comm):
     method = fsdp.FSDPMethod({}, check=True)
     method.prepare(s, o, "transformer", cpu, 2)
     assert (method.reference["transformer"][:, 1] > 0).all(), "the reference did not train"
+    assert not method.spread["transformer"].any(), "the CPU reference ran once, its spread 0"
     losses, params, models = {}, {}, {}
     for path in ("torch-gloo", "torch-cudampi"):
         w = train.build("transformer", cpu, 2, None, s.rank)
@@ -84,6 +85,9 @@ def rank_fsdp_gloo_vs_cudampi(comm):
 def test_fsdp2_on_cudampi_trains_as_on_gloo_and_the_check_catches_a_wrong_shard():
     proc = run_mpi(2, __file__, "rank_fsdp_gloo_vs_cudampi", timeout=240)
     assert "FSDP2 gloo and cudampi agree" in proc.stdout
+    # rank 0 names the parameter the corrupted shard belongs to
+    first = "# fsdp torch-cudampi transformer: 1 parameter(s) moved unlike the reference; "
+    assert first + "furthest: " in proc.stderr, proc.stderr[-3000:]
 
 
 def test_bench_fsdp_reports_every_path_the_ratios_and_a_verdict(tmp_path):
