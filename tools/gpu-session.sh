@@ -132,6 +132,20 @@ mps)
     echo "no nvidia-cuda-mps-control here"
   fi
   ;;
+torchcost)
+  # Where a small dist.all_reduce's time goes against the Communicator's (MPS on, 2 ranks), and
+  # the FSDP2 bench's check on CUDA (its reference run twice: the spread it allows)
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
+  B=$OUT/torchcost; mkdir -p $B
+  mps_start
+  warm_and_probe $B 2 100; wait; echo "probe: exit $(cat $B/doctor.rc)"
+  sec torch call cost, MPS on
+  T 80 $W -m cudampi launch -n 2 tools/torch-call-cost.py --device cuda --numel 1024 --iters 2000 2>&1 | tee $B/cost.txt
+  sec fsdp, MPS on
+  T 80 $W -m cudampi launch -n 2 -m cudampi bench fsdp -w 3 -n 10 --json $B/fsdp.json > $B/fsdp.txt 2>&1; tail -25 $B/fsdp.txt
+  mps_stop
+  ;;
 verify)
   # The whole of tests/gpu once per MPS setting of MPS_MODES (one per device call), all of it
   # within VERIFY_LIMIT (520) seconds of this script's start: the ipc kernels compiled ahead

@@ -1,0 +1,104 @@
+"""Where a small ``dist.all_reduce`` on the cudampi backend spends its time, against the
+Communicator it forwards to, on the same tensor (2+ ranks, any device):
+
+    cudampi launch -n 2 tools/torch-call-cost.py --device cuda --numel 1024 --iters 2000
+
+Per call, on rank 0 (the slowest rank's mean, the better of two rounds; every layer in the same
+run, calls pipelined, one synchronisation at the end): the Communicator's ``allreduce``; the backend's method called
+as c10d's dispatcher calls it (``ProcessGroup.allreduce`` with its options); ``dist.all_reduce``.
+Then rank 0 runs ``dist.all_reduce`` under cProfile (the others run it unprofiled) and prints
+the functions with the most own time, and those with the most time under them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from typing import Any
+
+from mpi4py import MPI
+
+from cudampi.bench.session import open_session
+
+
+def per_call(comm: Any, fn: Any, iters: int, sync: Any) -> float:
+    """Mean microseconds per call over ``iters`` pipelined calls, the slowest rank's."""
+    for _ in range(50):
+        fn()
+    sync()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return float(comm.allreduce((time.perf_counter() - t0) / iters * 1e6, op=MPI.MAX))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--numel", type=int, default=1024)
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    world = MPI.COMM_WORLD
+    s = open_session(world, a.device)
+    dev = torch.device(a.device, 0) if a.device == "cuda" else torch.device("cpu")
+    if a.device == "cuda":
+        torch.cuda.set_device(dev)
+    s.torch_default = "cudampi"
+    s._start_dist("cudampi")
+    pg = dist.distributed_c10d._get_default_group()
+    comm = pg.communicator
+    x = torch.zeros(a.numel, device=dev)  # (ones would double to inf, call after call)
+    path = comm.path_for("allreduce", x)
+
+    def sync() -> None:
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        comm.synchronize()
+
+    opts = dist.AllreduceOptions()
+    layers = {
+        "Communicator.allreduce (in place)": lambda: comm.allreduce(x, out=x),
+        "ProcessGroup.allreduce (c10d -> backend)": lambda: pg.allreduce([x], opts),
+        "dist.all_reduce": lambda: dist.all_reduce(x),
+    }
+    took: dict[str, float] = {}
+    for _ in range(2):  # two rounds, the better of each (the first calls of a run pay extra)
+        for name, fn in layers.items():
+            took[name] = min(took.get(name, float("inf")), per_call(world, fn, a.iters, sync))
+    if world.rank == 0:
+        print(f"# {world.size} ranks, {a.device}, {a.numel} float32, path {path}, torch "
+              f"{torch.__version__}; us per call, pipelined, slowest rank")  # fmt: skip
+        base = took["Communicator.allreduce (in place)"]
+        for name, us in took.items():
+            print(f"{name:45s} {us:9.2f} us  {us / base:5.2f}x")
+
+    world.Barrier()
+    prof = cProfile.Profile() if world.rank == 0 else None
+    if prof is not None:
+        prof.enable()
+    for _ in range(a.iters):
+        dist.all_reduce(x)
+    sync()
+    if prof is not None:
+        prof.disable()
+        for key in ("tottime", "cumulative"):
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats(key).print_stats(a.top)
+            print(f"# cProfile of {a.iters} dist.all_reduce calls on rank 0, by {key}")
+            print(out.getvalue())
+    world.Barrier()
+    s.close()
+
+
+if __name__ == "__main__":
+    main()
