@@ -196,7 +196,7 @@ verify)
       part engines ${VERIFY_ENGINES:-tests/gpu} $(for f in $CLI_FILES $beside $alone; do echo --ignore=$f; done) &
       wait )
     echo "wall_s=$(( $(date +%s) - start ))" >> $V/run.txt
-    grep -a -H -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" $V/cli.log $V/engines.log
+    grep -a -H -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" $V/*.log
   }
   mps_each verify_one
   $W tools/gpu-summary.py $VERIFY_RUNS > $OUT/verify-summary.txt; VERIFY_RC=$?
