@@ -18,8 +18,9 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from typing import Any
+
+from timing import per_call
 
 
 def _size(text: str) -> int:
@@ -28,25 +29,6 @@ def _size(text: str) -> int:
     if text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
-
-
-def _timed(comm: Any, fn: Any, iters: int, sync: Any) -> float:
-    for _ in range(3):
-        fn()
-    sync()
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    dt = (time.perf_counter() - t0) / iters
-    return float(comm.allreduce(dt, op=_max()))
-
-
-def _max() -> Any:
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def main() -> int:
@@ -98,26 +80,28 @@ def main() -> int:
         def raw_sr(x: Any = x, y: Any = y, nb: int = n * 4) -> None:
             raw.Sendrecv(mem(x.data_ptr(), nb), right, 7, mem(y.data_ptr(), nb), left, 7)
 
-        row.append(_timed(world, raw_sr, a.iters, sync))
+        row.append(per_call(world, raw_sr, a.iters, sync))
         sig = Signature("allreduce", "sum", "float32", count=n, path="gpu-ring", algo=2)
         row.append(
-            _timed(world, lambda sig=sig: check(comm._coll, sig, None, debug=False), a.iters, sync)
+            per_call(
+                world, lambda sig=sig: check(comm._coll, sig, None, debug=False), a.iters, sync
+            )
         )
 
         def cap() -> None:
             ops.begin(ops.capture())
 
-        row.append(_timed(world, cap, a.iters, sync))
-        row.append(_timed(world, lambda x=x, y=y: tx.sendrecv(x, right, y, left), a.iters, sync))
+        row.append(per_call(world, cap, a.iters, sync))
+        row.append(per_call(world, lambda x=x, y=y: tx.sendrecv(x, right, y, left), a.iters, sync))
 
         def red(x: Any = x, y: Any = y) -> None:
             ops.reduce(y, x, "sum", "float32")
             ops.fence()
 
-        row.append(_timed(world, red, a.iters, sync))
+        row.append(per_call(world, red, a.iters, sync))
         for path in a.paths.split(","):
             row.append(
-                _timed(
+                per_call(
                     world, lambda x=x, path=path: comm.allreduce(x, out=x, path=path), a.iters, sync
                 )
             )

@@ -18,25 +18,11 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
-from typing import Any
 
 from mpi4py import MPI
+from timing import per_call
 
 from cudampi.bench.session import open_session
-
-
-def per_call(comm: Any, fn: Any, iters: int, sync: Any) -> float:
-    """Mean microseconds per call over ``iters`` pipelined calls, the slowest rank's."""
-    for _ in range(50):
-        fn()
-    sync()
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    return float(comm.allreduce((time.perf_counter() - t0) / iters * 1e6, op=MPI.MAX))
 
 
 def main() -> None:
@@ -82,7 +68,9 @@ def main() -> None:
     took: dict[str, float] = {}
     for _ in range(2):  # two rounds, the better of each (the first calls of a run pay extra)
         for name, fn in layers.items():
-            took[name] = min(took.get(name, float("inf")), per_call(world, fn, a.iters, sync))
+            took[name] = min(
+                took.get(name, float("inf")), 1e6 * per_call(world, fn, a.iters, sync, 50)
+            )
     if world.rank == 0:
         print(f"# {world.size} ranks, {a.device}, {a.numel} float32, path {path}, torch "
               f"{torch.__version__}; us per call, pipelined, slowest rank")  # fmt: skip
