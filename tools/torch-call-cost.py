@@ -8,6 +8,8 @@ run, calls pipelined, one synchronisation at the end): the Communicator's ``allr
 as c10d's dispatcher calls it (``ProcessGroup.allreduce`` with its options); ``dist.all_reduce``;
 ``dist.all_reduce`` on a group that runs every call in the caller's thread (the default group
 runs a call whose path synchronises the host on its own thread).
+Then each of the adapter's own steps alone (decoding the options, the thread-or-not decision, the
+finished Work and its ``wait()``, the path lookup; on CUDA the capture and current-stream queries).
 Then rank 0 runs ``dist.all_reduce`` under cProfile (the others run it unprofiled) and prints
 the functions with the most own time, and those with the most time under them.
 """
@@ -77,6 +79,28 @@ def main() -> None:
         base = took["Communicator.allreduce (in place)"]
         for name, us in took.items():
             print(f"{name:50s} {us:9.2f} us  {us / base:5.2f}x")
+
+    # The adapter's own steps, each alone (no communication: every rank times its own)
+    from cudampi.torch.dispatch import threaded
+    from cudampi.torch.methods import decode
+    from cudampi.torch.work import finished_work
+
+    steps = {
+        "decode(AllreduceOptions)": lambda: decode(opts),
+        "threaded (the path's stream order)": lambda: threaded(pg, "allreduce", ([x],)),
+        "finished_work([x])": lambda: finished_work([x]),
+        "finished_work([x]).wait()": lambda: finished_work([x]).wait(),
+        "comm.path_for": lambda: comm.path_for("allreduce", x),
+    }
+    if a.device == "cuda":
+        steps["is_current_stream_capturing"] = torch.cuda.is_current_stream_capturing
+        steps["torch.cuda.current_stream()"] = torch.cuda.current_stream
+    if world.rank == 0:
+        print("# the adapter's steps alone, us per call (rank 0)")
+    for name, fn in steps.items():
+        us = 1e6 * per_call(MPI.COMM_SELF, fn, a.iters, lambda: None, 50)
+        if world.rank == 0:
+            print(f"{name:50s} {us:9.2f} us")
 
     world.Barrier()
     prof = cProfile.Profile() if world.rank == 0 else None
