@@ -8,8 +8,8 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 
+import timing
 import torch
 from mpi4py import MPI
 
@@ -27,17 +27,8 @@ y = torch.empty_like(x)
 
 
 def per_call(fn, k=iters, sync_each=False):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    w.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(k):
-        fn()
-        if sync_each:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / k * 1e6
+    """Microseconds per call (tools/timing.py), after a torch.cuda.synchronize()."""
+    return 1e6 * timing.per_call(w, fn, k, torch.cuda.synchronize, 20, each=sync_each)
 
 
 with Communicator(w, path="ipc") as c:
@@ -101,16 +92,18 @@ with Communicator(w, path="ipc") as c:
     torch.cuda.synchronize()
     c.synchronize()
     if w.rank == 0:
-        print(f"n={n} blocks={ws.blocks} us/call: pipelined {pipelined:.1f}, synced {synced:.1f}, "
-              f"launch path {launch_only:.1f}, CuPy kernel call {raw:.1f}, driver launch {driver:.1f}, "
-              f"GPU per launch {gpu:.1f}, engine.allreduce {engine_only:.1f}, registration "
-              f"lookup {registered:.1f} (registered calls {eng.registered_calls}), front end alone "
-              f"{front:.1f} (full path {front_full:.1f})")
+        print(
+            f"n={n} blocks={ws.blocks} us/call: pipelined {pipelined:.1f}, synced {synced:.1f}, "
+            f"launch path {launch_only:.1f}, CuPy kernel call {raw:.1f}, driver launch {driver:.1f}, "
+            f"GPU per launch {gpu:.1f}, engine.allreduce {engine_only:.1f}, registration "
+            f"lookup {registered:.1f} (registered calls {eng.registered_calls}), front end alone "
+            f"{front:.1f} (full path {front_full:.1f})"
+        )
         print("pieces us/call: " + ", ".join(f"{k} {v:.1f}" for k, v in pieces.items()))
         for key, k in (("tottime", 22), ("cumulative", 30)):
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats(key).print_stats(k)
-            print("\n".join(s.getvalue().splitlines()[:k + 12]))
+            print("\n".join(s.getvalue().splitlines()[: k + 12]))
 
 # The torch backend on the same tensor: what dist.all_reduce adds over the Communicator's call
 # (torch's dispatch to a Python process group, the Work and its CUDA event).

@@ -22,13 +22,7 @@ from typing import Any
 
 from timing import per_call
 
-
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    if text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+from cudampi.config import parse_size
 
 
 def main() -> int:
@@ -68,7 +62,7 @@ def main() -> int:
     out("| " + " | ".join(header) + " |  (us per call, slowest rank)")
     out("|" + "---:|" * len(header))
     for s in a.sizes.split(","):
-        nbytes = _size(s)
+        nbytes = parse_size(s)
         n = max(1, nbytes // 4)
         x = torch.full((n,), float(rank + 1), device=dev)
         y = torch.empty_like(x)
@@ -108,7 +102,7 @@ def main() -> int:
         out("| " + " | ".join([row[0]] + [f"{v * 1e6:.1f}" for v in row[1:]]) + " |")
         sys.stdout.flush()
 
-    n = max(1, _size(a.profile_size) // 4)
+    n = max(1, parse_size(a.profile_size) // 4)
     x = torch.ones(n, device=dev)
     for _ in range(3):
         comm.allreduce(x, out=x, path=a.profile_path)
