@@ -205,6 +205,34 @@ def test_auto_runs_host_synchronizing_cuda_calls_on_the_thread(monkeypatch):
     assert threaded(forced, "allreduce", ([t],)), "async_ops=True: every call on the thread"
 
 
+def test_auto_runs_a_call_its_caller_waits_for_in_the_callers_thread(monkeypatch):
+    """dist.all_reduce(t) without async_op waits for its Work at once (c10d's asyncOp False):
+    under auto such a call runs in the caller's thread even where its path synchronizes the
+    host (the thread would only add its hand-over), unless a call is still on the thread;
+    DDP's buckets (asyncOp True, c10d's default) and async_op=True calls still go to the thread."""
+    import torch.distributed as dist
+
+    from cudampi.comm.paths import PathChoice
+    from cudampi.torch import dispatch
+    from cudampi.torch.methods import decode
+
+    t = torch.ones(2)
+    monkeypatch.setattr(dispatch, "first_cuda", lambda args: t)
+    staged = _group_stand_in(PathChoice("staged", "", "staged"), _Runner(), auto=True)
+    waited, later = dist.AllreduceOptions(), dist.AllreduceOptions()
+    waited.asyncOp = False
+    assert decode(waited).waited and not decode(later).waited and not decode(None).waited
+    assert not dispatch.threaded(staged, "allreduce", ([t], decode(waited)))
+    assert dispatch.threaded(staged, "allreduce", ([t], decode(later)))
+    staged._runner.is_busy = True
+    assert dispatch.threaded(staged, "allreduce", ([t], decode(waited))), "call order"
+    forced = _group_stand_in(PathChoice("staged", "", "staged"), _Runner(), auto=False)
+    assert dispatch.threaded(forced, "allreduce", ([t], decode(waited))), "async_ops=True"
+    barrier = dist.BarrierOptions()
+    barrier.asyncOp = False
+    assert decode(barrier).waited and decode(barrier).root == 0
+
+
 def test_capture_refuses_paths_that_block_the_host(monkeypatch):
     """Inside CUDA graph capture a call must be a kernel launch on the capturing stream: a
     path that synchronizes the host raises a CommError naming it, before anything runs."""

@@ -10,7 +10,8 @@ stream-ordered (ipc, nccl: kernels queued on the caller's stream), run in the ca
 return a Work whose future is already complete (for CUDA, NCCL's stream semantics), so
 ``async_op=True``, ``get_future().then(...)``, DDP gradient buckets and comm hooks all work
 unchanged. A collective on CUDA tensors whose path synchronizes the host runs on one thread per
-group instead, overlapping the caller's work (DDP's backward), as NCCL never blocks the host
+group instead, overlapping the caller's work (DDP's backward), as NCCL never blocks the host,
+unless its caller waits for it at once (``dist.all_reduce(t)``: c10d's ``asyncOp`` false)
 (``Options.async_ops``: None, the default, chooses so; True puts every collective on the thread,
 False none). ``isend``/``irecv`` are truly non-blocking either way.
 """

@@ -48,10 +48,15 @@ def threaded(pg: Any, name: str, args: Sequence[Any]) -> bool:
     """Whether this call runs on the group's thread: every call with ``async_ops=True``;
     under auto, a call behind one still on the thread (call order), or one of CUDA
     tensors whose path synchronizes the host (the Communicator's choice, which it keeps
-    per call, dtype, size and device)."""
+    per call, dtype, size and device) unless its caller waits for it at once
+    (:attr:`~cudampi.torch.methods.Opts.waited`: ``dist.all_reduce(t)`` without ``async_op``,
+    where the thread would only add its hand-over to the call)."""
     assert pg._runner is not None
     if not pg._auto or pg._runner.busy():
         return True
+    at = METHODS[name].opts_at
+    if 0 <= at < len(args) and args[at].waited:
+        return False
     tensor = first_cuda(args)
     if tensor is None:
         return False

@@ -66,26 +66,37 @@ class Opts:
     """The reduction (SUM where the options have none)."""
     root: int
     """The root rank (0 where the options have none)."""
+    waited: bool = False
+    """The caller waits for the call's Work at once (``asyncOp`` False: torch 2.7 and later set
+    it from ``async_op``, as ``dist.all_reduce(t)`` does; False where the options do not say),
+    so running it on the group's thread could overlap nothing."""
 
 
-_FIELDS: dict[type, tuple[bool, bool]] = {}
-"""An options class -> whether it has ``reduceOp``, ``rootRank`` (asked once per class: a
-missing attribute of a pybind object raises, which costs more than the rest of the decoding)."""
-_KEPT: dict[tuple[Any, int], Opts] = {}
-"""(reduce op type or None, root) -> its Opts (PREMUL_SUM, whose factor varies, never kept)."""
+_FIELDS: dict[type, tuple[bool, bool, bool]] = {}
+"""An options class -> whether it has ``reduceOp``, ``rootRank``, ``asyncOp`` (asked once per
+class: a missing attribute of a pybind object raises, which costs more than the rest of the
+decoding)."""
+_KEPT: dict[tuple[Any, int, bool], Opts] = {}
+"""(reduce op type or None, root, waited) -> its Opts (PREMUL_SUM, whose factor varies, never
+kept)."""
 
 
 def decode(opts: Any) -> Opts:
     """``opts`` (None, or any c10d options object) as an :class:`Opts`."""
     if opts is None:
-        red, root = None, 0
+        red, root, waited = None, 0, False
     else:
         fields = _FIELDS.get(type(opts))
         if fields is None:
-            fields = _FIELDS[type(opts)] = (hasattr(opts, "reduceOp"), hasattr(opts, "rootRank"))
+            fields = _FIELDS[type(opts)] = (
+                hasattr(opts, "reduceOp"),
+                hasattr(opts, "rootRank"),
+                hasattr(opts, "asyncOp"),
+            )
         red = opts.reduceOp if fields[0] else None
         root = int(opts.rootRank) if fields[1] else 0
-    key = (getattr(red, "op", red), root)
+        waited = fields[2] and not opts.asyncOp
+    key = (getattr(red, "op", red), root, waited)
     kept = _KEPT.get(key)
     if kept is not None:
         return kept
@@ -93,7 +104,7 @@ def decode(opts: Any) -> Opts:
         import torch.distributed as dist
 
         red = dist.ReduceOp.SUM
-    made = Opts(reduce_spec(red), root)
+    made = Opts(reduce_spec(red), root, waited)
     if made.spec.premul is None:
         _KEPT[key] = made
     return made
