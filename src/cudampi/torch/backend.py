@@ -114,6 +114,7 @@ class CudampiProcessGroup(_ProcessGroup):
         self._cudampi_group_name = group_id
         self._cudampi_group_desc = ""
         self._closed = False
+        self._refusing: dict[str, _Refusing] = {}
         self._finalizer = weakref.finalize(self, _close, comm, mpi_comm, runner)
         # Not at interpreter exit: a group still open then is one this process leaves while the
         # others may call collectives on it; its Communicator tells them so (comm.deadline).
@@ -189,14 +190,17 @@ class CudampiProcessGroup(_ProcessGroup):
         """Local checks of one collective's arguments: where one fails on this rank, every rank
         raises in ``call`` (through the Communicator's cross-rank check) instead of the others
         waiting in it for ever."""
-        return _Refusing(self._comm, call)
+        made = self._refusing.get(call)
+        if made is None:
+            made = self._refusing[call] = _Refusing(self._comm, call)
+        return made
 
     # --- collectives ------------------------------------------------------------------------
     @_collective
     def allreduce(self, tensors: list[torch.Tensor], o: Opts) -> Any:
         spec = o.spec
         for t in tensors:
-            if t.layout == torch.sparse_coo:
+            if t.is_sparse:
                 with self._checks("allgather"):
                     if spec.torch_name != "SUM":
                         raise CommError(

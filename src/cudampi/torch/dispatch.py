@@ -26,7 +26,8 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if self._detail is not None:
             self._detail.check(name, args, kwargs)
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():

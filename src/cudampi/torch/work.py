@@ -24,6 +24,10 @@ def _devices(tensors: Any) -> list[Any]:
     """The CUDA devices among ``tensors`` (nested lists allowed): a Future must be told them."""
     if not _cuda_started():  # no CUDA tensor can exist: nothing to walk (host calls)
         return []
+    if type(tensors) is list and len(tensors) == 1:  # most calls: one tensor
+        one = tensors[0]
+        if getattr(one, "is_cuda", False):
+            return [one.device]
     found: dict[str, Any] = {}
     stack = [tensors]
     while stack:
@@ -36,9 +40,14 @@ def _devices(tensors: Any) -> list[Any]:
 
 
 def _cuda_started() -> bool:
+    return bool(_is_initialized()())
+
+
+@cache
+def _is_initialized() -> Callable[[], bool]:
     import torch
 
-    return bool(torch.cuda.is_initialized())
+    return torch.cuda.is_initialized
 
 
 def _same(x: Any) -> Any:
