@@ -229,6 +229,20 @@ def _run_one(comm: Any, check: Check) -> tuple[str, str, Any]:
         return "FAIL", f"{type(exc).__name__}: {exc}", sub
     finally:
         _watch(None)
+        _drop_torch_groups()
+
+
+def _drop_torch_groups() -> None:
+    """Destroy the torch process groups a check left (one that failed halfway through): the next
+    check's init_process_group would otherwise fail with "trying to initialize the default
+    process group twice", and every check after a failed torch check with it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # a group broken by the failure: the next check says if it matters
+        sys.stderr.write(f"jobs: destroying the torch process groups a check left: {exc}\n")
 
 
 def _meet(comm: Any, name: str) -> None:

@@ -59,6 +59,31 @@ def rank_slow(comm):
     return "slow"
 
 
+def rank_torch_group_then_fail(comm):
+    """A check that fails with its torch process group still made (as a DDP check that fails
+    halfway)."""
+    import torch.distributed as dist
+
+    import cudampi.torch  # noqa: F401  (the backend)
+
+    dist.init_process_group("cudampi")
+    assert dist.is_initialized()
+    raise AssertionError("failed with the group still made")
+
+
+def rank_torch_group(comm):
+    import torch
+    import torch.distributed as dist
+
+    import cudampi.torch  # noqa: F401  (the backend)
+
+    dist.init_process_group("cudampi")  # "initialize the default process group twice" if left
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    return f"sum {x.tolist()}"
+
+
 def checks():
     return [
         Check("passes", rank_pass),
@@ -68,6 +93,8 @@ def checks():
         Check("env", rank_env, env=(("CUDAMPI_TEST_JOBS_VALUE", "set"),)),
         Check("env_gone", rank_env_gone),
         Check("slow", rank_slow),
+        Check("torch_group_then_fails", rank_torch_group_then_fail),
+        Check("torch_group_after_a_failed_one", rank_torch_group),
         Check("stuck", rank_stuck),
         Check("after_stuck", rank_pass),
         Check("sleeps", rank_sleeps),
@@ -108,6 +135,19 @@ def test_a_job_reports_each_check_and_goes_on_after_a_failure(capsys):
         jobs.verify(unknown)
     ran, _, started = jobs.reports[(2, "this")]
     assert started == [*names, "no_such_check"] and ran.returncode == 0, ran.tail()
+
+
+def test_a_failed_check_does_not_leave_its_torch_group_to_the_next():
+    """A check that fails with its torch process group made (the job's ranks go on) does not
+    make the next check's init_process_group fail ("initialize the default process group
+    twice"): the job destroys what a check left."""
+    pytest.importorskip("torch")
+    names = ["torch_group_then_fails", "torch_group_after_a_failed_one"]
+    jobs = Jobs(__name__, [CHECKS[n] for n in names])
+    got = {n: _outcome(jobs, n) for n in names}
+    assert got["torch_group_then_fails"][0] == "failed", got
+    assert "failed with the group still made" in got["torch_group_then_fails"][1], got
+    assert got["torch_group_after_a_failed_one"] == ("passed", ""), got
 
 
 def test_a_rank_left_waiting_by_a_failed_peer_ends_the_job(monkeypatch):
