@@ -64,6 +64,11 @@ def rank_fsdp_gloo_vs_cudampi(comm):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=f"parameter {i}")
     corrupt = SimpleNamespace(**{**vars(o), "corrupt_rank": 1})
     assert method.wrong(s, corrupt, "torch-cudampi", models["torch-cudampi"]) == 1
+    # a DDP replica that strays on rank 1 only: rank 0 names it, and rank 1
+    w = train.build("transformer", cpu, 2, None, s.rank)
+    _train(method.wrap(s, "ddp-torch-cudampi", w, cpu), w, o)
+    assert method.wrong(s, o, "ddp-torch-cudampi", w) == 0
+    assert method.wrong(s, corrupt, "ddp-torch-cudampi", w) == 1
 
     # a reference that cannot be made (ResNet-50 without torchvision, ...) skips every path of
     # that model with the reason, on every rank, instead of ending the job
@@ -82,12 +87,26 @@ def rank_fsdp_gloo_vs_cudampi(comm):
         print(f"FSDP2 gloo and cudampi agree: losses {losses['torch-cudampi']}", flush=True)
 
 
+def _train(net, w, o):
+    from cudampi.bench import train
+
+    opt = train.make_optimizer(net.parameters())
+    for _ in range(train.steps_per_pass(o)):
+        x, y = w.make_batch()
+        opt.zero_grad(set_to_none=True)
+        w.loss(net(x), y).backward()
+        opt.step()
+
+
 def test_fsdp2_on_cudampi_trains_as_on_gloo_and_the_check_catches_a_wrong_shard():
     proc = run_mpi(2, __file__, "rank_fsdp_gloo_vs_cudampi", timeout=240)
     assert "FSDP2 gloo and cudampi agree" in proc.stdout
     # rank 0 names the parameter the corrupted shard belongs to
     first = "# fsdp torch-cudampi transformer: 1 parameter(s) moved unlike the reference; "
     assert first + "furthest: " in proc.stderr, proc.stderr[-3000:]
+    ddp = "# fsdp ddp-torch-cudampi transformer: 1 parameter(s) moved unlike the reference; "
+    name = "furthest: 0.self_attn.in_proj_weight on rank 1, "  # the parameter rank 1 changed
+    assert ddp + name in proc.stderr, proc.stderr[-3000:]
 
 
 def test_bench_fsdp_reports_every_path_the_ratios_and_a_verdict(tmp_path):

@@ -13,11 +13,12 @@ The check: every rank also trains the unwrapped model alone on every rank's batc
 divided by the rank count, the gradients accumulated: what data-parallel training computes),
 without any communication. A path's parameters must have moved as that reference's did: per
 parameter, the float64 sum and the sum of absolute values of (final - initial) must agree within
-:data:`RTOL` of the reference's, plus :data:`SPREAD` times how far two runs of the reference
-itself differ (on CUDA some kernels' backward adds in no fixed order, so a training run differs
-from its own repeat; on the CPU the two agree bitwise); FSDP2's shards are summed over the ranks
-(through MPI, not the backend under test), DDP's replicas are compared on every rank. A parameter
-that does not is one #wrong, and rank 0 names the one that strayed furthest.
+:data:`RTOL` of the reference's, plus :data:`SPREAD` times how far the reference runs differ
+(each rank trains it twice on CUDA, where some kernels' backward adds in no fixed order, so a
+training run differs from its own repeat: the spread of every rank's runs together; on the CPU
+they agree bitwise); FSDP2's shards are summed over the ranks (through MPI, not the backend under
+test), DDP's replicas are compared on every rank. A parameter that does not is one #wrong, and
+rank 0 names the one that strayed furthest, and on which rank.
 """
 
 from __future__ import annotations
@@ -55,13 +56,19 @@ class FSDPMethod(train.Method):
         if s.rank == 0 and not o.quiet:
             print(f"# fsdp reference {kind} (every rank's batch, one process)", file=sys.stderr)
         import numpy as np
+        from mpi4py import MPI
 
         runs = [
             reference_update(kind, device, batch, o.image_size, s.size, train.steps_per_pass(o))
             for _ in range(2 if device.type == "cuda" else 1)
         ]
         self.reference[kind] = runs[0]
-        self.spread[kind] = np.abs(runs[-1] - runs[0])
+        # the spread of every rank's runs together (each rank trains its own reference: two
+        # runs alone can agree by chance on a parameter whose backward adds in no fixed order)
+        hi, lo = np.maximum.reduce(runs), np.minimum.reduce(runs)
+        s.comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+        s.comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+        self.spread[kind] = hi - lo
 
     def wrap(self, s: Session, path: str, w: train.Workload, device: Any) -> Any:
         self.start = []  # the last pass's copy goes before this one's is made
@@ -96,15 +103,19 @@ class FSDPMethod(train.Method):
         ref, spread = self.reference[w.name], self.spread[w.name]
         bad = (~same_update(mine, ref, spread=spread)).astype(np.int64)
         s.comm.Allreduce(MPI.IN_PLACE, bad, op=MPI.SUM)
-        if bad.any() and s.rank == 0:
-            names = [n for n, _ in w.model.named_parameters()]
-            i, off, allowed = worst_update(mine, ref, spread)
-            print(
-                f"# fsdp {path} {w.name}: {int(np.count_nonzero(bad))} parameter(s) moved unlike "
-                f"the reference; furthest: {names[i]}, {off:.2e} of its update's size (allowed "
-                f"{allowed:.2e}: {RTOL:.0e} + {SPREAD:.0f} x the reference's own spread)",
-                file=sys.stderr,
-            )
+        if bad.any():
+            # the furthest of every rank's (DDP compares each rank's replica with its reference)
+            worst = s.comm.gather((*worst_update(mine, ref, spread), s.rank), root=0)
+            if s.rank == 0:
+                names = [n for n, _ in w.model.named_parameters()]
+                i, off, allowed, rank = max(worst, key=lambda x: x[1] / x[2])
+                print(
+                    f"# fsdp {path} {w.name}: {int(np.count_nonzero(bad))} parameter(s) moved "
+                    f"unlike the reference; furthest: {names[i]} on rank {rank}, {off:.2e} of its "
+                    f"update's size (allowed {allowed:.2e}: {RTOL:.0e} + {SPREAD:.0f} x the "
+                    "references' own spread)",
+                    file=sys.stderr,
+                )
         return int(np.count_nonzero(bad))
 
     def notes(self, kind: str, rows: list[train.TrainRow]) -> tuple[list[str], dict[str, Any]]:
