@@ -276,9 +276,9 @@ class Config:
         metadata=_meta(
             _size(0, 1 << 40, auto=True),
             "ipc engine: allreduce up to this size runs one-shot (every rank reads every rank), "
-            "above it two-shot (reduce-scatter + all-gather); auto (-1): the switch measured on "
-            "the H200 (docs/ipc.md): 32 MiB / ranks where the node's ranks share one GPU, "
-            "512 KiB with a GPU each",
+            "above it two-shot (reduce-scatter + all-gather); auto (-1): the switch measured "
+            "(docs/ipc.md): 8 MiB / ranks where the node's ranks share one GPU, 512 KiB with a "
+            "GPU each",
             agreed=True,
         ),
     )

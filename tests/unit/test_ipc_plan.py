@@ -229,8 +229,8 @@ def test_slices_are_pack_aligned_and_cover() -> None:
 def test_the_oneshot_switch_follows_the_measurement_and_a_setting_wins() -> None:
     from cudampi.config import Config
 
-    # ranks sharing one GPU: one-shot up to 32 MiB / ranks (measured, docs/ipc.md)
-    assert plan.oneshot_auto(2, True) == 16 << 20 and plan.oneshot_auto(4, True) == 8 << 20
+    # ranks sharing one GPU: one-shot up to 8 MiB / ranks (measured, docs/ipc.md)
+    assert plan.oneshot_auto(2, True) == 4 << 20 and plan.oneshot_auto(4, True) == 2 << 20
     # a GPU each: small messages only until several GPUs measure it
     assert plan.oneshot_auto(2, False) == plan.oneshot_auto(8, False) == 512 << 10
     assert Config.load({}, env={}).ipc_oneshot_bytes == -1

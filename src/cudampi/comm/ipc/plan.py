@@ -160,15 +160,17 @@ def _slices(n: int, nranks: int, pe: int) -> list[tuple[int, int]]:
 def oneshot_auto(nranks: int, one_gpu: bool) -> int:
     """The allreduce size up to which one-shot is used when not set (``ipc_oneshot_bytes``).
 
-    Where the ranks share the GPU, every byte moves through its memory either way and one-shot,
-    one barrier instead of two, wins up to a size that shrinks with the ranks: 32 MiB / ranks
-    (measured with ``tools/gpu-session.sh ipcswitch``; docs/ipc.md).
+    Where the ranks share the GPU, every byte moves through its memory either way: one-shot (one
+    barrier, every rank reading every rank's copy) wins while the second barrier of two-shot
+    costs more than the extra traffic, up to a size that shrinks with the ranks: 8 MiB / ranks
+    (measured with ``tools/gpu-session.sh ipctune``, two-shot on registered buffers; the figures
+    are in docs/ipc.md).
     With a GPU each, one-shot pulls (ranks - 1) x the message over the links where two-shot
     moves about twice it, so it is kept to small messages, 512 KiB as vLLM's and TensorRT-LLM's
     custom allreduce keep it, until a machine with several GPUs measures it here.
     """
     if one_gpu:
-        return (32 << 20) // max(nranks, 1)
+        return (8 << 20) // max(nranks, 1)
     return 512 << 10
 
 
