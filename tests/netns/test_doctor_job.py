@@ -83,6 +83,18 @@ def finding(report: dict[str, Any], subject: str, words: str) -> dict[str, str]:
     raise AssertionError(f"no finding on {subject!r} saying {words!r}: {report['findings']}")
 
 
+def failing(report: dict[str, Any]) -> list[str]:
+    """The subjects of the report's findings, but for a link between two working nodes that
+    measured slower than the others: on this shared, loaded machine one veth pair can be, and
+    the tests that slow a link on purpose check those findings exactly."""
+    speed = "takes a slower path than the rest"
+    return [
+        f["subject"]
+        for f in report["findings"]
+        if not (f["severity"] == "warn" and "<->" in f["subject"] and speed in f["consequence"])
+    ]
+
+
 def test_a_slow_link_is_named_against_the_median(cluster: Cluster, tmp_path: Path):
     if shutil.which("tc") is None:
         pytest.skip("needs tc (iproute2) to slow a link")
@@ -169,7 +181,7 @@ def test_a_node_whose_mpi_ports_are_blocked_is_named(cluster: Cluster, tmp_path:
     for pair, lk in links.items():
         assert lk["status"] != "failed" or "node3" in pair, links
     assert any(lk["status"] == "failed" for pair, lk in links.items() if "node3" in pair), links
-    assert [f["subject"] for f in report["findings"]] == ["node3"], report["findings"]
+    assert failing(report) == ["node3"], report["findings"]
 
 
 def test_the_doctor_as_the_ranks_of_a_job_diagnoses_its_nodes(cluster: Cluster, tmp_path: Path):
@@ -229,7 +241,7 @@ def test_a_node_that_goes_down_mid_way_is_named(cluster: Cluster, tmp_path: Path
     assert "MPI job failed: " in f["what"] and "host node4 cannot be reached" in f["what"], f
     assert "check that node4 is up" in f["fix"]
     assert set(report["facts"]) == {"node1", "node2", "node3"}
-    assert [f["subject"] for f in report["findings"]] == ["node4"], report["findings"]
+    assert failing(report) == ["node4"], report["findings"]
     links = {(lk["a"], lk["b"]): lk["status"] for lk in report["links"]}
     assert links == dict.fromkeys(
         [("node1", "node2"), ("node1", "node3"), ("node2", "node3")], "ok"
