@@ -171,6 +171,10 @@ verify)
   # VERIFY_ENGINES: the engine files in the order to run them (default: tests/gpu, by name).
   export PATH=/tmp/v/bin:$PATH
   cupy_cache && touch /tmp/verify-stamp
+  # the suite's Open MPI settings (tests/conftest.py) for the probe too: they are part of the
+  # stack's probe key (OMPI_MCA_btl), and a probe without them is no probe of the tests' stack
+  eval "$($W -c 'import shlex; from tests.conftest import OPEN_MPI_TEST_SETTINGS as S; print(";".join(f"export {k}={shlex.quote(v)}" for k, v in S.items()))')"
+  echo "the suite's Open MPI settings: $(env | grep -E '^OMPI_MCA_btl=' | tr '\n' ' ')"
   # (bench first: beside the comm checks, the engine file that least needs the GPU's time; the
   # rest, whose GPU stays mostly idle, beside the ipc checks, whose kernels wait on each other)
   CLI_FILES="tests/gpu/test_bench_gpu.py tests/gpu/test_doctor_gpu.py tests/gpu/test_accelerate_gpu.py tests/gpu/test_env_gpu.py tests/gpu/test_launch_gpu.py"

@@ -114,6 +114,27 @@ def test_no_entry_and_unreadable_files_are_not_errors(tmp_path):
     assert cap.lookup(tmp_path, LIB, ENV, host=HOST, gpus=lambda: H200).entry is None
 
 
+def test_no_entry_for_these_settings_names_the_settings_the_probe_had(tmp_path):
+    """A process whose settings differ from the probe's (the test suite's OMPI_MCA_btl=^ofi
+    against a doctor run without it) finds no entry; the note says which settings differ, on
+    both sides, instead of only "run cudampi doctor" (which the user just did)."""
+    cap.save(tmp_path, cap.Capabilities.from_json(entry()))
+    job = {**ENV, "OMPI_MCA_btl": "^ofi", "UNRELATED": "x"}
+    found = cap.lookup(tmp_path, LIB, job, host=HOST, gpus=lambda: H200)
+    assert found.entry is None and not found.ignored
+    assert "probed on this host with other settings" in found.note, found.note
+    assert "OMPI_MCA_btl=^ofi here, (unset) when probed" in found.note, found.note
+    assert "OMPI_MCA_pml" not in found.note and "UNRELATED" not in found.note, found.note
+    # another host's or another library's entry says nothing about this stack
+    for other in ({"host": "node2"}, {"mpi_library": "MPICH Version: 5.0.2"}):
+        filed = {cap.entry_name("0" * 16, other.get("host", HOST)): entry(**other)}
+        (tmp_path / "capabilities.json").write_text(json.dumps(filed))
+        found = cap.lookup(tmp_path, LIB, job, host=HOST, gpus=lambda: H200)
+        assert (
+            found.note == "no probe result for this MPI stack on this host (run `cudampi doctor`)"
+        )
+
+
 def test_entries_of_several_hosts_share_one_file(tmp_path):
     for host in ("a", "b"):
         cap.save(tmp_path, cap.Capabilities.from_json(entry(host=host)))

@@ -411,7 +411,8 @@ def lookup(
     if problem:
         return Lookup(None, unread.format(problem) + "CUDA-aware", ignored=True)
     try:
-        raw = read_entries(cache_file(cache_dir)).get(name)
+        entries = read_entries(cache_file(cache_dir))
+        raw = entries.get(name)
     except CacheProblem as exc:
         return Lookup(
             None,
@@ -420,9 +421,7 @@ def lookup(
             ignored=True,
         )
     if raw is None:
-        return Lookup(
-            None, "no probe result for this MPI stack on this host (run `cudampi doctor`)"
-        )
+        return Lookup(None, _no_entry(entries, library, env, host))
     try:
         return Lookup(validate(raw, key=key, library=library, env=env, host=host, gpus=gpus))
     except (TypeError, ValueError) as exc:
@@ -432,6 +431,41 @@ def lookup(
             "Run `cudampi doctor` on this host (with the job's settings) to probe again",
             ignored=True,
         )
+
+
+def _no_entry(entries: Mapping[str, Any], library: str, env: Mapping[str, str], host: str) -> str:
+    """Why no entry describes this stack: none at all, or, where this library was probed on
+    this host with other settings, which settings differ (a probe run without the job's
+    settings, or a job run without the probe's, is the usual cause)."""
+    said = "no probe result for this MPI stack on this host (run `cudampi doctor`)"
+    mine, first = stack_env(env), _first_line(library)
+
+    def apart(theirs: Mapping[str, Any]) -> int:
+        return len(set(theirs.items()) ^ set(mine.items()))
+
+    candidates = [
+        raw["env"]
+        for raw in entries.values()
+        if isinstance(raw, dict)
+        and raw.get("host") == host
+        and _first_line(str(raw.get("mpi_library", ""))) == first
+        and isinstance(raw.get("env"), dict)
+        and all(isinstance(v, str) for v in raw["env"].values())
+    ]
+    closest = min(candidates, key=apart, default=None)
+    if closest is None:
+        return said
+    keys = sorted(set(closest) | set(mine), key=str)
+    differ = [
+        f"{k}={mine.get(k, '(unset)')} here, {closest.get(k, '(unset)')} when probed"
+        for k in keys
+        if mine.get(k) != closest.get(k)
+    ]
+    return (
+        f"no probe result for this MPI stack with this process's settings: this library was "
+        f"probed on this host with other settings ({'; '.join(differ)}). Run `cudampi doctor` "
+        "with the job's settings, or run the job with the probe's"
+    )
 
 
 LOCK_FILE = ".capabilities.lock"
