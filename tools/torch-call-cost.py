@@ -7,7 +7,9 @@ Per call, on rank 0 (the slowest rank's mean, the better of two rounds; every la
 run, calls pipelined, one synchronisation at the end): the Communicator's ``allreduce``; the backend's method called
 as c10d's dispatcher calls it (``ProcessGroup.allreduce`` with its options); ``dist.all_reduce``;
 ``dist.all_reduce`` on a group that runs every call in the caller's thread (the default group
-runs a call whose path synchronises the host on its own thread).
+runs a call whose path synchronises the host on its own thread); ``dist.all_reduce`` on a Python
+group that moves nothing (torch's own Python and a Python process group's call: the floor of any
+backend written in Python).
 Then each of the adapter's own steps alone (decoding the options, the thread-or-not decision, the
 finished Work and its ``wait()``, the path lookup; on CUDA the capture and current-stream queries).
 Then rank 0 runs ``dist.all_reduce`` under cProfile (the others run it unprofiled) and prints
@@ -20,11 +22,35 @@ import argparse
 import cProfile
 import io
 import pstats
+from typing import Any
 
 from mpi4py import MPI
 from timing import per_call
 
 from cudampi.bench.session import open_session
+
+
+def _null_backend() -> str:
+    """A torch.distributed backend whose allreduce moves nothing and returns a finished Work:
+    what torch's own Python and any Python process group cost a call, the floor under the
+    cudampi backend's figure (registered as ``cudampi-null-floor``)."""
+    import torch.distributed as dist
+
+    from cudampi.torch.work import finished_work
+
+    class NullGroup(dist.ProcessGroup):  # type: ignore[misc]
+        def getBackendName(self) -> str:
+            return "cudampi-null-floor"
+
+        def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+            return finished_work(tensors)
+
+    name = "cudampi-null-floor"
+    if name.upper() not in dist.Backend.__dict__:
+        dist.Backend.register_backend(
+            name, lambda store, rank, size, timeout: NullGroup(rank, size), devices=["cpu", "cuda"]
+        )
+    return name
 
 
 def main() -> None:
@@ -60,12 +86,16 @@ def main() -> None:
     inline = dist.new_group(
         list(range(world.size)), backend="cudampi", pg_options=Options(async_ops=False)
     )
+    null = dist.new_group(list(range(world.size)), backend=_null_backend())
     opts = dist.AllreduceOptions()
     layers = {
         "Communicator.allreduce (in place)": lambda: comm.allreduce(x, out=x),
         "ProcessGroup.allreduce (c10d -> backend)": lambda: pg.allreduce([x], opts),
         "dist.all_reduce": lambda: dist.all_reduce(x),
         "dist.all_reduce, Options(async_ops=False) group": lambda: dist.all_reduce(x, group=inline),
+        "dist.all_reduce, a Python group that moves nothing": lambda: dist.all_reduce(
+            x, group=null
+        ),
     }
     took: dict[str, float] = {}
     for _ in range(2):  # two rounds, the better of each (the first calls of a run pay extra)
