@@ -455,7 +455,7 @@ def _no_entry(entries: Mapping[str, Any], library: str, env: Mapping[str, str], 
     closest = min(candidates, key=apart, default=None)
     if closest is None:
         return said
-    keys = sorted(set(closest) | set(mine), key=str)
+    keys = sorted(set(closest) | set(mine))
     differ = [
         f"{k}={mine.get(k, '(unset)')} here, {closest.get(k, '(unset)')} when probed"
         for k in keys

@@ -24,30 +24,21 @@ def _devices(tensors: Any) -> list[Any]:
     """The CUDA devices among ``tensors`` (nested lists allowed): a Future must be told them."""
     if not _cuda_started():  # no CUDA tensor can exist: nothing to walk (host calls)
         return []
-    if type(tensors) is list and len(tensors) == 1:  # most calls: one tensor
-        one = tensors[0]
-        if getattr(one, "is_cuda", False):
-            return [one.device]
-    found: dict[str, Any] = {}
+    found: dict[Any, None] = {}  # (a torch.device hashes as its type and index)
     stack = [tensors]
     while stack:
         item = stack.pop()
         if isinstance(item, (list, tuple)):
             stack.extend(item)
         elif getattr(item, "is_cuda", False):
-            found[str(item.device)] = item.device
-    return list(found.values())
+            found[item.device] = None
+    return list(found)
 
 
 def _cuda_started() -> bool:
-    return bool(_is_initialized()())
-
-
-@cache
-def _is_initialized() -> Callable[[], bool]:
     import torch
 
-    return torch.cuda.is_initialized
+    return bool(torch.cuda.is_initialized())
 
 
 def _same(x: Any) -> Any:
