@@ -7,19 +7,15 @@ from typing import Any
 
 import pytest
 
-from tests.gpu.jobs import TIME_RAN_OUT, Jobs, deadline_left, selected_params
-
-MIN_LEFT = 10.0
-"""A test starts only with this many seconds left before the session's deadline."""
+from tests.gpu.jobs import Jobs, deadline_skip, selected_params
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    left = deadline_left()
-    if left is not None and left < MIN_LEFT:
-        pytest.skip(
-            f"{TIME_RAN_OUT}: {max(0.0, left):.0f} s were left before the session's deadline "
-            "(CUDAMPI_TEST_DEADLINE)"
-        )
+    callspec = getattr(item, "callspec", None)
+    check = callspec.params.get("check") if callspec is not None else None
+    why = deadline_skip(item.module.__name__, check)  # type: ignore[attr-defined]
+    if why is not None:
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="module")

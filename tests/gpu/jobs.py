@@ -290,6 +290,27 @@ def parse_checks(stdout: str) -> tuple[dict[str, tuple[str, float, str]], list[s
     return ended, started
 
 
+MIN_LEFT = 10.0
+"""A test starts only with this many seconds left before the session's deadline."""
+
+_RAN: set[tuple[str, tuple[int, str]]] = set()
+"""(module, job) of each job this session ran (:class:`Jobs`)."""
+
+
+def deadline_skip(module: str, check: Any) -> str | None:
+    """Why a test (of ``check``, a GPU file's check; anything else for a plain test) of
+    ``module`` must not start: the session's deadline is less than MIN_LEFT away. None where
+    it may, and for a check whose job already ran: that test only reports what its job
+    reported, however late (the checks a job ended before the deadline stopped it passed or
+    failed; only those it never reached ran out of time)."""
+    left = deadline_left()
+    if left is None or left >= MIN_LEFT:
+        return None
+    if isinstance(check, Check) and (module, check.job) in _RAN:
+        return None
+    return f"{TIME_RAN_OUT}: {max(0.0, left):.0f} s were left before the session's deadline (CUDAMPI_TEST_DEADLINE)"
+
+
 def deadline_left() -> float | None:
     """Seconds to the session's deadline (CUDAMPI_TEST_DEADLINE), None without one."""
     raw = os.environ.get("CUDAMPI_TEST_DEADLINE")
@@ -527,6 +548,7 @@ class Jobs:
                 self.reports[check.job] = (_interrupted(exc), {}, [])
                 raise
             self.reports[check.job] = (ran, *parse_checks(ran.stdout))
+            _RAN.add((self.module, check.job))
             print(self.timeline(check.job))
         ran, ended, started = self.reports[check.job]
         where = f"{check.ranks}-rank job ({check.stack} stack)"
