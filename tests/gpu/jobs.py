@@ -308,7 +308,10 @@ def deadline_skip(module: str, check: Any) -> str | None:
         return None
     if isinstance(check, Check) and (module, check.job) in _RAN:
         return None
-    return f"{TIME_RAN_OUT}: {max(0.0, left):.0f} s were left before the session's deadline (CUDAMPI_TEST_DEADLINE)"
+    return (
+        f"{TIME_RAN_OUT}: {max(0.0, left):.0f} s were left before the session's deadline "
+        "(CUDAMPI_TEST_DEADLINE)"
+    )
 
 
 def deadline_left() -> float | None:
