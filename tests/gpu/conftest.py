@@ -13,7 +13,7 @@ from tests.gpu.jobs import Jobs, deadline_skip, selected_params
 def pytest_runtest_setup(item: pytest.Item) -> None:
     callspec = getattr(item, "callspec", None)
     check = callspec.params.get("check") if callspec is not None else None
-    why = deadline_skip(item.module.__name__, check)  # type: ignore[attr-defined]
+    why = deadline_skip(item.module.__name__, check)
     if why is not None:
         pytest.skip(why)
 
