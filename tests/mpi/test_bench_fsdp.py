@@ -66,7 +66,8 @@ def rank_fsdp_gloo_vs_cudampi(comm):
     assert method.wrong(s, corrupt, "torch-cudampi", models["torch-cudampi"]) == 1
     # a DDP replica that strays on rank 1 only: rank 0 names it, and rank 1
     w = train.build("transformer", cpu, 2, None, s.rank)
-    _train(method.wrap(s, "ddp-torch-cudampi", w, cpu), w, o)
+    net = method.wrap(s, "ddp-torch-cudampi", w, cpu)
+    train._steps(net, train.make_optimizer(net.parameters()), w, train.steps_per_pass(o))
     assert method.wrong(s, o, "ddp-torch-cudampi", w) == 0
     assert method.wrong(s, corrupt, "ddp-torch-cudampi", w) == 1
 
@@ -85,17 +86,6 @@ def rank_fsdp_gloo_vs_cudampi(comm):
     s.close()
     if comm.rank == 0:
         print(f"FSDP2 gloo and cudampi agree: losses {losses['torch-cudampi']}", flush=True)
-
-
-def _train(net, w, o):
-    from cudampi.bench import train
-
-    opt = train.make_optimizer(net.parameters())
-    for _ in range(train.steps_per_pass(o)):
-        x, y = w.make_batch()
-        opt.zero_grad(set_to_none=True)
-        w.loss(net(x), y).backward()
-        opt.step()
 
 
 def test_fsdp2_on_cudampi_trains_as_on_gloo_and_the_check_catches_a_wrong_shard():
