@@ -111,8 +111,13 @@ def test_a_slow_link_is_named_against_the_median(cluster: Cluster, tmp_path: Pat
     assert len(links) == 6 and all(lk["status"] == "ok" for lk in links.values()), links
     others = [lk["gbps"] for k, lk in links.items() if k != ("node2", "node3")]
     assert links[("node2", "node3")]["gbps"] < 0.2 * min(others), links
-    # one link, not a node: no other finding names a node for it
-    assert [f["subject"] for f in report["findings"]] == ["node2<->node3"], report["findings"]
+    # one link, not a node: no other finding names a node for it, and no other link is thin;
+    # another link's latency may stand out on this shared, loaded machine (a busy moment that
+    # outlasted its re-measurement: one CI run saw node1<->node4 at 36.7 us, 3.4x the median)
+    rest = [f for f in report["findings"] if f["subject"] != "node2<->node3"]
+    assert all(
+        "<->" in f["subject"] and f["what"].startswith(f"{f['subject']}: latency ") for f in rest
+    ), report["findings"]
     assert "WARN  node2<->node3:" in p.stdout and "3 rounds" in p.stdout, p.stdout
     assert "links: round 3/3" in p.stderr  # the progress line
 
