@@ -113,8 +113,9 @@ def rank_ipc_odd_and_order(comm):
 
 
 def rank_ipc_graph(comm):
-    """An allreduce captured in a CUDA graph and replayed with new inputs; a freed and reused
-    torch block is read fresh."""
+    """An allreduce captured in a CUDA graph and replayed with new inputs; calls captured on
+    two streams of one graph that nothing else orders (as FSDP2's all-gather and reduce-scatter
+    streams) replay one after another; a freed and reused torch block is read fresh."""
     import torch
 
     from cudampi.comm import Communicator
@@ -135,6 +136,7 @@ def rank_ipc_graph(comm):
             graph.replay()
             torch.cuda.synchronize()
             assert (static == k * total).all().item(), (k, static[:4])
+        _two_streams_in_one_graph(comm, c)
         for k in range(3):
             t = torch.full((1 << 18,), float(k + comm.rank), device="cuda")
             c.allreduce(t, out=t)
@@ -143,6 +145,42 @@ def rank_ipc_graph(comm):
             del t
         c.synchronize()
     return "graph capture and replay ok"
+
+
+def _two_streams_in_one_graph(comm, c, calls=4):
+    """Calls on two side streams of one capture, each stream's alone in order: only the
+    communicator's edges keep a replay from running a sum and a max side by side on a rank
+    (kernels that would meet the peers' other call: a mismatch, or a wrong sum)."""
+    import torch
+
+    a, b = torch.zeros(1 << 12, device="cuda"), torch.zeros(1 << 12, device="cuda")
+    sa, sb = torch.cuda.Stream(), torch.cuda.Stream()
+    for s, x, op in ((sa, a, "sum"), (sb, b, "max")):  # warm up each call on its stream
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            c.allreduce(x, op, out=x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        main = torch.cuda.current_stream()
+        sa.wait_stream(main)
+        sb.wait_stream(main)
+        for _ in range(calls):
+            with torch.cuda.stream(sa):
+                c.allreduce(a, "sum", out=a)
+            with torch.cuda.stream(sb):
+                c.allreduce(b, "max", out=b)
+        main.wait_stream(sa)
+        main.wait_stream(sb)
+    n = comm.size
+    for k in range(1, 4):
+        a.fill_(k * (comm.rank + 1))
+        b.fill_(k * (comm.rank + 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = k * sum(r + 1 for r in range(n)) * n ** (calls - 1)
+        assert (a == want).all().item(), ("sum on stream a", k, a[:4], want)
+        assert (b == k * n).all().item(), ("max on stream b", k, b[:4], k * n)
 
 
 def rank_ipc_faults(comm, case):

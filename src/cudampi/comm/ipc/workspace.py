@@ -292,6 +292,19 @@ class Workspace:
 
         return bool(rt.streamIsCapturing(stream_ptr) != rt.streamCaptureStatusNone)
 
+    def _joins(self, last: int, stream_ptr: int) -> bool:
+        """Must a launch on ``stream_ptr`` first wait for the stream ``last`` launched on?
+
+        Outside a capture, always. Inside one, when ``last`` is captured too: a training step
+        captured whole puts calls on several streams of one graph (FSDP2's all-gather and
+        reduce-scatter streams), and nothing else need order two of them, so without the edge
+        a replay could run two of this communicator's kernels side by side. A ``last`` outside
+        the capture ran before it began. The legacy and per-thread default streams (0, 1, 2)
+        never join a capture, and asking about them during one would end it."""
+        if not self.capturing(stream_ptr):
+            return True
+        return last > 2 and self.capturing(last)
+
     def _fail_together(self, what: str, local: str | None, errors: list[str | None]) -> None:
         """Collective: raise on every rank when any rank failed (``errors[r]`` not None)."""
         bad = [r for r, e in enumerate(errors) if e is not None]
@@ -333,8 +346,8 @@ class Workspace:
         """Enqueue a collective's ``launches`` on the stream ``stream_ptr`` (``kernels`` maps
         each launch's kernel to its name expression), after the sends and receives posted before
         it. Launches of one communicator never overlap: a launch on another stream than the last
-        one first waits for everything enqueued on that one so far (outside a CUDA graph
-        capture, where the graph orders them)."""
+        one first waits for everything enqueued on that one so far (in a CUDA graph capture,
+        an edge of the graph where both streams are captured: :meth:`_joins`)."""
         self.check()
         self.flush()
         self._launch(launches, kernels, stream_ptr)
@@ -391,7 +404,7 @@ class Workspace:
         import cupy
 
         last = self._last_stream
-        if last is not None and last != stream_ptr and not self.capturing(stream_ptr):
+        if last is not None and last != stream_ptr and self._joins(last, stream_ptr):
             ev = cupy.cuda.Event(block=False, disable_timing=True)
             ev.record(self.stream(last))
             self.stream(stream_ptr).wait_event(ev)
