@@ -201,10 +201,9 @@ verify)
           --timeout $hard --durations=15 --junitxml=$V/$name.xml ${GPU_K:+-k "$GPU_K"} "$@" > $V/$name.log 2>&1
         echo "rc_$name=$?" >> $V/run.txt
       }
-      # (MPS off: the engine files in one process outlast the run (on one H100 the CLI side took
-      # 317 s, the comm, ipc and nccl files 309 s, the torch file's 2-rank job more than 224 s
-      # alone), so the comm checks go to the CLI side (VERIFY_BESIDE) and the torch file runs
-      # in a process of its own (VERIFY_ALONE))
+      # (MPS off: the engine files in one process outlast the run, so the comm checks go to the
+      # CLI side (VERIFY_BESIDE) and the torch file runs in a process of its own (VERIFY_ALONE):
+      # on one H100 the three took 306, 182 and 53 s side by side)
       beside=${VERIFY_BESIDE-$([ $MPS = off ] && echo tests/gpu/test_comm_gpu.py)}
       alone=${VERIFY_ALONE-$([ $MPS = off ] && echo tests/gpu/test_torch_gpu.py)}
       part cli $CLI_FILES $beside &
