@@ -387,7 +387,7 @@ def checks() -> list[Check]:
     out += [_ddp_fsdp_check(*case) for case in DDP_FSDP]
     for n in (2, 4):
         name = f"ddp_and_fsdp2_steps_captured_in_a_cuda_graph[{n}]"
-        # (0.6 s with MPS on one H100; 120 s leaves the rest of the job its time if it hangs)
+        # (1-5 s on one H100, MPS on or off; 120 s leaves the rest of the job its time if it hangs)
         out.append(Check(name, rank_graphs, ranks=n, env=ipc, skip=NO_CUPY, timeout=120))
     name = "stream_ordered_work_never_blocks_the_host"
     out.append(Check(name, rank_stream_ordered, env=ipc, skip=NO_CUPY, timeout=90))
