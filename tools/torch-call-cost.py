@@ -53,6 +53,43 @@ def _null_backend() -> str:
     return name
 
 
+def _best_of_two(world: Any, layers: dict[str, Any], iters: int, sync: Any) -> dict[str, float]:
+    """us per call of each layer: two rounds, the better of each (a run's first calls pay
+    extra)."""
+    took: dict[str, float] = {}
+    for _ in range(2):
+        for name, fn in layers.items():
+            us = 1e6 * per_call(world, fn, iters, sync, 50)
+            took[name] = min(took.get(name, float("inf")), us)
+    return took
+
+
+def _steps(world: Any, pg: Any, comm: Any, x: Any, opts: Any, device: str, iters: int) -> None:
+    """The adapter's own steps, each alone (no communication: every rank times its own)."""
+    import torch
+
+    from cudampi.torch.dispatch import threaded
+    from cudampi.torch.methods import decode
+    from cudampi.torch.work import finished_work
+
+    steps = {
+        "decode(AllreduceOptions)": lambda: decode(opts),
+        "threaded (the path's stream order)": lambda: threaded(pg, "allreduce", ([x],)),
+        "finished_work([x])": lambda: finished_work([x]),
+        "finished_work([x]).wait()": lambda: finished_work([x]).wait(),
+        "comm.path_for": lambda: comm.path_for("allreduce", x),
+    }
+    if device == "cuda":
+        steps["is_current_stream_capturing"] = torch.cuda.is_current_stream_capturing
+        steps["torch.cuda.current_stream()"] = torch.cuda.current_stream
+    if world.rank == 0:
+        print("# the adapter's steps alone, us per call (rank 0)")
+    for name, fn in steps.items():
+        us = 1e6 * per_call(MPI.COMM_SELF, fn, iters, lambda: None, 50)
+        if world.rank == 0:
+            print(f"{name:50s} {us:9.2f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -76,7 +113,16 @@ def main() -> None:
     x = torch.zeros(a.numel, device=dev)  # (ones would double to inf, call after call)
     path = comm.path_for("allreduce", x)
 
+    last: list[Any] = []  # the last Work of the c10d layer: where the group's thread runs the
+    # calls (a path that synchronises the host), a call returns at hand-over, and the timing
+    # must wait for the thread too (it runs the calls in order: the last Work is the last call)
+
+    def c10d() -> None:
+        last[:] = [pg.allreduce([x], opts)]
+
     def sync() -> None:
+        while last:
+            last.pop().wait()
         if a.device == "cuda":
             torch.cuda.synchronize()
         comm.synchronize()
@@ -90,19 +136,14 @@ def main() -> None:
     opts = dist.AllreduceOptions()
     layers = {
         "Communicator.allreduce (in place)": lambda: comm.allreduce(x, out=x),
-        "ProcessGroup.allreduce (c10d -> backend)": lambda: pg.allreduce([x], opts),
+        "ProcessGroup.allreduce (c10d -> backend)": c10d,
         "dist.all_reduce": lambda: dist.all_reduce(x),
         "dist.all_reduce, Options(async_ops=False) group": lambda: dist.all_reduce(x, group=inline),
         "dist.all_reduce, a Python group that moves nothing": lambda: dist.all_reduce(
             x, group=null
         ),
     }
-    took: dict[str, float] = {}
-    for _ in range(2):  # two rounds, the better of each (the first calls of a run pay extra)
-        for name, fn in layers.items():
-            took[name] = min(
-                took.get(name, float("inf")), 1e6 * per_call(world, fn, a.iters, sync, 50)
-            )
+    took = _best_of_two(world, layers, a.iters, sync)
     if world.rank == 0:
         print(f"# {world.size} ranks, {a.device}, {a.numel} float32, path {path}, torch "
               f"{torch.__version__}; us per call, pipelined, slowest rank")  # fmt: skip
@@ -110,27 +151,7 @@ def main() -> None:
         for name, us in took.items():
             print(f"{name:50s} {us:9.2f} us  {us / base:5.2f}x")
 
-    # The adapter's own steps, each alone (no communication: every rank times its own)
-    from cudampi.torch.dispatch import threaded
-    from cudampi.torch.methods import decode
-    from cudampi.torch.work import finished_work
-
-    steps = {
-        "decode(AllreduceOptions)": lambda: decode(opts),
-        "threaded (the path's stream order)": lambda: threaded(pg, "allreduce", ([x],)),
-        "finished_work([x])": lambda: finished_work([x]),
-        "finished_work([x]).wait()": lambda: finished_work([x]).wait(),
-        "comm.path_for": lambda: comm.path_for("allreduce", x),
-    }
-    if a.device == "cuda":
-        steps["is_current_stream_capturing"] = torch.cuda.is_current_stream_capturing
-        steps["torch.cuda.current_stream()"] = torch.cuda.current_stream
-    if world.rank == 0:
-        print("# the adapter's steps alone, us per call (rank 0)")
-    for name, fn in steps.items():
-        us = 1e6 * per_call(MPI.COMM_SELF, fn, a.iters, lambda: None, 50)
-        if world.rank == 0:
-            print(f"{name:50s} {us:9.2f} us")
+    _steps(world, pg, comm, x, opts, a.device, a.iters)
 
     world.Barrier()
     prof = cProfile.Profile() if world.rank == 0 else None
