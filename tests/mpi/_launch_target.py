@@ -15,6 +15,20 @@ def parse_config(text: str) -> object:
     return json.loads(text)  # the user's line the summary must keep
 
 
+class _SlowTeardown:
+    """Sleeps when the interpreter's finalisation frees it: after every ``atexit`` handler
+    (cudampi's "exiting" mark included), before MPI_Finalize (mpi4py's, at the C level)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __del__(self, sleep=time.sleep) -> None:
+        sleep(self.seconds)
+
+
+_SLOW_TEARDOWN: _SlowTeardown | None = None
+
+
 def main() -> int:
     mode, *args = sys.argv[1:]
     rank = int(os.environ["RANK"])
@@ -67,7 +81,9 @@ def main() -> int:
         print(line, file=sys.stderr, flush=True)
         print(f"[cudampi-fault 0123456789abcdef host=x rank={rank} code=1] E", file=sys.stderr)
         return 0
-    if mode == "stuck-exit":  # args: rank, how[, file]: that rank's exit goes on after its script
+    if (
+        mode == "stuck-exit"
+    ):  # args: rank, how[, file[, s]]: that rank's exit goes on after its script
         from mpi4py import MPI
 
         if rank == int(args[0]):
@@ -81,6 +97,9 @@ def main() -> int:
                         f.write("done")
 
                 atexit.register(work)
+                if len(args) > 3:  # then a teardown of s seconds, past every exit handler
+                    global _SLOW_TEARDOWN
+                    _SLOW_TEARDOWN = _SlowTeardown(float(args[3]))
             elif args[1] == "barrier":  # a collective at exit the others, in MPI_Finalize, skip
                 atexit.register(MPI.COMM_WORLD.Barrier)
             else:  # stuck past Python's exit: in the C library's exit, after MPI_Finalize

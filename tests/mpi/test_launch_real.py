@@ -381,6 +381,24 @@ def test_a_rank_in_its_exit_handlers_is_waited_for_and_named(tmp_path):
     assert 6 < time.monotonic() - start < 40
 
 
+def test_a_rank_slow_to_tear_down_after_its_exit_handlers_gets_the_grace_from_then(tmp_path):
+    """Rank 1's exit handler works 6 s, past --grace, then its teardown (interpreter
+    finalisation, MPI_Finalize) takes 1.2 s more: the teardown's grace counts from when the
+    rank left its handlers, not from when the scripts finished, so the job ends by itself
+    instead of being stopped in the rank's MPI_Finalize."""
+    done = tmp_path / "done"
+    start = time.monotonic()
+    p = launch(
+        "-n", "2", "--grace", "3", TARGET, "stuck-exit", "1", "work", str(done), "1.2",
+        timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert done.read_text() == "done"
+    assert "waits for: rank 1 (pid " in p.stderr, p.stderr
+    assert "stopped the job" not in p.stderr, p.stderr
+    assert 7 < time.monotonic() - start < 40
+
+
 def test_a_collective_at_exit_is_named_while_the_job_waits_for_the_timeout():
     """Rank 0's atexit handler calls a Barrier that rank 1, in MPI_Finalize, never joins: the
     job used to hang until --timeout, saying nothing of it. Now it says, after --grace, that

@@ -10,7 +10,7 @@ process is gone and the launcher itself has not exited.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,20 @@ ENDED = ("zombie", "gone")
 """Stages of a rank whose process has exited."""
 IN_PYTHON = ("python", "remote-python")
 """Stages in which the script's own exit handlers run (real work, an upload, or a wait)."""
+
+
+def local_rank_pids(fault_files: Mapping[int, str]) -> dict[int, int]:
+    """rank -> pid of the ranks that ran on this host (the first line of their fault file)."""
+    import socket
+
+    here = socket.gethostname()
+    out = {}
+    for rank, text in fault_files.items():
+        first = text.splitlines()[0] if text else ""
+        fields = dict(w.split("=", 1) for w in first.split() if "=" in w)
+        if fields.get("host") == here and fields.get("pid", "").isdigit():
+            out[rank] = int(fields["pid"])
+    return out
 
 
 def process_state(pid: int) -> str:

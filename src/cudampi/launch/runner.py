@@ -7,16 +7,16 @@ launcher SIGTERM (``PR_SET_PDEATHSIG``), on which it stops its ranks (each rank 
 the launcher daemon that started it, see :mod:`cudampi.launch.rank`).
 
 Its stderr passes through line by line while the ranks' tagged lines, carrying this job's token
-(:mod:`cudampi.launch.rankreport`), are collected. A fault, reported by a rank or by the launcher
-itself, gives the launcher ``grace`` seconds to end the job (Open MPI does at once; Hydra waits
-for the other ranks) before the supervisor ends it; so does a launcher that lingers after every
-rank has ended (prterun sometimes hangs once its ranks have died), and a job whose ranks all
-said their scripts finished but have not all exited (a rank stuck in its exit: an atexit
-handler, a thread, MPI_Finalize); the summary then says which rank is where
-(:mod:`cudampi.launch.exits`). A launcher that exits 0
-without having started every rank is a failure; one that fails with a known transient start-up
-message before any rank ran is started again (:data:`LAUNCH_RETRIES`). Rank processes left on
-this host afterwards (their launcher killed with -9) are killed from their fault-file pids.
+(:mod:`cudampi.launch.rankreport`), are collected. A fault, reported by a rank or by the
+launcher itself, gives the launcher ``grace`` seconds to end the job (Open MPI does at once;
+Hydra waits for the other ranks) before the supervisor ends it; so does a launcher that lingers
+after every rank has ended (prterun sometimes hangs once its ranks have died), and a job whose
+ranks all said their scripts finished but have not all exited (a rank stuck in its exit: an
+atexit handler, a thread, MPI_Finalize); the summary then says which rank is where
+(:mod:`cudampi.launch.exits`). A launcher that exits 0 without having started every rank is a
+failure; one that fails with a known transient start-up message before any rank ran is started
+again (:data:`LAUNCH_RETRIES`). Rank processes left on this host afterwards (their launcher
+killed with -9) are killed from their fault-file pids.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from cudampi.launch.exits import (
     RankExit,
     describe,
     in_own_exit,
+    local_rank_pids,
     process_state,
     stage_of,
     stuck,
@@ -229,20 +230,6 @@ def _read_fault_files(report_dir: str | None) -> dict[int, str]:
     return out
 
 
-def _local_rank_pids(fault_files: Mapping[int, str]) -> dict[int, int]:
-    """rank -> pid of the ranks that ran on this host (the first line of their fault file)."""
-    import socket
-
-    here = socket.gethostname()
-    out = {}
-    for rank, text in fault_files.items():
-        first = text.splitlines()[0] if text else ""
-        fields = dict(w.split("=", 1) for w in first.split() if "=" in w)
-        if fields.get("host") == here and fields.get("pid", "").isdigit():
-            out[rank] = int(fields["pid"])
-    return out
-
-
 def _rank_alive(pid: int) -> bool:
     """Is ``pid`` still a rank bootstrap that has not exited: running, or still inside the
     kernel's exit (not gone, not a zombie, not reused)?"""
@@ -252,7 +239,7 @@ def _rank_alive(pid: int) -> bool:
 def _kill_leftovers(fault_files: Mapping[int, str]) -> list[int]:
     """SIGKILL rank processes of this job still alive on this host (orphans); their pids."""
     killed = []
-    for pid in _local_rank_pids(fault_files).values():
+    for pid in local_rank_pids(fault_files).values():
         if _rank_alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -284,7 +271,7 @@ def _all_ranks_ended(report_dir: str | None, nprocs: int) -> bool:
     """Every one of the ``nprocs`` ranks ran on this host, and every one has ended."""
     if not report_dir:
         return False
-    pids = _local_rank_pids(_read_fault_files(report_dir))
+    pids = local_rank_pids(_read_fault_files(report_dir))
     return len(pids) >= nprocs and not any(_rank_alive(pid) for pid in pids.values())
 
 
@@ -442,6 +429,8 @@ class _Watch:
     err: IO[str] | None = None
     """Where the supervisor says, once, that the job waits for ranks in their own exit."""
     told: bool = False
+    own_exit_seen: float | None = None
+    """When a rank was last seen in its own exit (the teardown's grace counts from then)."""
 
 
 def _supervise(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch) -> None:
@@ -497,7 +486,7 @@ def _supervise(proc: subprocess.Popen[bytes], sup: _Supervisor, w: _Watch) -> No
 def _rank_exits(sup: _Supervisor, w: _Watch, now: float) -> tuple[RankExit, ...]:
     """Where each rank that said its script finished is now (see :mod:`cudampi.launch.exits`)."""
     faults = _read_fault_files(w.report_dir)
-    pids = _local_rank_pids(faults)
+    pids = local_rank_pids(faults)
     with sup.lock:
         finished = parse_marks(sup.report_lines, sup.token, "finished")
         exiting = set(parse_marks(sup.report_lines, sup.token, "exiting"))
@@ -515,7 +504,8 @@ def _stuck_in_teardown(sup: _Supervisor, w: _Watch, now: float) -> bool:
     """Every rank said its script finished ``grace`` s ago, nothing failed, and some rank's
     process has still not exited (the launcher rightly waits for it: the rank is stuck in its
     exit). Records where each rank is. A rank still in its script's own exit handlers or
-    threads is waited for (said once): they may be doing real work that stopping would lose."""
+    threads is waited for (said once): they may be doing real work that stopping would lose;
+    its teardown after them gets ``grace`` s from then."""
     if w.finished is None or w.lingered is not None or sup.first_fault is not None:
         return False
     if now - w.finished <= w.grace:
@@ -524,10 +514,13 @@ def _stuck_in_teardown(sup: _Supervisor, w: _Watch, now: float) -> bool:
     if not stuck(exits):
         return False  # they all exited just now: the launcher gets its own grace (lingered)
     if in_own_exit(exits):
+        w.own_exit_seen = now
         if not w.told and w.err is not None:
             w.told = True
             w.err.write(f"cudampi launch: note: {waiting_note(exits, w.grace)}\n")
             w.err.flush()
+        return False
+    if w.own_exit_seen is not None and now - w.own_exit_seen <= w.grace:
         return False
     w.exits = exits
     return True
