@@ -113,9 +113,10 @@ def main() -> None:
     x = torch.zeros(a.numel, device=dev)  # (ones would double to inf, call after call)
     path = comm.path_for("allreduce", x)
 
-    last: list[Any] = []  # the last Work of the c10d layer: where the group's thread runs the
-    # calls (a path that synchronises the host), a call returns at hand-over, and the timing
-    # must wait for the thread too (it runs the calls in order: the last Work is the last call)
+    # The c10d layer's last Work: where the group's thread runs the calls (a path that
+    # synchronises the host) a call returns at hand-over, so the timing waits for the thread
+    # too (it runs the calls in order: the last Work is the last call).
+    last: list[Any] = []
 
     def c10d() -> None:
         last[:] = [pg.allreduce([x], opts)]

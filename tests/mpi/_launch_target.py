@@ -81,9 +81,7 @@ def main() -> int:
         print(line, file=sys.stderr, flush=True)
         print(f"[cudampi-fault 0123456789abcdef host=x rank={rank} code=1] E", file=sys.stderr)
         return 0
-    if (
-        mode == "stuck-exit"
-    ):  # args: rank, how[, file[, s]]: that rank's exit goes on after its script
+    if mode == "stuck-exit":  # args: rank, how[, file[, s]]: that rank's exit outlasts its script
         from mpi4py import MPI
 
         if rank == int(args[0]):
