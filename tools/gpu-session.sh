@@ -53,6 +53,12 @@ TL() {  # SECONDS COMMAND...: T, stopping at the call's own end too (TARGETS_LIM
   [ $cap -ge 5 ] || { echo "skipped, no time left: $*"; return; }
   T $cap "$@"
 }
+# FILE [SIZES]: the naive registered IPC allreduce (carry .naive/), 2 ranks, output in FILE
+naive_ipc() {
+  sec naive registered IPC allreduce${MPS:+, MPS $MPS}
+  TL 60 $W -m cudampi launch -n 2 .naive/naive_ipc_allreduce.py ${2:-1048576,4194304,16777216,67108864,134217728,268435456} 2>&1 \
+    | grep -a -v -i warn | tee $1 | tail -10
+}
 # CuPy's kernel cache: carried in as .cupy-cache.tgz (verify and ipc return it as cupy-cache.tgz)
 cupy_cache() {
   export CUPY_CACHE_DIR=$PWD/.cupy-cache
@@ -255,9 +261,7 @@ targets)
       TL 60 $L -n $n -m cudampi bench all -b 8 -e 1M -f 64 -w 2 -n 20 --time-limit 0.3 --paths ipc \
         --json $B/ipcall$n-mps$MPS.json > $B/ipcall$n-mps$MPS.txt; grep -a -E "^ *[0-9]|^#|wrong|skip" $B/ipcall$n-mps$MPS.txt | head -40
     done
-    sec naive registered IPC allreduce, MPS $MPS
-    TL 60 $L -n 2 .naive/naive_ipc_allreduce.py 4096,65536,1048576,2097152,16777216,134217728,268435456 2>&1 \
-      | grep -a -v -i warn | tee $B/naive-mps$MPS.txt | tail -10
+    naive_ipc $B/naive-mps$MPS.txt 4096,65536,1048576,2097152,16777216,134217728,268435456
     sec p2p device buffers, MPS $MPS
     TL 90 $L -n 2 -m cudampi bench p2p --buffers device -b 1 -e 256M -f 4 -n 30 --time-limit 0.4 \
       --paths ipc,cudampi,mpi,torch-cudampi --json $B/p2p-mps$MPS.json > $B/p2p-mps$MPS.txt
@@ -463,9 +467,7 @@ ipctune)
         -f 4 -w 3 -n 20 --time-limit 0.3 --paths ipc,copy --json $B/$name.json > $B/$name.txt )
     grep -a -E "^ *[0-9]|wrong|skip" $B/$name.txt | head -12
   done
-  sec naive registered IPC allreduce
-  TL 60 $W -m cudampi launch -n 2 .naive/naive_ipc_allreduce.py 1048576,4194304,16777216,67108864,134217728,268435456 2>&1 \
-    | grep -a -v -i warn | tee $B/naive.txt | tail -8
+  naive_ipc $B/naive.txt
   mps_stop
   tar czf $OUT/tune.tgz -C $OUT tune && rm -rf $B
   ;;
@@ -495,9 +497,7 @@ kernelab)
         --time-limit 0.4 --paths ipc,mpi --json $B/p2p-$i-$v.json > $B/p2p-$i-$v.txt
       grep -a -E "^ *[0-9]|wrong|skip|path|^#" $B/p2p-$i-$v.txt | head -40 )
   done
-  sec naive registered IPC allreduce
-  TL 60 $W -m cudampi launch -n 2 .naive/naive_ipc_allreduce.py 1048576,4194304,16777216,67108864,134217728,268435456 2>&1 \
-    | grep -a -v -i warn | tee $B/naive.txt | tail -8
+  naive_ipc $B/naive.txt
   mps_stop
   tar czf $OUT/kernelab.tgz -C $OUT kernelab && rm -rf $B
   ;;
