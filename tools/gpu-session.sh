@@ -59,6 +59,13 @@ naive_ipc() {
   TL 60 $W -m cudampi launch -n 2 .naive/naive_ipc_allreduce.py ${2:-1048576,4194304,16777216,67108864,134217728,268435456} 2>&1 \
     | grep -a -v -i warn | tee $1 | tail -10
 }
+# NAME: ipc allreduce TUNE_B (1M) to TUNE_E (256M) beside the copy peer, 2 ranks, in
+# $B/NAME.txt and .json (ipctune, kernelab)
+ar_ipc_copy() {
+  TL 60 $W -m cudampi launch -n 2 -m cudampi bench allreduce -b ${TUNE_B:-1M} -e ${TUNE_E:-256M} \
+    -f 4 -w 3 -n 20 --time-limit 0.3 --paths ipc,copy --json $B/$1.json > $B/$1.txt
+  grep -a -E "^ *[0-9]|wrong|skip" $B/$1.txt | head -12
+}
 # CuPy's kernel cache: carried in as .cupy-cache.tgz (verify and ipc return it as cupy-cache.tgz)
 cupy_cache() {
   export CUPY_CACHE_DIR=$PWD/.cupy-cache
@@ -463,9 +470,7 @@ ipctune)
     name=${t%%:*}; vars=${t#*:}
     sec "allreduce ipc, $name [$vars]"
     ( [ -n "$vars" ] && export ${vars//,/ }
-      TL 60 $W -m cudampi launch -n 2 -m cudampi bench allreduce -b ${TUNE_B:-1M} -e ${TUNE_E:-256M} \
-        -f 4 -w 3 -n 20 --time-limit 0.3 --paths ipc,copy --json $B/$name.json > $B/$name.txt )
-    grep -a -E "^ *[0-9]|wrong|skip" $B/$name.txt | head -12
+      ar_ipc_copy $name )
   done
   naive_ipc $B/naive.txt
   mps_stop
@@ -488,9 +493,7 @@ kernelab)
     [ $v = old ] && [ -z "${KERNELAB_OLD:-}" ] && continue
     i=$((i + 1)); sec "allreduce ipc,copy, $v source (run $i)"
     ( [ $v = old ] && export PYTHONPATH=$PWD/$KERNELAB_OLD:$PWD
-      TL 60 $W -m cudampi launch -n 2 -m cudampi bench allreduce -b 1M -e 256M -f 4 -w 3 -n 20 \
-        --time-limit 0.3 --paths ipc,copy --json $B/ar-$i-$v.json > $B/ar-$i-$v.txt
-      grep -a -E "^ *[0-9]|wrong|skip" $B/ar-$i-$v.txt | head -12
+      ar_ipc_copy ar-$i-$v
       [ "${KERNELAB_P2P:-1}" = 1 ] || exit 0
       sec "p2p ipc,mpi device buffers, $v source (run $i)"
       TL 90 $W -m cudampi launch -n 2 -m cudampi bench p2p --buffers device -b 1M -e 256M -f 4 -n 30 \
