@@ -78,11 +78,15 @@ def exchange_reduce(
     op: str,
     dtype: str,
     slots: list[Any],
+    sdata: Any = None,
+    first: Any = None,
 ) -> None:
-    """Send ``data[send]`` to ``dest`` while receiving ``src``'s copy of ``data[recv]`` and
-    reducing it into ``data[recv]``, chunk by chunk, pipelined over the scratch ``slots``."""
+    """Send ``data[send]`` (``sdata[send]`` where given) to ``dest`` while receiving ``src``'s
+    copy of ``data[recv]`` and reducing it into ``data[recv]`` (``data[recv] = first[recv] op
+    it`` where ``first`` is given), chunk by chunk, pipelined over the scratch ``slots``."""
     tx, ops = ctx.tx, ctx.ops
-    sreqs = [tx.isend(data[a:b], dest) for a, b in chunks(ctx, *send)]
+    out = data if sdata is None else sdata
+    sreqs = [tx.isend(out[a:b], dest) for a, b in chunks(ctx, *send)]
     rch = chunks(ctx, *recv)
     ns = len(slots)
     rreqs: dict[int, Any] = {}
@@ -96,7 +100,9 @@ def exchange_reduce(
         post(j)
     for j, (a, b) in enumerate(rch):
         tx.wait(rreqs.pop(j))
-        ops.reduce(data[a:b], slots[j % ns][: b - a], op, dtype)
+        ops.reduce(
+            data[a:b], slots[j % ns][: b - a], op, dtype, None if first is None else first[a:b]
+        )
         events[j] = ops.record()
         nxt = j + ns - 1
         if nxt < len(rch):
@@ -131,11 +137,19 @@ def _slots(ctx: Ctx, like: Any, seg: int) -> list[Any]:
 # ---------------------------------------------------------------------------- rings
 
 
-def ring_reduce_scatter(ctx: Ctx, data: Any, counts: list[int], op: str, dtype: str) -> None:
+def ring_reduce_scatter(
+    ctx: Ctx, data: Any, counts: list[int], op: str, dtype: str, src: Any = None
+) -> None:
     """In place: afterwards block ``rank`` of ``data`` (blocks sized by ``counts``) holds the
-    reduction over all ranks; other blocks hold partial sums."""
+    reduction over all ranks; other blocks hold partial sums. With ``src`` (the input, apart
+    from ``data``), ``data`` starts empty: the first step sends from ``src``, and each block is
+    reduced from ``src`` into ``data`` (a rank reduces every block but the one it sends first
+    exactly once), so the input is never copied; block ``rank - 1`` of ``data`` stays unset."""
     n, r = ctx.size, ctx.rank
     if n == 1:
+        if src is not None:
+            ctx.ops.copy(data, src)
+            ctx.ops.fence()
         return
     offs = offsets(counts)
     bounds = [(offs[i], offs[i] + counts[i]) for i in range(n)]
@@ -153,6 +167,8 @@ def ring_reduce_scatter(ctx: Ctx, data: Any, counts: list[int], op: str, dtype: 
             op,
             dtype,
             slots,
+            src if s == 0 else None,
+            src,
         )
     ctx.ops.fence()
 
@@ -170,25 +186,33 @@ def ring_allgather(ctx: Ctx, data: Any, counts: list[int]) -> None:
         exchange(ctx, data, bounds[(r - s) % n], right, data, bounds[(r - s - 1) % n], left)
 
 
-def direct_reduce_scatter(ctx: Ctx, data: Any, counts: list[int], op: str, dtype: str) -> None:
+def direct_reduce_scatter(
+    ctx: Ctx, data: Any, counts: list[int], op: str, dtype: str, src: Any = None
+) -> None:
     """Like :func:`ring_reduce_scatter`, but block i goes straight to rank i from every rank
     (one message per peer, all in flight at once); blocks are reduced in a fixed peer order as
-    they arrive, so results do not depend on timing."""
+    they arrive, so results do not depend on timing. With ``src``: sent from ``src``, block
+    ``rank`` reduced from it into ``data`` (the other blocks of ``data`` stay unset)."""
     n, r = ctx.size, ctx.rank
     if n == 1:
+        if src is not None:
+            ctx.ops.copy(data, src)
+            ctx.ops.fence()
         return
     tx, ops = ctx.tx, ctx.ops
     offs = offsets(counts)
     c = counts[r]
     mine = data[offs[r] : offs[r] + c]
+    sdata = data if src is None else src
+    first = None if src is None else src[offs[r] : offs[r] + c]
     peers = [(r + i) % n for i in range(1, n)]
     scratch = ops.empty(max(1, c * (n - 1)), data)
     ops.fence()
     rreqs = [tx.irecv(scratch[i * c : (i + 1) * c], p) for i, p in enumerate(peers)]
-    sreqs = [tx.isend(data[offs[p] : offs[p] + counts[p]], p) for p in reversed(peers)]
+    sreqs = [tx.isend(sdata[offs[p] : offs[p] + counts[p]], p) for p in reversed(peers)]
     for i in range(n - 1):
         tx.wait(rreqs[i])
-        ops.reduce(mine, scratch[i * c : (i + 1) * c], op, dtype)
+        ops.reduce(mine, scratch[i * c : (i + 1) * c], op, dtype, first if i == 0 else None)
     tx.waitall(sreqs)
     ops.fence()
 
@@ -208,12 +232,15 @@ def direct_allgather(ctx: Ctx, data: Any, counts: list[int]) -> None:
     tx.waitall(reqs)
 
 
-def reduce_scatter_blocks(ctx: Ctx, data: Any, counts: list[int], op: str, dtype: str) -> None:
-    """In place: block ``rank`` of ``data`` ends up reduced over all ranks (ring or direct)."""
+def reduce_scatter_blocks(
+    ctx: Ctx, data: Any, counts: list[int], op: str, dtype: str, src: Any = None
+) -> None:
+    """In place (or from ``src`` into ``data``): block ``rank`` of ``data`` ends up reduced over
+    all ranks (ring or direct)."""
     if ctx.direct:
-        direct_reduce_scatter(ctx, data, counts, op, dtype)
+        direct_reduce_scatter(ctx, data, counts, op, dtype, src)
     else:
-        ring_reduce_scatter(ctx, data, counts, op, dtype)
+        ring_reduce_scatter(ctx, data, counts, op, dtype, src)
 
 
 def allgather_blocks(ctx: Ctx, data: Any, counts: list[int]) -> None:
@@ -224,10 +251,11 @@ def allgather_blocks(ctx: Ctx, data: Any, counts: list[int]) -> None:
         ring_allgather(ctx, data, counts)
 
 
-def ring_allreduce(ctx: Ctx, data: Any, op: str, dtype: str) -> None:
-    """Reduce-scatter + allgather (ring or direct, see :class:`Ctx`)."""
+def ring_allreduce(ctx: Ctx, data: Any, op: str, dtype: str, src: Any = None) -> None:
+    """Reduce-scatter + allgather (ring or direct, see :class:`Ctx`); from ``src`` into
+    ``data`` where given (no copy of the input: see :func:`ring_reduce_scatter`)."""
     counts = even_counts(int(data.shape[0]), ctx.size)
-    reduce_scatter_blocks(ctx, data, counts, op, dtype)
+    reduce_scatter_blocks(ctx, data, counts, op, dtype, src)
     allgather_blocks(ctx, data, counts)
 
 
@@ -273,16 +301,23 @@ def rd_allreduce(ctx: Ctx, data: Any, op: str, dtype: str) -> None:
             exchange(ctx, data, whole, r - 1, data, (0, 0), r - 1)
 
 
-def allreduce(ctx: Ctx, data: Any, op: str, dtype: str) -> None:
-    """In-place allreduce of the flat ``data``: ring for large messages, recursive doubling for
-    small ones (``avg`` is finished by the caller)."""
+def allreduce(ctx: Ctx, data: Any, op: str, dtype: str, src: Any = None) -> None:
+    """Allreduce of the flat ``data`` in place, or of ``src`` into ``data`` (apart from it):
+    ring for large messages, which reads ``src`` where it lies, recursive doubling for small
+    ones, after a copy (``avg`` is divided by the caller, before)."""
     count = int(data.shape[0])
+    small = count * ctx.itemsize <= ctx.small_bytes or count < ctx.size
+    if src is not None and (ctx.size == 1 or count == 0 or small):
+        ctx.ops.copy(data, src)
+        if ctx.size == 1 or count == 0:
+            ctx.ops.fence()
+            return
     if ctx.size == 1 or count == 0:
         return
-    if count * ctx.itemsize <= ctx.small_bytes or count < ctx.size:
+    if small:
         rd_allreduce(ctx, data, op, dtype)
     else:
-        ring_allreduce(ctx, data, op, dtype)
+        ring_allreduce(ctx, data, op, dtype, src)
 
 
 # ---------------------------------------------------------------------------- rooted

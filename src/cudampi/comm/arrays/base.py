@@ -216,8 +216,10 @@ class ArrayOps:
     def copy(self, dst: Any, src: Any) -> None:
         raise NotImplementedError
 
-    def reduce(self, dst: Any, src: Any, op: str, dtype: str) -> None:
-        """``dst = dst (op) src`` element-wise, in place (``avg`` reduces as ``sum``)."""
+    def reduce(self, dst: Any, src: Any, op: str, dtype: str, first: Any = None) -> None:
+        """``dst = dst (op) src`` element-wise, in place, or ``dst = first (op) src`` where
+        ``first`` is given (the same order of operands: the same bits); ``avg`` reduces as
+        ``sum``."""
         raise NotImplementedError
 
     def divide(self, a: Any, n: int, dtype: str, src: Any = None) -> None:

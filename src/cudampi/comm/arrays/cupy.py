@@ -78,12 +78,12 @@ class CupyOps(ArrayOps):
                     self.stream.ptr,
                 )
 
-    def reduce(self, dst: Any, src: Any, op: str, dtype: str) -> None:
+    def reduce(self, dst: Any, src: Any, op: str, dtype: str, first: Any = None) -> None:
         import cupy
 
         name = BOOL_OP[core(op)] if dtype == "bool" else NP_OP[core(op)]
         with self._on_stream():
-            getattr(cupy, name)(dst, src, out=dst)
+            getattr(cupy, name)(dst if first is None else first, src, out=dst)
 
     def divide(self, a: Any, n: int, dtype: str, src: Any = None) -> None:
         import cupy

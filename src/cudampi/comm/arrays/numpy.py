@@ -63,8 +63,8 @@ class NumpyOps(ArrayOps):
     def copy(self, dst: Any, src: Any) -> None:
         dst[...] = src
 
-    def reduce(self, dst: Any, src: Any, op: str, dtype: str) -> None:
-        self.ufunc(op, dtype)(dst, src, out=dst)
+    def reduce(self, dst: Any, src: Any, op: str, dtype: str, first: Any = None) -> None:
+        self.ufunc(op, dtype)(dst if first is None else first, src, out=dst)
 
     @staticmethod
     def ufunc(op: str, dtype: str) -> Any:

@@ -106,20 +106,22 @@ class TorchOps(ArrayOps):
         with self._on_stream():
             dst.copy_(src, non_blocking=True)
 
-    def reduce(self, dst: Any, src: Any, op: str, dtype: str) -> None:
+    def reduce(self, dst: Any, src: Any, op: str, dtype: str, first: Any = None) -> None:
         if self.use_numpy and dtype != "bfloat16":
-            NUMPY_OPS.reduce(dst.numpy(), src.numpy(), op, dtype)
+            a = None if first is None else first.numpy()
+            NUMPY_OPS.reduce(dst.numpy(), src.numpy(), op, dtype, a)
             return
         import torch
 
         c = core(op)
+        a = dst if first is None else first
         with self._on_stream():
             if dtype == "bool":
-                getattr(torch, BOOL_OP[c])(dst, src, out=dst)
+                getattr(torch, BOOL_OP[c])(a, src, out=dst)
             elif dtype in ("uint16", "uint32", "uint64"):
-                _unsigned_reduce(torch, dst, src, c, dtype)
+                _unsigned_reduce(torch, dst, src, c, dtype, a)
             else:
-                getattr(torch, _TORCH_OP[c])(dst, src, out=dst)
+                getattr(torch, _TORCH_OP[c])(a, src, out=dst)
 
     def divide(self, a: Any, n: int, dtype: str, src: Any = None) -> None:
         if self.use_numpy and dtype != "bfloat16":
@@ -171,20 +173,21 @@ class TorchOps(ArrayOps):
             yield
 
 
-def _unsigned_reduce(torch: Any, dst: Any, src: Any, c: str, dtype: str) -> None:
-    """Unsigned add/mul/bitwise through the signed twin (same bits, wrap-around arithmetic);
-    min/max by flipping the sign bit so signed order equals unsigned order."""
+def _unsigned_reduce(torch: Any, dst: Any, src: Any, c: str, dtype: str, first: Any) -> None:
+    """``dst = first (c) src`` for unsigned dtypes (``first`` may be ``dst``): add/mul/bitwise
+    through the signed twin (same bits, wrap-around arithmetic); min/max by flipping the sign
+    bit so signed order equals unsigned order."""
     twin = _signed_twin(torch, dtype)
-    d, s = dst.view(twin), src.view(twin)
+    d, s, a = dst.view(twin), src.view(twin), first.view(twin)
     if c in ("min", "max"):
         bits = d.element_size() * 8
         flip = torch.tensor(-(1 << (bits - 1)), dtype=twin, device=d.device)
         sf = torch.bitwise_xor(s, flip)
-        torch.bitwise_xor(d, flip, out=d)
+        torch.bitwise_xor(a, flip, out=d)
         getattr(torch, _TORCH_OP[c])(d, sf, out=d)
         torch.bitwise_xor(d, flip, out=d)
     else:
-        getattr(torch, _TORCH_OP[c])(d, s, out=d)
+        getattr(torch, _TORCH_OP[c])(a, s, out=d)
 
 
 class TorchStager:

@@ -99,8 +99,11 @@ class AlgEngine(DirectP2P):
         return work
 
     def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
-        self.share(of, xf if xf is of else apart(self.ops, xf, of), op, dtype)
-        algorithms.allreduce(self._ctx(of), of, op, dtype)
+        if xf is of or op == "avg":
+            self.share(of, xf if xf is of else apart(self.ops, xf, of), op, dtype)
+            algorithms.allreduce(self._ctx(of), of, op, dtype)
+        else:  # the ring reads the input where it lies: no copy of it into the output first
+            algorithms.allreduce(self._ctx(of), of, op, dtype, apart(self.ops, xf, of))
 
     def reduce(
         self, xf: Flat, of: Flat, op: str, dtype: str, root: int, *, scratch: bool = False
