@@ -39,16 +39,18 @@ with Communicator(w, path="ipc") as c:
     ws = eng.ws
     launches = plan.reduction(eng.geo, "allreduce", n, 4, x.data_ptr(), y.data_ptr(), (12, 1))
     name = {"reduce": L.reduce_name("float32", "sum", ws.size)}
+    name["twoshot"] = L.twoshot_name("float32", "sum", ws.size)
+    kind = launches[0].kernel  # one-shot: reduce; two-shot: twoshot
     stream = torch.cuda.current_stream().cuda_stream
     launch_only = per_call(lambda: ws.launch(launches, name, stream))
-    fn = kernel(0, name["reduce"])
+    fn = kernel(0, name[kind])
     cs = ws.stream(stream)
     arg = (launches[0].params.view(plan.PARAM_DTYPE),)
     raw = per_call(lambda: fn((ws.blocks,), (L.NTHREADS,), arg, stream=cs))
     ws.launches += 20 + iters  # the raw launches above advanced the kernels' counters
     import cupy
 
-    f, argv = function(0, name["reduce"]), launches[0].argv_ptr
+    f, argv = function(0, name[kind]), launches[0].argv_ptr
     go = cupy.cuda.driver.launchKernel
     driver = per_call(lambda: go(f, ws.blocks, 1, 1, L.NTHREADS, 1, 1, 0, stream, argv, 0))
     ws.launches += 20 + iters

@@ -36,6 +36,7 @@ def main() -> int:
         names.append(L.exchange_name(n))
         for dt in L.KINDS:
             names += [L.reduce_name(dt, op, n) for op in ops_allowed(dt)]
+            names += [L.twoshot_name(dt, op, n) for op in ops_allowed(dt)]
     names = list(dict.fromkeys(names))
     t0 = time.perf_counter()
     bad = 0

@@ -287,7 +287,8 @@ class Config:
         metadata=_meta(
             _parse_bool,
             "ipc engine: register large allreduce buffers with the node's ranks so the kernels "
-            "read and write them in place (no staging copies); 0 always stages",
+            "read and write them in place (no staging copies); 0: this rank stages its own "
+            "(it still reads and writes the peers' registered buffers in place)",
         ),
     )
     ipc_blocks: int = field(

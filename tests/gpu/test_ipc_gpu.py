@@ -291,32 +291,46 @@ def rank_ipc_check_same(comm):
 
 def rank_ipc_registered(comm):
     """Large allreduces on the same tensors: after the first calls the peers address them in
-    place (registered); in place and not, a segment given back (empty_cache) and made again."""
+    place (registered); in place and not, a segment given back (empty_cache) and made again.
+    Then with 4 MiB data buffers (a 12 MiB call is one launch: three rounds through the buffers
+    until every rank registered both tensors, then one round in place), and with half the
+    ranks registering (CUDAMPI_IPC_REGISTER is each rank's own: rounds, some ranks read in
+    place, some staged, some pushed into, some fetching)."""
     import torch
 
     from cudampi.comm import Communicator
 
     _setup(comm, "torch-cuda")
     n, size, rank = 3 << 20, comm.size, comm.rank
-    # 12 MiB runs two-shot (registration is for two-shot) whatever the ranks share
-    with Communicator(comm, path="ipc", config=_config("0", ipc_oneshot_bytes="512K")) as c:
-        for round_ in range(2):
-            x = torch.empty(n, device="cuda")
-            y = torch.empty(n, device="cuda")
-            for k in range(6):
-                x.fill_(k + rank)
-                c.allreduce(x, out=x)
-                assert (x == sum(k + r for r in range(size))).all().item(), (round_, k)
-                x.fill_(k * rank + 1)
-                c.allreduce(x, "max", out=y)
-                assert (y == k * (size - 1) + 1).all().item(), (round_, k)
-            del x, y
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        c.synchronize()
-        engine = next(e for e in c._engines.stream_ordered())
-        assert engine.registered_calls > 0, "no call ran on registered buffers"
-    return f"registered calls: {engine.registered_calls}"
+    registers = rank % 2 == 0
+    settings = [
+        ("as set", {}, True),
+        ("4M buffers", {"ipc_bytes": "4M"}, True),
+        ("4M buffers, half registering", {"ipc_bytes": "4M", "ipc_register": str(int(registers))}, registers),
+    ]  # fmt: skip
+    said = []
+    for what, over, expect in settings:
+        # 12 MiB runs two-shot (registration is for two-shot) whatever the ranks share
+        cfg = _config("0", ipc_oneshot_bytes="512K", **over)
+        with Communicator(comm, path="ipc", config=cfg) as c:
+            for round_ in range(2 if not over else 1):
+                x = torch.empty(n, device="cuda")
+                y = torch.empty(n, device="cuda")
+                for k in range(6):
+                    x.fill_(k + rank)
+                    c.allreduce(x, out=x)
+                    assert (x == sum(k + r for r in range(size))).all().item(), (what, round_, k)
+                    x.fill_(k * rank + 1)
+                    c.allreduce(x, "max", out=y)
+                    assert (y == k * (size - 1) + 1).all().item(), (what, round_, k)
+                del x, y
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            c.synchronize()
+            engine = next(e for e in c._engines.stream_ordered())
+            assert (engine.registered_calls > 0) == expect, (what, engine.registered_calls)
+            said.append(f"{what}: {engine.registered_calls}")
+    return "registered calls: " + ", ".join(said)
 
 
 def rank_ipc_hier(comm, lib):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy
 
 from cudampi.comm.ipc import layout as L
+from cudampi.comm.ipc import plan
 from tests import oracle
 
 
@@ -35,7 +36,9 @@ def run(ranks: list[Rank], plans: list[list], dtype: numpy.dtype, op: str = "") 
         sigs = {tuple(lc.params[L.P_SIG : L.P_SIG + L.SIG_WORDS]) for lc in ls}
         assert len(sigs) == 1, "signature mismatch"
         ps = [lc.params for lc in ls]
-        if ls[0].kernel == "reduce":
+        if ls[0].kernel == "twoshot":
+            _twoshot(ranks, ps, numpy.dtype(dtype), op)
+        elif ls[0].kernel == "reduce":
             _reduce(ranks, ps, numpy.dtype(dtype), op)
         else:
             _exchange(ranks, ps)
@@ -50,58 +53,82 @@ def _x(rank: Rank, p: numpy.ndarray) -> numpy.ndarray:
     return rank.x
 
 
+def _combine(vals: list[numpy.ndarray], dt: numpy.dtype, op: str) -> numpy.ndarray:
+    """The reduction of every rank's values in rank order, as bytes of ``dt``."""
+    acc_dt = numpy.float32 if dt == numpy.float16 else dt
+    acc = vals[0].view(dt).astype(acc_dt)
+    for v in vals[1:]:
+        oracle.ufunc(op, acc.dtype)(acc, v.view(dt).astype(acc_dt), out=acc)
+    if op == "avg":
+        acc = acc / len(vals) if acc.dtype.kind in "fc" else acc // len(vals)
+    return acc.astype(dt).view(numpy.uint8)
+
+
+def _twoshot(ranks: list[Rank], ps: list[numpy.ndarray], dt: numpy.dtype, op: str) -> None:
+    """The two-shot allreduce (kernels.cu ``twoshot_kernel``): one launch in rounds of
+    P_CHUNK elements through the data buffers, or one round where every rank registered both
+    buffers (read and written in place, no buffer used)."""
+    n, es, pe = len(ranks), dt.itemsize, L.PACK // dt.itemsize
+    count, chunk = int(ps[0][L.P_COUNT]), int(ps[0][L.P_CHUNK])
+    assert all(int(p[L.P_COUNT]) == count and int(p[L.P_CHUNK]) == chunk for p in ps)
+    regin = [bool(int(p[L.P_REGIN])) for p in ps]
+    regout = [bool(int(p[L.P_REGOUT])) for p in ps]
+    step = count if all(regin) and all(regout) else chunk
+    for c0 in range(0, max(count, 1), max(step, 1)):
+        m = min(step, count - c0)
+        sl = [(lo * es, hi * es) for lo, hi in plan._slices(m, n, pe)]
+        base = c0 * es
+        for r, rk in enumerate(ranks):  # stage every slice but its own, unless registered
+            if not regin[r]:
+                for q, (a, b) in enumerate(sl):
+                    if q != r:
+                        assert b <= len(rk.buf), "a round larger than the data buffer"
+                        rk.buf[a:b] = rk.x[base + a : base + b]
+        done = []
+        for q, (a, b) in enumerate(sl):  # rank q reduces slice q
+            vals = [
+                ranks[s].x[base + a : base + b] if s == q or regin[s] else ranks[s].buf[a:b]
+                for s in range(n)
+            ]
+            done.append(_combine(vals, dt, op))
+        for q, (a, b) in enumerate(sl):
+            ranks[q].out[base + a : base + b] = done[q]
+            if not all(regout[s] for s in range(n) if s != q):
+                ranks[q].buf[a:b] = done[q]  # kept for the ranks that fetch
+            for s in range(n):  # pushed into the outputs of the ranks that registered theirs
+                if s != q and regout[s]:
+                    ranks[s].out[base + a : base + b] = done[q]
+        for r, rk in enumerate(ranks):
+            if not regout[r]:
+                for q, (a, b) in enumerate(sl):
+                    if q != r:
+                        rk.out[base + a : base + b] = ranks[q].buf[a:b]
+
+
 def _reduce(ranks: list[Rank], ps: list[numpy.ndarray], dt: numpy.dtype, op: str) -> None:
     n, es = len(ranks), dt.itemsize
     for r, (rk, p) in enumerate(zip(ranks, ps)):
         mode, root = int(p[L.P_MODE]), int(p[L.P_ROOT])
-        if (mode == L.MODE_ROOT and r == root) or int(p[L.P_REGIN]):
-            continue  # the root reads its own input; a registered input is read where it lies
+        if mode == L.MODE_ROOT and r == root:
+            continue  # the root reads its own input
         for q in range(n):
-            if mode in (L.MODE_TWOSHOT, L.MODE_SCATTER) and q == r:
+            if mode == L.MODE_SCATTER and q == r:
                 continue
             a, b, c = (int(p[s + q]) * es for s in (L.P_A, L.P_B, L.P_C))
             assert c % L.PACK == 0 and c + b <= len(rk.buf)
             rk.buf[c : c + b] = rk.x[a : a + b]
-    acc_dt = numpy.float32 if dt == numpy.float16 else dt
-    results = []
     for r, p in enumerate(ps):
         mode, root = int(p[L.P_MODE]), int(p[L.P_ROOT])
         for q in range(n):
             if not (
                 mode == L.MODE_ONESHOT
                 or (mode == L.MODE_ROOT and r == root)
-                or (mode in (L.MODE_TWOSHOT, L.MODE_SCATTER) and q == r)
+                or (mode == L.MODE_SCATTER and q == r)
             ):
                 continue
             a, b, c, d = (int(p[s + q]) * es for s in (L.P_A, L.P_B, L.P_C, L.P_D))
-            vals = []
-            for s in range(n):
-                if s == r or int(ps[s][L.P_REGIN]):
-                    src = ranks[s].x[a : a + b]
-                else:
-                    src = ranks[s].buf[c : c + b]
-                vals.append(src.view(dt).astype(acc_dt))
-            acc = vals[0].copy()
-            for v in vals[1:]:
-                oracle.ufunc(op, acc.dtype)(acc, v, out=acc)
-            if op == "avg":
-                acc = acc / n if acc.dtype.kind in "fc" else acc // n
-            res = acc.astype(dt).view(numpy.uint8)
-            results.append((r, mode, d, c, res))
-    for r, mode, d, c, res in results:
-        ranks[r].out[d : d + len(res)] = res
-        if mode == L.MODE_TWOSHOT:
-            ranks[r].buf[c : c + len(res)] = res
-            for s in range(n):  # pushed into the outputs of the ranks that registered theirs
-                if s != r and int(ps[s][L.P_REGOUT]):
-                    ranks[s].out[d : d + len(res)] = res
-    for r, (rk, p) in enumerate(zip(ranks, ps)):
-        if int(p[L.P_MODE]) != L.MODE_TWOSHOT or int(p[L.P_REGOUT]):
-            continue
-        for q in range(n):
-            if q != r:
-                b, c, d = (int(p[s + q]) * es for s in (L.P_B, L.P_C, L.P_D))
-                rk.out[d : d + b] = ranks[q].buf[c : c + b]
+            vals = [ranks[s].x[a : a + b] if s == r else ranks[s].buf[c : c + b] for s in range(n)]
+            ranks[r].out[d : d + b] = _combine(vals, dt, op)
 
 
 def _exchange(ranks: list[Rank], ps: list[numpy.ndarray]) -> None:

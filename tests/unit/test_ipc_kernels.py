@@ -27,6 +27,8 @@ def names() -> list[str]:
     out += [L.reduce_name("float16", "avg", 8), L.reduce_name("bfloat16", "avg", 8)]
     out += [L.reduce_name("complex64", "prod", 3), L.reduce_name("uint64", "min", 5)]
     out += [L.reduce_name("float32", "sum", n) for n in (3, 4, L.MAX_RANKS)]
+    out += [L.twoshot_name(dt, "sum", 2) for dt in ("float32", "bfloat16", "bool", "complex128")]
+    out += [L.twoshot_name("float16", "avg", 8), L.twoshot_name("float32", "max", L.MAX_RANKS)]
     out += [L.exchange_name(n) for n in (2, 3, L.MAX_RANKS)]
     out += [L.P2P_NAME]
     return list(dict.fromkeys(out))

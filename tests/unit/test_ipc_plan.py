@@ -46,7 +46,44 @@ def test_allreduce_plans_reduce_in_rank_order(n: int, count: int, dtype: str) ->
         numpy.testing.assert_array_equal(outs[r], acc.astype(dtype))
     modes = {int(lc.params[L.P_MODE]) for lc in plans[0]}
     assert modes == ({L.MODE_ONESHOT} if count * es <= 1024 else {L.MODE_TWOSHOT})
-    assert len(plans[0]) == max(1, -(-count * es // CAP))
+    two_shot = count * es > 1024
+    assert len(plans[0]) == (1 if two_shot else max(1, -(-count * es // CAP)))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("registered", ["none", "all", "some inputs", "some outputs", "mixed"])
+def test_two_shot_is_one_launch_in_rounds_whoever_registered(
+    n: int, in_place: bool, registered: str
+) -> None:
+    """A two-shot allreduce larger than the data buffers is one launch: the kernel goes in
+    rounds of one buffer, or in one where every rank registered both buffers; the result is
+    the same, bitwise on every rank, whichever ranks registered what."""
+    count = 3 * CAP // 4 + 77  # 3+ rounds of float32
+    xs = rng_data(n, count, "float32", 2)
+    want = xs[0].copy()
+    for x in xs[1:]:
+        want = want + x
+    reg = {
+        "none": lambda r: (0, 0),
+        "all": lambda r: (1, 1),
+        "some inputs": lambda r: (r % 2, 1),
+        "some outputs": lambda r: (1, r % 2),
+        "mixed": lambda r: ((r + 1) % 2, r % 2),
+    }[registered]
+    plans = []
+    for r in range(n):
+        rin, rout = reg(r)
+        words = (rin, 0, rout, 0)
+        out = X_BASE if in_place else OUT_BASE
+        plans.append(
+            plan.reduction(geo(r, n), "allreduce", count, 4, X_BASE, out, (1, 1), registered=words)
+        )
+    assert all(len(p) == 1 and p[0].kernel == "twoshot" for p in plans)
+    outs = [xs[r] if in_place else numpy.zeros(count, "float32") for r in range(n)]
+    run([Rank(xs[r], outs[r], CAP) for r in range(n)], plans, numpy.dtype("float32"), "sum")
+    for r in range(n):
+        numpy.testing.assert_array_equal(outs[r], want)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -210,7 +210,11 @@ class IpcEngine(Engine):
     def _reduce(self, launches: list[plan.Launch], dtype: str, op: str) -> None:
         names = self._names.get((dtype, op))
         if names is None:
-            names = self._names[(dtype, op)] = {"reduce": L.reduce_name(dtype, op, self.ws.size)}
+            n = self.ws.size
+            names = self._names[(dtype, op)] = {
+                "reduce": L.reduce_name(dtype, op, n),
+                "twoshot": L.twoshot_name(dtype, op, n),
+            }
         self.ws.launch(launches, names, self._stream())
 
     def _move(self, launches: list[plan.Launch]) -> None:
@@ -241,7 +245,7 @@ class IpcEngine(Engine):
         isz, n = self.ops.itemsize(xf), xf.shape[0]  # len() of a tensor is Python-level
         x, out = self._ptr(xf), self._ptr(of)
         reg = (0, 0, 0, 0)
-        if self._register and plan.two_shot(self.geo, n, isz):
+        if plan.two_shot(self.geo, n, isz):
             reg = self._registered(x, out)
         launches = self._planned(
             ("allreduce", n, isz, x, out, dtype, op, reg),
@@ -252,11 +256,15 @@ class IpcEngine(Engine):
         self._reduce(launches, dtype, op)
 
     def _registered(self, x: int, out: int) -> tuple[int, int, int, int]:
-        """Registry entries of x and out usable at the next launch (0: stage)."""
+        """Registry entries of x and out usable at the next launch (0: stage). A rank that
+        does not register its own buffers (``ipc_register`` off) still maps what its peers
+        registered, so they read and write theirs in place."""
         ws = self.ws
         capturing = ws.capturing(self._stream())
         if not capturing:
             ws.registry.step(ws.launches)
+        if not self._register:
+            return 0, 0, 0, 0
         rin = ws.registry.lookup(x, ws.launches, publish=not capturing)
         rout = rin if out == x else ws.registry.lookup(out, ws.launches, publish=not capturing)
         if rin[0] or rout[0]:

@@ -11,6 +11,9 @@
 //     (16 bytes) of a data buffer is always written and read by the same block index on every
 //     rank: a per-block barrier between rank r's block b and the peers' block b orders all the
 //     data that block b exchanges (no grid-wide synchronisation, no host involvement).
+//     Blocks wait on their peers' blocks, so every block of every rank must be resident at
+//     once: every kernel keeps room for MIN_BLOCKS blocks a multiprocessor (64 registers a
+//     thread), the place beside its own for another job's or communicator's kernels.
 //   * A barrier posts, into each peer's header, this block's slot: the call's signature words
 //     and the exchange directory entry meant for that peer, then the epoch with a system-scope
 //     release store. The peer waits for the epoch with acquire loads, compares the signature
@@ -18,7 +21,9 @@
 //     peer or by the host watchdog ends the kernel and is recorded in host-mapped memory.
 //   * Alternate launches use alternate data buffers: a rank writes buffer p again two launches
 //     later, after every rank passed the intervening launch's first barrier, i.e. after every
-//     rank finished reading it. So one-shot kernels need one barrier, two-shot kernels two.
+//     rank finished reading it. So one-shot kernels need one barrier, two-shot kernels two a
+//     round (the rounds of one two-shot launch alternate buffers the same way and advance the
+//     launch count by one a round).
 //   * Reductions visit ranks in rank order (0..n-1) with float16/bfloat16 accumulated in
 //     float32, so every rank computes bitwise the same result.
 
@@ -432,7 +437,7 @@ __device__ __forceinline__ void fetch_at(char* dst, const char* buf, i64 w, i64 
 // order; the result goes to `out`, to every non-null push[r] + (a - w) (a peer's registered
 // output) and, when `keep` is set, to keep + w for the peers to gather.
 template <typename K, int OP, int N>
-__device__ void reduce_slice(const char* const* src, char* out, char* const* push, char* keep,
+__device__ __forceinline__ void reduce_slice(const char* const* src, char* out, char* const* push, char* keep,
                              i64 w, i64 cnt, bool aligned) {
   typedef typename K::S S;
   typedef typename K::A A;
@@ -475,76 +480,151 @@ _Pragma("unroll 1")
   })
 }
 
-// allreduce (one-shot, two-shot), reduce_scatter(v) and reduce, by MODE_*. The launch covers
-// N slices; slice q: P_A[q] element offset in `in`, P_B[q] elements, P_C[q] element offset in
-// the data buffers (pack-aligned), P_D[q] element offset in `out`.
-// Two-shot with registered buffers (P_REGIN / P_REGOUT: 1 + the registry entry, 0: none; the
-// byte offsets of `in` / `out` in them in P_INOFF / P_OUTOFF): the peers read this rank's input
-// where it lies instead of a staged copy, and write their reduced slices straight into its
-// output instead of this rank fetching them. Each rank posts its choice with its signature.
+// Slice q of `n` elements cut in N pack-aligned slices of `pe`-element packs: [*lo, *hi) (the
+// same cut as plan._slices).
+__device__ __forceinline__ void slice_of(i64 n, int nranks, i64 pe, int q, i64* lo, i64* hi) {
+  const i64 top = (n + pe - 1) / pe * pe;
+  const i64 per = ((top / pe) + nranks - 1) / nranks * pe;
+  *lo = min((i64)q * per, top);
+  *hi = max(*lo, min(n, (i64)(q + 1) * per));
+}
+
+// Two-shot allreduce of P_COUNT elements (one launch, whatever the size; a kernel of its own, so
+// its registers do not weigh on the other reductions'): rank q reduces slice
+// q and every rank gathers the others' slices. With registered buffers (P_REGIN / P_REGOUT: 1 +
+// the registry entry, 0: none; the byte offsets of `in` / `out` in them in P_INOFF / P_OUTOFF)
+// the peers read this rank's input where it lies instead of a staged copy, and write their
+// reduced slices straight into its output instead of this rank fetching them. Each rank posts
+// its choice at the first barrier. Where every rank registered both, the whole message is one
+// round: no data buffer is used, so its size does not matter. Otherwise the message goes in
+// rounds of P_CHUNK elements (one data buffer), the buffers alternating between rounds as
+// between launches; a round past the first begins with a barrier of its own.
 template <typename K, int OP, int N>
-__global__ void __launch_bounds__(NTHREADS) reduce_kernel(const Params p) {
+__global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) twoshot_kernel(const Params p) {
   typedef typename K::S S;
   __shared__ i64 sh_off[MAX_RANKS], sh_len[MAX_RANKS], sh_exp[MAX_RANKS];
   const Ctx c = make_ctx(p);
   const int par = next_parity(c);
-  const int rank = c.rank, mode = (int)p.v[P_MODE], root = (int)p.v[P_ROOT];
-  const char* in = (const char*)p.v[P_IN];
-  char* out = (char*)p.v[P_OUT];
-  const i64 es = sizeof(S);
-  const i64 regin = p.v[P_REGIN], regout = p.v[P_REGOUT];
-  char* bufs[N];
-_Pragma("unroll")
-  for (int r = 0; r < N; r++) bufs[r] = data_of(c, p, r, par);
-  // Stage what the peers will read: every slice, or every slice but the one this rank reduces
-  // itself (it reads its own contribution from `in`); nothing where they read `in` itself.
-  const bool others_only = mode == MODE_TWOSHOT || mode == MODE_SCATTER;
-  if (!(mode == MODE_ROOT && rank == root) && regin == 0) {
-    for (int q = 0; q < N; q++)
-      if (!(others_only && q == rank))
-        stage_at(bufs[rank], p.v[P_C + q] * es, in + p.v[P_A + q] * es, p.v[P_B + q] * es);
-  }
   u64 sig[SIG_WORDS];
   for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
+  const i64 es = sizeof(S), pe = PACK / es;
+  const int rank = c.rank;
+  const char* in = (const char*)p.v[P_IN];
+  char* out = (char*)p.v[P_OUT];
+  const i64 count = p.v[P_COUNT], chunk = p.v[P_CHUNK];
+  const i64 regin = p.v[P_REGIN], regout = p.v[P_REGOUT];
+  const i64 rounds = count > chunk ? (count + chunk - 1) / chunk : 1;
+  // Round 0's staging goes before the first barrier (a rank that did not register its input
+  // stages it in any case): every slice but the one this rank reduces itself.
+  if (regin == 0) {
+    const i64 n = count < chunk ? count : chunk;
+    char* mine = data_of(c, p, rank, par);
+    for (int q = 0; q < N; q++) {
+      i64 lo, hi;
+      slice_of(n, N, pe, q, &lo, &hi);
+      if (q != rank) stage_at(mine, lo * es, in + lo * es, (hi - lo) * es);
+    }
+  }
   if (!barrier<N>(c, sig, (regin << 32) | regout, p.v[P_INOFF], p.v[P_OUTOFF], sh_off, sh_len,
                   sh_exp))
     return;
-  // Where each peer's input is, and whether it wants its slice pushed (two-shot only).
+  // Where each peer's input is, and whether it wants its slice pushed.
   const char* peer_in[N];
   char* peer_out[N];
-  bool keep_needed = false;
+  bool keep_needed = false, whole = regin > 0 && regout > 0;
 _Pragma("unroll")
   for (int r = 0; r < N; r++) {
     const i64 ri = sh_off[r] >> 32, ro = sh_off[r] & 0xffffffff;
     peer_in[r] = (r != rank && ri > 0) ? (const char*)(c.hdr->regs[r][ri - 1] + sh_len[r]) : 0;
     peer_out[r] = (r != rank && ro > 0) ? (char*)(c.hdr->regs[r][ro - 1] + sh_exp[r]) : 0;
     keep_needed = keep_needed || (r != rank && ro == 0);
+    whole = whole && (r == rank || (ri > 0 && ro > 0));
   }
+  const i64 step = whole ? count : chunk, nr = whole ? 1 : rounds;
+  for (i64 j = 0; j < nr; j++) {
+    const i64 c0 = j * step, n = count - c0 < step ? count - c0 : step;
+    const int pj = par ^ (int)(j & 1);
+    char* bufs[N];
+_Pragma("unroll")
+    for (int r = 0; r < N; r++) bufs[r] = data_of(c, p, r, pj);
+    if (j > 0) {
+      if (regin == 0) {
+        for (int q = 0; q < N; q++) {
+          i64 lo, hi;
+          slice_of(n, N, pe, q, &lo, &hi);
+          if (q != rank) stage_at(bufs[rank], lo * es, in + (c0 + lo) * es, (hi - lo) * es);
+        }
+      }
+      if (!barrier<N>(c, sig, 0, -1, -1, sh_off, sh_len, sh_exp)) return;
+    }
+    i64 lo, hi;
+    slice_of(n, N, pe, rank, &lo, &hi);
+    const i64 w = lo * es;
+    const char* own = in + (c0 + lo) * es;
+    char* dst = out + (c0 + lo) * es;
+    const char* src[N];
+    char* push[N];
+_Pragma("unroll")
+    for (int r = 0; r < N; r++) {
+      src[r] = (r == rank) ? own - w : peer_in[r] ? peer_in[r] + (c0 + lo) * es - w : bufs[r];
+      push[r] = peer_out[r] ? peer_out[r] + (c0 + lo) * es : 0;
+    }
+    reduce_slice<K, OP, N>(src, dst, push, keep_needed ? bufs[rank] : 0, w, hi - lo,
+                           (((u64)own | (u64)dst) & 15) == 0);
+    if (!barrier<N>(c, sig, 0, -1, -1, sh_off, sh_len, sh_exp)) return;
+    if (regout > 0) continue;  // every peer pushed its slice into `out`
+    for (int q = 0; q < N; q++) {
+      if (q == rank) continue;
+      slice_of(n, N, pe, q, &lo, &hi);
+      fetch_at(out + (c0 + lo) * es, bufs[q], lo * es, (hi - lo) * es);
+    }
+  }
+  // the next launch takes the buffer this launch's last round did not
+  if (nr > 1 && threadIdx.x == 0) c.hdr->h.launches[blockIdx.x] += (u64)(nr - 1);
+}
+
+// allreduce one-shot (MODE_ONESHOT; two-shot: twoshot_kernel above), reduce_scatter(v)
+// (MODE_SCATTER) and reduce (MODE_ROOT). The launch covers N slices; slice q: P_A[q] element offset in `in`, P_B[q]
+// elements, P_C[q] element offset in the data buffers (pack-aligned), P_D[q] element offset in
+// `out`.
+template <typename K, int OP, int N>
+__global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) reduce_kernel(const Params p) {
+  typedef typename K::S S;
+  __shared__ i64 sh_off[MAX_RANKS], sh_len[MAX_RANKS], sh_exp[MAX_RANKS];
+  const Ctx c = make_ctx(p);
+  const int par = next_parity(c);
+  const int rank = c.rank, mode = (int)p.v[P_MODE], root = (int)p.v[P_ROOT];
+  u64 sig[SIG_WORDS];
+  for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
+  const char* in = (const char*)p.v[P_IN];
+  char* out = (char*)p.v[P_OUT];
+  const i64 es = sizeof(S);
+  char* bufs[N];
+_Pragma("unroll")
+  for (int r = 0; r < N; r++) bufs[r] = data_of(c, p, r, par);
+  // Stage what the peers will read: every slice, or every slice but the one this rank reduces
+  // itself (it reads its own contribution from `in`).
+  if (!(mode == MODE_ROOT && rank == root)) {
+    for (int q = 0; q < N; q++)
+      if (!(mode == MODE_SCATTER && q == rank))
+        stage_at(bufs[rank], p.v[P_C + q] * es, in + p.v[P_A + q] * es, p.v[P_B + q] * es);
+  }
+  if (!barrier<N>(c, sig, 0, -1, -1, sh_off, sh_len, sh_exp)) return;
+  char* none[N];
+_Pragma("unroll")
+  for (int r = 0; r < N; r++) none[r] = 0;
   for (int q = 0; q < N; q++) {
     if (!(mode == MODE_ONESHOT || (mode == MODE_ROOT && rank == root) ||
-          (others_only && q == rank)))
+          (mode == MODE_SCATTER && q == rank)))
       continue;
     const i64 w = p.v[P_C + q] * es;
     const char* own = in + p.v[P_A + q] * es;
     char* dst = out + p.v[P_D + q] * es;
     const char* src[N];
-    char* push[N];
 _Pragma("unroll")
-    for (int r = 0; r < N; r++) {
-      src[r] = (r == rank) ? own - w
-               : peer_in[r] ? peer_in[r] + p.v[P_A + q] * es - w
-                            : bufs[r];
-      push[r] = (mode == MODE_TWOSHOT && peer_out[r]) ? peer_out[r] + p.v[P_D + q] * es : 0;
-    }
-    reduce_slice<K, OP, N>(src, dst, push, mode == MODE_TWOSHOT && keep_needed ? bufs[rank] : 0,
-                           w, p.v[P_B + q], (((u64)own | (u64)dst) & 15) == 0);
+    for (int r = 0; r < N; r++) src[r] = (r == rank) ? own - w : bufs[r];
+    reduce_slice<K, OP, N>(src, dst, none, 0, w, p.v[P_B + q], (((u64)own | (u64)dst) & 15) == 0);
   }
-  if (mode != MODE_TWOSHOT) return;
-  if (!barrier<N>(c, sig, 0, -1, -1, sh_off, sh_len, sh_exp)) return;
-  if (regout > 0) return;  // every peer pushed its slice into `out`
-  for (int q = 0; q < N; q++)
-    if (q != rank)
-      fetch_at(out + p.v[P_D + q] * es, bufs[q], p.v[P_C + q] * es, p.v[P_B + q] * es);
 }
 
 // Data movement (allgatherv, gatherv, scatterv, alltoallv, broadcast). Staging: with
@@ -553,7 +633,7 @@ _Pragma("unroll")
 // in + P_E[d] go to buffer offset P_A[d]. Each rank posts (P_A[d], P_B[d]) to d and expects
 // P_D[s] bytes from s, which it copies to out + P_C[s]. All offsets in bytes.
 template <int N>
-__global__ void __launch_bounds__(NTHREADS) exchange_kernel(const Params p) {
+__global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) exchange_kernel(const Params p) {
   __shared__ i64 sh_off[MAX_RANKS], sh_len[MAX_RANKS], sh_exp[MAX_RANKS];
   __shared__ int sh_bad;
   const Ctx c = make_ctx(p);
@@ -698,7 +778,7 @@ __device__ void op_sig(const Op& o, u64* sig) {
 #define OP_NEW -2   // sh_total: the op has not started in this block
 #define OP_OPEN -1  // sh_total: a receive whose first chunk (which says how it comes) is awaited
 
-__global__ void __launch_bounds__(NTHREADS) p2p_kernel(const P2PParams p) {
+__global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) p2p_kernel(const P2PParams p) {
   __shared__ i64 sh_base[P2P_MAX_OPS];  // this block's chunk number of the op's first chunk
   __shared__ int sh_done[P2P_MAX_OPS], sh_total[P2P_MAX_OPS];
   __shared__ unsigned char sh_fin[P2P_MAX_OPS];  // finished (a send in place: read, acked)

@@ -17,6 +17,13 @@ MAX_RANKS = 16
 MAX_BLOCKS = 64
 """The most blocks a launch may have (every launch of a communicator has the same grid)."""
 NTHREADS = 512
+MIN_BLOCKS = 2
+"""Blocks of NTHREADS every kernel keeps room for on one multiprocessor (``__launch_bounds__``:
+at most 64 registers a thread). A launch's blocks wait on its peers' blocks, so all of them must
+be resident at once: a communicator's grid takes one block a multiprocessor over its ranks on
+the GPU, and the second place is the slack for another job's or communicator's kernels (under
+MPS) that a kernel of more registers would take away (they then wait on each other until the
+timeout)."""
 SIG_WORDS = 4
 MAX_REGS = 128
 """Buffers one rank can register with one communicator (registry.py): past that, it stages."""
@@ -53,6 +60,8 @@ P_SIG = 12
 P_A, P_B, P_C, P_D, P_E = 16, 32, 48, 64, 80
 P_STAGEOFF = 96
 P_REGIN, P_INOFF, P_REGOUT, P_OUTOFF = 97, 98, 99, 100
+P_COUNT, P_CHUNK = 5, 101
+"""Two-shot allreduce: the call's elements, and the elements of one round (one data buffer)."""
 NPARAM = 102
 # p2p_kernel's own parameter block (kernels.cu: struct P2PParams): P_WS, P_ERR, P_RANK and
 # P_TIMEOUT as above, then its number of ops, the chunk size, the inboxes' offset, and the ops
@@ -101,8 +110,8 @@ def kernel_op(op: str, dtype: str) -> str:
 
 def _defines() -> dict[str, int]:
     names = [
-        "MAX_RANKS MAX_BLOCKS MAX_REGS NTHREADS SIG_WORDS HEADER_BYTES HEADER_REGS ERROR_BYTES",
-        "P_REGIN P_INOFF P_REGOUT P_OUTOFF",
+        "MAX_RANKS MAX_BLOCKS MAX_REGS NTHREADS MIN_BLOCKS SIG_WORDS HEADER_BYTES HEADER_REGS ERROR_BYTES",
+        "P_REGIN P_INOFF P_REGOUT P_OUTOFF P_COUNT P_CHUNK",
         "NPARAM P_WS P_ERR P_RANK P_IN P_OUT P_TIMEOUT P_CAP P_DATA P_MODE",
         "P_ROOT P_STAGE P_SIG P_A P_B P_C P_D P_E P_STAGEOFF MODE_ONESHOT MODE_TWOSHOT",
         "MODE_SCATTER MODE_ROOT XMODE_SHARED XMODE_EACH ERR_MISMATCH ERR_TIMEOUT ERR_ABORTED",
@@ -126,6 +135,11 @@ def reduce_name(dtype: str, op: str, nranks: int) -> str:
     from cudampi.names import REDUCE_OPS
 
     return f"reduce_kernel<{KINDS[dtype]}, {REDUCE_OPS.index(kernel_op(op, dtype))}, {nranks}>"
+
+
+def twoshot_name(dtype: str, op: str, nranks: int) -> str:
+    """The name expression of the two-shot allreduce kernel for ``dtype``/``op`` on ``nranks``."""
+    return reduce_name(dtype, op, nranks).replace("reduce_kernel<", "twoshot_kernel<", 1)
 
 
 def exchange_name(nranks: int) -> str:

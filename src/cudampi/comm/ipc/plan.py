@@ -8,7 +8,8 @@ unit tests run these plans through a NumPy model of the kernels' data movement
 
 Reductions (``reduce_kernel``): a launch covers at most one data buffer of elements, cut in
 ``nranks`` pack-aligned slices; slice q is (element offset in x, elements, element offset in the
-data buffers, element offset in out). Data movement (``exchange_kernel``): a launch moves, for
+data buffers, element offset in out). A two-shot allreduce is one launch that the kernel cuts
+the same way, in rounds of one data buffer (:func:`reduction`). Data movement (``exchange_kernel``): a launch moves, for
 each pair of ranks, at most a window of the pair's bytes; ``rounds`` launches move everything.
 """
 
@@ -62,7 +63,7 @@ class Geometry:
 @dataclass(frozen=True)
 class Launch:
     kernel: str
-    """``reduce`` or ``exchange``."""
+    """``reduce``, ``twoshot``, ``exchange`` or ``p2p``."""
     params: numpy.ndarray
 
     @cached_property
@@ -195,23 +196,26 @@ def reduction(
     """allreduce (``call='allreduce'``) or reduce to ``root`` of ``count`` elements.
 
     ``sig`` is (dtype code, op code) for the signature. ``registered``: (1 + registry entry of
-    x, x's byte offset in it, the same for out), used by two-shot launches only (registry.py)."""
+    x, x's byte offset in it, the same for out), used by two-shot launches only (registry.py).
+
+    A two-shot allreduce is one launch of any size (the kernel cuts it in rounds of one data
+    buffer unless every rank registered both buffers); the others take a launch per data
+    buffer of elements."""
     pe = _pack_elems(itemsize)
     chunk = (geo.capacity // L.PACK) * pe
-    if call == "reduce":
-        mode = L.MODE_ROOT
-    elif not two_shot(geo, count, itemsize):
-        mode = L.MODE_ONESHOT
-    else:
-        mode = L.MODE_TWOSHOT
+    if call == "allreduce" and two_shot(geo, count, itemsize):
+        p = _base(geo, x, out)
+        p[L.P_MODE], p[L.P_ROOT], p[L.P_COUNT], p[L.P_CHUNK] = L.MODE_TWOSHOT, -1, count, chunk
+        p[L.P_REGIN], p[L.P_INOFF], p[L.P_REGOUT], p[L.P_OUTOFF] = registered
+        _set_sig(p, signature(call, *sig, root, count, (), 0, 1))
+        return [Launch("twoshot", p)]
+    mode = L.MODE_ROOT if call == "reduce" else L.MODE_ONESHOT
     starts = list(range(0, count, chunk)) or [0]
     launches = []
     for i, c0 in enumerate(starts):
         n = min(chunk, count - c0)
         p = _base(geo, x, out)
         p[L.P_MODE], p[L.P_ROOT] = mode, root
-        if mode == L.MODE_TWOSHOT:
-            p[L.P_REGIN], p[L.P_INOFF], p[L.P_REGOUT], p[L.P_OUTOFF] = registered
         for q, (lo, hi) in enumerate(_slices(n, geo.nranks, pe)):
             p[L.P_A + q], p[L.P_B + q], p[L.P_C + q], p[L.P_D + q] = c0 + lo, hi - lo, lo, c0 + lo
         _set_sig(p, signature(call, *sig, root, count, (), i, len(starts)))
