@@ -512,7 +512,7 @@ kernelab)
   ;;
 torchauto)
   # dist.all_reduce against each path of the Communicator, in place and out of place, and what
-  # each chose (tools/torch-vs-auto.py: issue 31's target 2), each MPS setting of MPS_MODES (off),
+  # each chose (tools/torch-vs-auto.py), each MPS setting of MPS_MODES (off),
   # 2 ranks; the probe first where no earlier stage of this call ran it
   export PATH=/tmp/v/bin:$PATH
   cupy_cache

@@ -1,6 +1,6 @@
 """Where ``dist.all_reduce`` on the cudampi backend and the Communicator's auto part at large
 sizes: each path of the Communicator, in place and out of place, beside ``dist.all_reduce`` on
-the same tensors, and what each chose and why (2+ ranks, CUDA (``--device cpu``: host tensors); issue 31, target 2):
+the same tensors, and what each chose and why (2+ ranks, CUDA; ``--device cpu``: host tensors):
 
     cudampi launch -n 2 tools/torch-vs-auto.py --sizes 2M,16M,128M --iters 10
 

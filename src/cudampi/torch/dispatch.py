@@ -35,7 +35,7 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
         if at >= 0:
             raw = kwargs.pop("opts", args[at] if at < len(args) else None)
             args = (*args[:at], decode(raw))
-        if self._runner is None or not threaded(self, name, args):
+        if self._runner is None or not threaded(self, name, args, at):
             try:
                 return finished_work(method(self, *args, **kwargs))
             except CommTimeoutError as exc:
@@ -45,17 +45,20 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def threaded(pg: Any, name: str, args: Sequence[Any]) -> bool:
+def threaded(pg: Any, name: str, args: Sequence[Any], at: int | None = None) -> bool:
     """Whether this call runs on the group's thread: every call with ``async_ops=True``;
     under auto, a call behind one still on the thread (call order), or one of CUDA
     tensors whose path synchronizes the host (the Communicator's choice, which it keeps
     per call, dtype, size and device) unless its caller waits for it at once
     (:attr:`~cudampi.torch.methods.Opts.waited`: ``dist.all_reduce(t)`` without ``async_op``,
-    where the thread would only add its hand-over to the call)."""
+    where the thread would only add its hand-over to the call). ``at``: where the method's
+    options are in ``args`` (:attr:`~cudampi.torch.methods.Method.opts_at`; looked up when not
+    given)."""
     assert pg._runner is not None
     if not pg._auto or pg._runner.busy():
         return True
-    at = METHODS[name].opts_at
+    if at is None:
+        at = METHODS[name].opts_at
     if 0 <= at < len(args) and args[at].waited:
         return False
     tensor = first_cuda(args)
