@@ -16,7 +16,8 @@
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
 # image's python3, and the wheels + libucx-cu13 recipe). Logs and docs land in $OUT. `verify`
 # exits 1 when a test failed or did not run (its summary: $OUT/verify-summary.txt); carry the
-# $OUT/cupy-cache.tgz it returns as .cupy-cache.tgz into the next call (no kernel compiles).
+# $OUT/cupy-cache.txz it returns as .cupy-cache.txz into the next call (no kernel compiles; xz
+# keeps the ~500 near-alike cubins to ~1 MiB where gzip made 15, past the carry limit beside .whl).
 exec 2>&1
 set -u
 T0=$(date +%s)
@@ -67,11 +68,20 @@ ar_ipc_copy() {
     -f 4 -w 3 -n 20 --time-limit 0.3 --paths ipc,copy --json $B/$1.json > $B/$1.txt
   grep -a -E "^ *[0-9]|wrong|skip" $B/$1.txt | head -12
 }
-# CuPy's kernel cache: carried in as .cupy-cache.tgz (verify and ipc return it as cupy-cache.tgz)
+# CuPy's kernel cache: carried in as .cupy-cache.txz (or .tgz); verify, ipc and kernelab return
+# it (cache_out) as cupy-cache.txz (cupy-cache.tgz where the machine has no xz)
 cupy_cache() {
   export CUPY_CACHE_DIR=$PWD/.cupy-cache
-  [ -f .cupy-cache.tgz ] && [ ! -d .cupy-cache ] && tar xzf .cupy-cache.tgz
+  for f in .cupy-cache.txz .cupy-cache.tgz; do
+    [ -f $f ] && [ ! -d .cupy-cache ] && tar xf $f && break
+  done
   mkdir -p .cupy-cache
+}
+# [LIST]: the cache's files (those named in the file LIST) into $OUT for the next call
+cache_out() {
+  local files=(.cupy-cache); [ -n "${1:-}" ] && files=(-T "$1")
+  if command -v xz >/dev/null; then tar -I 'xz -T0' -cf $OUT/cupy-cache.txz "${files[@]}"
+  else tar czf $OUT/cupy-cache.tgz "${files[@]}"; fi
 }
 # DIR RANKS SECONDS: the ipc kernels for RANKS compiled (niced, in the background: `wait` for
 # them) beside the one doctor probe, which fills the capabilities cache; its JSON and exit in DIR
@@ -230,7 +240,7 @@ verify)
   }
   mps_each verify_one
   $W tools/gpu-summary.py $VERIFY_RUNS > $OUT/verify-summary.txt; VERIFY_RC=$?
-  [ -n "$(find .cupy-cache -newer /tmp/verify-stamp -type f | head -1)" ] && tar czf $OUT/cupy-cache.tgz .cupy-cache
+  [ -n "$(find .cupy-cache -newer /tmp/verify-stamp -type f | head -1)" ] && cache_out
   # (one archive per run: the device tool returns at most 8 files, and the engines' log matters most)
   for V in $VERIFY_RUNS; do tar czf $V.tgz -C $OUT $(basename $V) && rm -rf $V; done
   cat $OUT/verify-summary.txt
@@ -397,13 +407,13 @@ graphdebug)
   ;;
 ipc|warm)
   # The ipc engine: compile its kernels for IPC_RANKS in parallel (CuPy's disk cache, carried
-  # between calls as .cupy-cache.tgz); `ipc` then runs tests/gpu/test_ipc_gpu.py with MPS off
+  # between calls as .cupy-cache.txz); `ipc` then runs tests/gpu/test_ipc_gpu.py with MPS off
   # and on (`ipctests` alone runs the tests).
   export PATH=/tmp/v/bin:$PATH
   cupy_cache
   sec ipc kernels
   T 300 $W tools/ipc-warm.py --ranks ${IPC_RANKS:-2,3,4} --jobs 16 2>&1 | tee $OUT/ipc-warm.log | grep -a -v warning | tail -40
-  tar czf $OUT/cupy-cache.tgz .cupy-cache
+  cache_out
   ;;&
 ipc|ipctests)
   export PATH=/tmp/v/bin:$PATH CUDAMPI_TIMEOUT=${IPC_TIMEOUT:-30}
@@ -505,9 +515,9 @@ kernelab)
   naive_ipc $B/naive.txt
   mps_stop
   # the kernels compiled here (the new source's, KERNELAB_WARM's rank counts) as the next call's
-  # .cupy-cache.tgz (a verify of the same source then compiles nothing)
+  # .cupy-cache.txz (a verify of the same source then compiles nothing)
   find .cupy-cache -newer /tmp/kernelab-stamp -type f > /tmp/kernelab-new
-  [ -s /tmp/kernelab-new ] && tar czf $OUT/cupy-cache.tgz -T /tmp/kernelab-new
+  [ -s /tmp/kernelab-new ] && cache_out /tmp/kernelab-new
   tar czf $OUT/kernelab.tgz -C $OUT kernelab && rm -rf $B
   ;;
 torchauto)
