@@ -92,6 +92,27 @@ def test_every_collective_on_every_host_path_is_correct(n, factor, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_in_place_reduces_in_the_output_buffer_on_every_cudampi_path(n, tmp_path):
+    """``--in-place``: cudampi's paths reduce in the output buffer, as the torch paths do (the
+    header and the JSON say so), every result checked."""
+    js = tmp_path / "r.json"
+    paths = "host,gpu-ring,staged,native,torch-cudampi"
+    args = ("allreduce", "reduce", "-b", "8", "-e", "1M", "-f", "64", "-w", "1", "-n", "3")
+    ok(bench(n, *args, "-o", "sum,max", "--paths", paths, "--in-place", "--json", str(js)))
+    data = json.loads(js.read_text())
+    assert data["meta"]["in_place"] is True and data["verdict"]["ok"], data["verdict"]
+    ran = {(r["op"], r["path"], r["redop"]) for r in data["results"]}
+    for op in ("allreduce", "reduce"):
+        for path in paths.split(","):
+            for redop in ("sum", "max"):
+                assert (op, path, redop) in ran, f"{op} {redop} on {path}: {data['skipped']}"
+    assert all(r["wrong"] == 0 for r in data["results"])
+    text = ok(bench(2, "allreduce", "-b", "64", "-e", "64", "-n", "2", "--paths", "host",
+                    "--in-place")).stdout  # fmt: skip
+    assert "  in place" in text.splitlines()[0], text[:400]
+
+
 def test_the_kernel_engines_say_why_they_skip_a_host_run(tmp_path):
     """ipc and nccl (cudampi's stream-ordered engines) and torch's NCCL move device arrays:
     on the CPU each row says why it did not run, and the host row runs beside them."""

@@ -185,3 +185,13 @@ def test_a_plain_start_runs_on_one_rank_per_gpu_or_on_two():
     assert cli.plain_ranks("cuda", 8, "2,3,5")[0] == 3  # CUDA_VISIBLE_DEVICES narrows them
     assert cli.plain_ranks("cuda", 8, "")[0] == 2  # it hides every GPU
     assert cli.plain_ranks("cpu", 8, None)[0] == 2  # host buffers: GPUs do not count
+
+
+def test_in_place_is_for_the_collectives_and_survives_a_relaunch():
+    p, a = parse("allreduce", "--in-place")
+    assert options.from_args(a).in_place
+    assert options.from_args(parse(*options.to_argv(a, p))[1]).in_place  # (the --np relaunch)
+    assert not options.from_args(parse("allreduce")[1]).in_place
+    for mode in ("p2p", "ddp"):
+        with pytest.raises(ConfigError, match=f"--in-place is for the collectives.*not {mode}"):
+            options.from_args(parse(mode, "--in-place")[1])

@@ -148,11 +148,13 @@ class PathAdapter:
 
 
 class CudampiPath(PathAdapter):
-    """A cudampi Communicator whose every call is forced onto one path."""
+    """A cudampi Communicator whose every call is forced onto one path; with ``in_place`` its
+    allreduce and reduce run in place (the output buffer holds the input), as torch's do."""
 
-    def __init__(self, name: str, lib: Checks, session: Session) -> None:
+    def __init__(self, name: str, lib: Checks, session: Session, *, in_place: bool = False) -> None:
         super().__init__(lib)
         self.name = name
+        self.inplace_reduce = in_place
         try:
             from cudampi.comm import Communicator
         except ImportError as exc:
@@ -184,10 +186,10 @@ class CudampiPath(PathAdapter):
         return self.comm.refusal(op, probe, redop)
 
     def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        self.comm.allreduce(send, op, out=recv)
+        self.comm.allreduce(recv if self.inplace_reduce else send, op, out=recv)
 
     def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self.comm.reduce(send, op, root, out=recv)
+        self.comm.reduce(recv if self.inplace_reduce else send, op, root, out=recv)
 
     def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
         self.comm.reduce_scatter(send, op, out=recv)
@@ -419,10 +421,11 @@ class CopyPath(PathAdapter):
         self.lib.copy_into(recv, send)
 
 
-def open_path(name: str, lib: Checks, session: Session) -> PathAdapter:
-    """The adapter of ``name`` on ``lib``'s arrays; :class:`Skip` says why it cannot run."""
+def open_path(name: str, lib: Checks, session: Session, *, in_place: bool = False) -> PathAdapter:
+    """The adapter of ``name`` on ``lib``'s arrays; :class:`Skip` says why it cannot run.
+    ``in_place``: a cudampi path reduces in place (``--in-place``)."""
     if name in COMMUNICATOR_PATHS:
-        return CudampiPath(name, lib, session)
+        return CudampiPath(name, lib, session, in_place=in_place)
     if name in TORCH_PATHS:
         return TorchPath(name, lib, session)
     if name == "mpi":

@@ -145,6 +145,7 @@ def _meta(session: Any, o: opts.Options) -> dict[str, Any]:
         "warmup": o.warmup,
         "iters": o.iters,
         "check": o.check,
+        "in_place": o.in_place,
         "time_limit": o.time_limit,
         "argv": ["cudampi", "bench", *sys.argv[2:]] if len(sys.argv) > 1 else [],
         "mps": mps_active(),
@@ -203,6 +204,7 @@ def _collectives(session: Any, o: opts.Options) -> int:
         time_limit=o.time_limit,
         array=o.array,
         corrupt_rank=o.corrupt_rank,
+        in_place=o.in_place,
         progress=not o.quiet,
         meta=_meta(session, o),
     )

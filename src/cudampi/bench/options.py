@@ -72,6 +72,8 @@ class Options:
     """ddp/fsdp: passes over every path, interleaved; a row is the median of its rounds."""
     ddp_options: tuple[tuple[str, Any], ...] = ()
     """ddp/fsdp: DistributedDataParallel keyword arguments given to every DDP path (--ddp-option)."""
+    in_place: bool = False
+    """cudampi's paths reduce in place (allreduce, reduce), as the torch paths always do."""
 
 
 DDP_OPTIONS: dict[str, type] = {
@@ -176,6 +178,8 @@ def from_args(args: argparse.Namespace) -> Options:
     if args.json == "-" and args.csv == "-":
         raise ConfigError("--json and --csv cannot both go to stdout; give one of them a file")
     buffers, models = _p2p_and_ddp(args)
+    if args.in_place and mode != "collectives":
+        raise ConfigError(f"--in-place is for the collectives (allreduce, reduce), not {mode}")
     if args.ddp_option and mode not in TRAINING:
         raise ConfigError(
             f"--ddp-option sets DistributedDataParallel: `cudampi bench ddp` or `fsdp` only, not {mode}"
@@ -213,6 +217,7 @@ def from_args(args: argparse.Namespace) -> Options:
         image_size=args.image_size,
         rounds=int(args.rounds),
         ddp_options=parse_ddp_options(args.ddp_option),
+        in_place=bool(args.in_place),
     )
 
 
@@ -317,6 +322,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--array", choices=("auto", "numpy", "torch", "cupy"), default="auto", help="array library"
+    )
+    g.add_argument(
+        "--in-place",
+        action="store_true",
+        help="cudampi's paths reduce in place (allreduce, reduce: nccl-tests' in-place column; "
+        "the torch paths always do); default out of place",
     )
     g.add_argument(
         "--check",

@@ -144,6 +144,7 @@ def render_text(result: BenchResult) -> str:
         f"(nodes {m.get('nodes')}, {m.get('local_size')} per node)  device {m.get('device')}"
         + (f" [{m.get('gpu_name')} x{m.get('gpus')}]" if m.get("gpu_name") else "")
         + f"  warmup {m.get('warmup')}  iters {m.get('iters')}  check {'on' if m.get('check') else 'off'}"
+        + ("  in place" if m.get("in_place") else "")
         + (f"  time-limit {m.get('time_limit')} s" if m.get("time_limit") else ""),
         f"# MPI: {m.get('mpi_library', '?')}",
     ]

@@ -44,6 +44,8 @@ class Spec:
     array: str = "auto"
     corrupt_rank: int | None = None
     """Test-only: this rank changes element 0 of its result buffer before the check reads it."""
+    in_place: bool = False
+    """cudampi's paths reduce in place (the torch paths always do)."""
     progress: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -100,7 +102,9 @@ class Runner:
     def adapter(self, path: str, lib: Checks) -> PathAdapter:
         key = (path, lib.name)
         if key not in self.adapters:
-            made, agreed = attempt(self.s, lambda: open_path(path, lib, self.s))
+            made, agreed = attempt(
+                self.s, lambda: open_path(path, lib, self.s, in_place=self.spec.in_place)
+            )
             if agreed is not None and made is not None:
                 made.close()
             self.adapters[key] = agreed if agreed is not None else made  # type: ignore[assignment]
