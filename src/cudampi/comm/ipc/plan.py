@@ -9,8 +9,9 @@ unit tests run these plans through a NumPy model of the kernels' data movement
 Reductions (``reduce_kernel``): a launch covers at most one data buffer of elements, cut in
 ``nranks`` pack-aligned slices; slice q is (element offset in x, elements, element offset in the
 data buffers, element offset in out). A two-shot allreduce is one launch that the kernel cuts
-the same way, in rounds of one data buffer (:func:`reduction`). Data movement (``exchange_kernel``): a launch moves, for
-each pair of ranks, at most a window of the pair's bytes; ``rounds`` launches move everything.
+the same way, in rounds of one data buffer (:func:`reduction`). Data movement
+(``exchange_kernel``): a launch moves, for each pair of ranks, at most a window of the pair's
+bytes; ``rounds`` launches move everything.
 """
 
 from __future__ import annotations
