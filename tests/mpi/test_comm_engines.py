@@ -371,6 +371,26 @@ def rank_out_of_place_ring_reads_the_input(comm, algorithm):
         # a rank alone, and avg (each share divided first), still right out of place
         y = np.full(300_001, 2.0, dtype=np.float16)
         assert np.all(c.allreduce(y, "avg", out=np.empty_like(y)) == 2.0)
+        # reduce_scatter reads its input where it lies too (a scratch buffer, not a copy), even
+        # and by counts (an empty block included), each rank's block as the allreduce's (bitwise
+        # where the blocks are the allreduce's own; by counts they are not, so the order differs)
+        m = 100_003
+        x = rng.standard_normal(n * m + 8 * n * n).astype(np.float16)
+        counts = [m + 7 * r_ for r_ in range(n)]
+        counts[-1] = 0 if n > 2 else counts[-1]
+        for op, cs in (("sum", None), ("max", None), ("sum", counts)):
+            total = n * m if cs is None else sum(cs)
+            xs = x[:total].copy()
+            copied.clear()
+            got = c.reduce_scatter(xs, op, counts=cs)
+            assert total not in copied, f"{op}: the input was copied first ({copied})"
+            whole = c.allreduce(xs, op, out=np.empty_like(xs))
+            lo = r * m if cs is None else sum(cs[:r])
+            mine = whole[lo : lo + (m if cs is None else cs[r])]
+            if cs is None:
+                assert np.array_equal(got.reshape(-1).view(np.uint16), mine.view(np.uint16)), op
+            else:
+                assert np.allclose(got, mine, rtol=1e-2, atol=1e-2), op
 
 
 @pytest.mark.parametrize(("n", "algorithm"), [(2, "ring"), (3, "ring"), (3, "direct")])

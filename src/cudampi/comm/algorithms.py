@@ -438,10 +438,13 @@ def allgatherv(ctx: Ctx, send: Any, out: Any, counts: list[int]) -> None:
     ctx.ops.fence()
 
 
-def reduce_scatterv(ctx: Ctx, work: Any, out: Any, counts: list[int], op: str, dtype: str) -> None:
-    """``work`` (a scratch copy of the input, clobbered) is reduced over ranks; block ``rank``
+def reduce_scatterv(
+    ctx: Ctx, work: Any, out: Any, counts: list[int], op: str, dtype: str, src: Any = None
+) -> None:
+    """``work`` (a scratch copy of the input, clobbered; or, with ``src``, a scratch buffer of
+    its size and ``src`` the input, read where it lies) is reduced over ranks; block ``rank``
     (``counts[rank]`` elements) lands in ``out``."""
-    reduce_scatter_blocks(ctx, work, counts, op, dtype)
+    reduce_scatter_blocks(ctx, work, counts, op, dtype, src)
     offs = offsets(counts)
     r = ctx.rank
     ctx.ops.copy(out, work[offs[r] : offs[r] + counts[r]])
