@@ -162,3 +162,29 @@ def test_a_rank_that_closes_tells_the_others(tmp_path, then):
     line = _line(proc.stdout, "rank 0 raised")
     assert "allreduce (call #2 on this communicator): rank 1 left the job" in line, out
     assert "or closed this communicator" in line and float(line.split()[4]) < 10, line
+
+
+STUCK_ABORT = """
+import time
+from mpi4py import MPI
+import cudampi.abort
+from cudampi.abort import abort_job
+
+cudampi.abort.ABORT_GRACE = 2.0
+
+class StuckAbort:  # an MPI_Abort that never returns nor ends the process
+    def Abort(self, code):
+        time.sleep(600)
+
+print("aborting", flush=True)
+abort_job(7, "cudampi: planted abort\\n", StuckAbort())
+"""
+
+
+def test_a_rank_whose_mpi_abort_never_returns_still_ends(tmp_path):
+    """Open MPI's MPI_Abort waits for the launcher's answer; where none comes the rank ends
+    itself after the grace, with the abort's code, so the job ends rather than waits."""
+    proc, took = _run(STUCK_ABORT, tmp_path, n=1)
+    assert "aborting" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "cudampi: planted abort" in proc.stderr.splitlines(), proc.stderr[-2000:]
+    assert proc.returncode != 0 and took < 30, (proc.returncode, took)
