@@ -147,9 +147,6 @@ def ring_reduce_scatter(
     exactly once), so the input is never copied; block ``rank - 1`` of ``data`` stays unset."""
     n, r = ctx.size, ctx.rank
     if n == 1:
-        if src is not None:
-            ctx.ops.copy(data, src)
-            ctx.ops.fence()
         return
     offs = offsets(counts)
     bounds = [(offs[i], offs[i] + counts[i]) for i in range(n)]
@@ -195,9 +192,6 @@ def direct_reduce_scatter(
     ``rank`` reduced from it into ``data`` (the other blocks of ``data`` stay unset)."""
     n, r = ctx.size, ctx.rank
     if n == 1:
-        if src is not None:
-            ctx.ops.copy(data, src)
-            ctx.ops.fence()
         return
     tx, ops = ctx.tx, ctx.ops
     offs = offsets(counts)
@@ -237,7 +231,10 @@ def reduce_scatter_blocks(
 ) -> None:
     """In place (or from ``src`` into ``data``): block ``rank`` of ``data`` ends up reduced over
     all ranks (ring or direct)."""
-    if ctx.direct:
+    if src is not None and ctx.size == 1:
+        ctx.ops.copy(data, src)
+        ctx.ops.fence()
+    elif ctx.direct:
         direct_reduce_scatter(ctx, data, counts, op, dtype, src)
     else:
         ring_reduce_scatter(ctx, data, counts, op, dtype, src)
@@ -306,13 +303,14 @@ def allreduce(ctx: Ctx, data: Any, op: str, dtype: str, src: Any = None) -> None
     ring for large messages, which reads ``src`` where it lies, recursive doubling for small
     ones, after a copy (``avg`` is divided by the caller, before)."""
     count = int(data.shape[0])
+    alone = ctx.size == 1 or count == 0
     small = count * ctx.itemsize <= ctx.small_bytes or count < ctx.size
-    if src is not None and (ctx.size == 1 or count == 0 or small):
+    if src is not None and (alone or small):  # those paths work in place
         ctx.ops.copy(data, src)
-        if ctx.size == 1 or count == 0:
+        src = None
+        if alone:
             ctx.ops.fence()
-            return
-    if ctx.size == 1 or count == 0:
+    if alone:
         return
     if small:
         rd_allreduce(ctx, data, op, dtype)

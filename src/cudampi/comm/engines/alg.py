@@ -145,13 +145,11 @@ class AlgEngine(DirectP2P):
         self, xf: Flat, of: Flat, counts: list[int], op: str, dtype: str, *, scratch: bool = False
     ) -> None:
         if scratch or op == "avg":
-            work = self._work(xf, op, dtype, scratch)
-            algorithms.reduce_scatterv(self._ctx(xf), work, of, counts, op, dtype)
-            return
-        # the reduce-scatter reads the input where it lies: a scratch buffer, no copy into it
-        n = int(xf.shape[0])
-        work = self.ops.empty(max(1, n), xf)[:n]
-        algorithms.reduce_scatterv(self._ctx(xf), work, of, counts, op, dtype, xf)
+            work, src = self._work(xf, op, dtype, scratch), None
+        else:  # the reduce-scatter reads the input where it lies: a scratch buffer, no copy
+            n = int(xf.shape[0])
+            work, src = self.ops.empty(max(1, n), xf)[:n], xf
+        algorithms.reduce_scatterv(self._ctx(xf), work, of, counts, op, dtype, src)
 
     def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:
         send = apart(self.ops, xf, of)
