@@ -380,6 +380,11 @@ __device__ __forceinline__ char* data_of(const Ctx& c, const Params& p, int r, i
   return (char*)c.hdr->h.peers[r] + p.v[P_DATA] + (i64)par * p.v[P_CAP];
 }
 
+// The call's signature (what every rank posts at its barriers), from the launch's parameters.
+__device__ __forceinline__ void read_sig(const Params& p, u64* sig) {
+  for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
+}
+
 __device__ __forceinline__ int next_parity(const Ctx& c) {
   __shared__ u64 sh_launch;
   if (threadIdx.x == 0) sh_launch = ++c.hdr->h.launches[blockIdx.x];
@@ -506,7 +511,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) twoshot_kernel(const Par
   const Ctx c = make_ctx(p);
   const int par = next_parity(c);
   u64 sig[SIG_WORDS];
-  for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
+  read_sig(p, sig);
   const i64 es = sizeof(S), pe = PACK / es;
   const int rank = c.rank;
   const char* in = (const char*)p.v[P_IN];
@@ -595,7 +600,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) reduce_kernel(const Para
   const int par = next_parity(c);
   const int rank = c.rank, mode = (int)p.v[P_MODE], root = (int)p.v[P_ROOT];
   u64 sig[SIG_WORDS];
-  for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
+  read_sig(p, sig);
   const char* in = (const char*)p.v[P_IN];
   char* out = (char*)p.v[P_OUT];
   const i64 es = sizeof(S);
@@ -648,7 +653,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) exchange_kernel(const Pa
       if (p.v[P_B + d] > 0) stage_at(mine, p.v[P_A + d], in + p.v[P_E + d], p.v[P_B + d]);
   }
   u64 sig[SIG_WORDS];
-  for (int i = 0; i < SIG_WORDS; i++) sig[i] = (u64)p.v[P_SIG + i];
+  read_sig(p, sig);
   i64 send_off = 0, send_len = -1, expect = -1;
   if (threadIdx.x < N) {
     send_off = p.v[P_A + threadIdx.x];
