@@ -124,9 +124,11 @@ def _defines() -> dict[str, int]:
 
 
 @cache
-def source() -> str:
-    """The complete kernel source: this module's constants, then kernels.cu."""
-    text = resources.files("cudampi.comm.ipc").joinpath("kernels.cu").read_text()
+def source(text: str | None = None) -> str:
+    """The complete kernel source: this module's constants, then kernels.cu (or ``text`` in its
+    place: another version of it, as ``tools/kernel-sass-diff.py`` compiles)."""
+    if text is None:
+        text = resources.files("cudampi.comm.ipc").joinpath("kernels.cu").read_text()
     prelude = "".join(f"#define {k} {v}\n" for k, v in _defines().items())
     return prelude + text
 
@@ -170,12 +172,13 @@ def p2p_bytes(capacity: int, nranks: int) -> int:
 COMPILE_OPTIONS = ("-std=c++17",)
 
 
-def compile_cubin(names: list[str], arch: str) -> bytes:
-    """Compile ``names`` for ``arch`` (``sm_90``...) with NVRTC alone: no GPU, no driver needed.
-    Raises RuntimeError with NVRTC's log when the source does not compile."""
+def compile_cubin(names: list[str], arch: str, text: str | None = None) -> bytes:
+    """Compile ``names`` for ``arch`` (``sm_90``...) with NVRTC alone: no GPU, no driver needed
+    (``text``: another kernels.cu, :func:`source`). Raises RuntimeError with NVRTC's log when
+    the source does not compile."""
     from cupy_backends.cuda.libs import nvrtc
 
-    prog = nvrtc.createProgram(source(), "kernels.cu", [], [])
+    prog = nvrtc.createProgram(source(text), "kernels.cu", [], [])
     try:
         for n in names:
             nvrtc.addNameExpression(prog, n)
