@@ -108,9 +108,10 @@ def test_in_place_reduces_in_the_output_buffer_on_every_cudampi_path(n, tmp_path
             for redop in ("sum", "max"):
                 assert (op, path, redop) in ran, f"{op} {redop} on {path}: {data['skipped']}"
     assert all(r["wrong"] == 0 for r in data["results"])
-    text = ok(bench(2, "allreduce", "-b", "64", "-e", "64", "-n", "2", "--paths", "host",
-                    "--in-place")).stdout  # fmt: skip
-    assert "  in place" in text.splitlines()[0], text[:400]
+    if n == 2:  # the table's header says so too: a 2-rank run of its own, the same for any n
+        text = ok(bench(2, "allreduce", "-b", "64", "-e", "64", "-n", "2", "--paths", "host",
+                        "--in-place")).stdout  # fmt: skip
+        assert "  in place" in text.splitlines()[0], text[:400]
 
 
 def test_the_kernel_engines_say_why_they_skip_a_host_run(tmp_path):
