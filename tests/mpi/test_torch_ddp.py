@@ -227,24 +227,68 @@ def rank_ddp_fsdp(comm, variants, mode="sync"):
         print(f"DDP variants {variants} and FSDP2 match gloo ({mode})", flush=True)
 
 
-def test_ddp_and_fsdp_match_gloo_2_ranks():
-    proc = run_mpi(2, __file__, "rank_ddp_fsdp", ",".join(VARIANTS), timeout=300)
-    assert "match gloo" in proc.stdout
+NO_BUILTIN = ",".join(v for v in VARIANTS if v != "builtin-fp16-hook")  # needs typed futures
+TWO_RANK_RUNS = {
+    # name: (rank function, variants, mode)
+    "sync": ("rank_ddp_fsdp", ",".join(VARIANTS), "sync"),
+    "async": ("rank_ddp_fsdp", NO_BUILTIN, "async"),
+    "stream-work": ("rank_ddp_stream_work", "default,fp16-hook,builtin-fp16-hook", "sync"),
+    "auto-mixed": ("rank_ddp_fsdp", NO_BUILTIN, "auto-mixed"),
+}
+"""The 2-rank runs of the tests below, all in one job (:func:`rank_ddp_fsdp_runs`)."""
 
 
-def test_ddp_and_fsdp_match_gloo_with_async_ops():
+def rank_ddp_fsdp_runs(comm, names):
+    """The runs ``names`` of :data:`TWO_RANK_RUNS`, one after the other in this job, each with
+    process groups of its own (made, trained on, destroyed): the job's start, torch's imports and
+    their first use once, not per run (here a job of one run took ~10 s of CPU, of all four
+    about the same). What a run patches (the stream-ordered Work, the auto-mixed dispatch) is
+    put back after it."""
+    import cudampi.torch.backend as backend
+    from cudampi.torch import dispatch
+
+    for name in names.split(","):
+        func, variants, mode = TWO_RANK_RUNS[name]
+        work, first = vars(backend).get("finished_work"), dispatch.first_cuda
+        try:
+            if func == "rank_ddp_stream_work":
+                rank_ddp_stream_work(comm, variants)
+            else:
+                rank_ddp_fsdp(comm, variants, mode)
+        finally:
+            if work is None:
+                vars(backend).pop("finished_work", None)
+            else:
+                backend.finished_work = work
+            dispatch.first_cuda = first
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs():
+    """Every run of :data:`TWO_RANK_RUNS` in one 2-rank job (this file's tests run on one
+    xdist worker: tests/conftest.py's TOGETHER); what rank 0 printed."""
+    return run_mpi(2, __file__, "rank_ddp_fsdp_runs", ",".join(TWO_RANK_RUNS), timeout=600).stdout
+
+
+def matched(name):
+    """The line rank 0 prints when run ``name`` of :data:`TWO_RANK_RUNS` matched gloo."""
+    _, variants, mode = TWO_RANK_RUNS[name]
+    return f"DDP variants {variants} and FSDP2 match gloo ({mode})"
+
+
+def test_ddp_and_fsdp_match_gloo_2_ranks(two_rank_runs):
+    assert matched("sync") in two_rank_runs
+
+
+def test_ddp_and_fsdp_match_gloo_with_async_ops(two_rank_runs):
     """Options(async_ops=True): bucket all-reduces overlap backward; same parameters as gloo."""
-    variants = ",".join(v for v in VARIANTS if v != "builtin-fp16-hook")  # needs typed futures
-    proc = run_mpi(2, __file__, "rank_ddp_fsdp", variants, "async", timeout=300)
-    assert "match gloo (async)" in proc.stdout
+    assert matched("async") in two_rank_runs
 
 
-def test_ddp_and_fsdp_match_gloo_with_threaded_and_inline_calls_mixed():
+def test_ddp_and_fsdp_match_gloo_with_threaded_and_inline_calls_mixed(two_rank_runs):
     """The default (auto) where some calls take the group's thread (standing in for CUDA calls
     of a host-synchronizing path: odd-sized buckets) and the others the caller's thread."""
-    variants = ",".join(v for v in VARIANTS if v != "builtin-fp16-hook")  # needs typed futures
-    proc = run_mpi(2, __file__, "rank_ddp_fsdp", variants, "auto-mixed", timeout=300)
-    assert "match gloo (auto-mixed)" in proc.stdout
+    assert matched("auto-mixed") in two_rank_runs
 
 
 def test_ddp_and_fsdp_match_gloo_4_ranks():
@@ -268,7 +312,5 @@ def rank_ddp_stream_work(comm, variants):
     rank_ddp_fsdp(comm, variants)
 
 
-def test_ddp_and_fsdp_through_the_stream_ordered_work():
-    variants = "default,fp16-hook,builtin-fp16-hook"
-    proc = run_mpi(2, __file__, "rank_ddp_stream_work", variants, timeout=300)
-    assert "match gloo" in proc.stdout
+def test_ddp_and_fsdp_through_the_stream_ordered_work(two_rank_runs):
+    assert matched("stream-work") in two_rank_runs
