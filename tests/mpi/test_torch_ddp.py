@@ -244,23 +244,18 @@ def rank_ddp_fsdp_runs(comm, names):
     their first use once, not per run (here a job of one run took ~10 s of CPU, of all four
     about the same). What a run patches (the stream-ordered Work, the auto-mixed dispatch) is
     put back after it."""
-    import cudampi.torch.backend as backend
     from cudampi.torch import dispatch
 
     for name in names.split(","):
         func, variants, mode = TWO_RANK_RUNS[name]
-        work, first = vars(backend).get("finished_work"), dispatch.first_cuda
+        work, first = dispatch.finished_work, dispatch.first_cuda
         try:
             if func == "rank_ddp_stream_work":
                 rank_ddp_stream_work(comm, variants)
             else:
                 rank_ddp_fsdp(comm, variants, mode)
         finally:
-            if work is None:
-                vars(backend).pop("finished_work", None)
-            else:
-                backend.finished_work = work
-            dispatch.first_cuda = first
+            dispatch.finished_work, dispatch.first_cuda = work, first
 
 
 @pytest.fixture(scope="module")
@@ -302,13 +297,14 @@ def rank_ddp_stream_work(comm, variants):
     """The default mode's Work for CUDA tensors (a Python Work subclass over an event, see
     cudampi.torch.work.finished_work) given to DDP's C++ reducer on the CPU, where there is no
     event: its typed future must serve the built-in C++ hooks as the completed Work does."""
-    import cudampi.torch.backend as backend
-    from cudampi.torch import work
+    from cudampi.torch import dispatch, work
 
     def stream_work(result):
         return work._stream_work_class()([], work.completed_future(result), result, None)
 
-    backend.finished_work = stream_work
+    # where the backend's calls look it up (cudampi.torch.backend, patched before, no longer
+    # reads it: the patch went unused and the run checked the completed Work only)
+    dispatch.finished_work = stream_work
     rank_ddp_fsdp(comm, variants)
 
 
