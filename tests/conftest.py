@@ -53,6 +53,7 @@ TOGETHER = {
     "tests/mpi/test_doctor_cli.py": "doctor-cli",  # its pip installs, once (session fixtures)
     "tests/mpi/test_launch_habits.py": "launch-habits",  # its program, built once
     "tests/mpi/test_torch_ddp.py": "torch-ddp",  # its 2-rank runs: one job (a module fixture)
+    "tests/mpi/test_torch_backend.py": "torch-backend",  # the same
 }
 """Under pytest-xdist (README command 2: ``-n 3``) the tests that share a world brought up once
 run on one worker, in their order: the test files (or folders) here, by group. Every other test

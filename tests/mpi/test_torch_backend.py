@@ -576,13 +576,46 @@ def rank_collectives(comm, expected_size, mode="sync"):
         print(f"torch backend checks: {ck.total} passed, {ck.vs_gloo} against gloo", flush=True)
 
 
+TWO_RANK_MODES = ("sync", "async", "auto-mixed")
+"""The modes of the 2-rank runs: all in one job (:func:`rank_collectives_modes`)."""
+
+
+def rank_collectives_modes(comm, modes):
+    """:func:`rank_collectives` in each of ``modes``, one after the other in this job (a
+    process group each, made and destroyed): the job's start, torch's imports and their first
+    use once, not per mode. auto-mixed's dispatch is put back after it; rank 0 says which mode
+    passed."""
+    from cudampi.torch import dispatch
+
+    for mode in modes.split(","):
+        first = dispatch.first_cuda
+        try:
+            rank_collectives(comm, str(comm.size), mode)
+        finally:
+            dispatch.first_cuda = first
+        if comm.rank == 0:
+            print(f"mode {mode}: every collective matched gloo", flush=True)
+
+
+@pytest.fixture(scope="module")
+def two_rank_modes():
+    """Every mode of :data:`TWO_RANK_MODES` in one 2-rank job (this file's tests run on one
+    xdist worker: tests/conftest.py's TOGETHER); what rank 0 printed."""
+    modes = ",".join(TWO_RANK_MODES)
+    return run_mpi(2, __file__, "rank_collectives_modes", modes, timeout=600).stdout
+
+
 @pytest.mark.parametrize(("n", "mode"), [(2, "sync"), (4, "sync"), (2, "async"), (2, "auto-mixed")])
-def test_every_collective_matches_gloo(n, mode):
+def test_every_collective_matches_gloo(n, mode, request):
     """mode sync: Options(async_ops=False); async: Options(async_ops=True), collectives on the
     group's own thread; auto-mixed: the default, with calls of odd-sized tensors standing in
     for CUDA calls of a host-synchronizing path (on the thread), the others in the caller's."""
-    proc = run_mpi(n, __file__, "rank_collectives", str(n), mode, timeout=300)
-    assert "against gloo" in proc.stdout
+    if n == 2:
+        out = request.getfixturevalue("two_rank_modes")
+        assert f"mode {mode}: every collective matched gloo" in out, out[-3000:]
+    else:
+        out = run_mpi(n, __file__, "rank_collectives", str(n), mode, timeout=300).stdout
+    assert "against gloo" in out
 
 
 def test_every_collective_matches_gloo_under_mpich():
