@@ -54,6 +54,7 @@ TOGETHER = {
     "tests/mpi/test_launch_habits.py": "launch-habits",  # its program, built once
     "tests/mpi/test_torch_ddp.py": "torch-ddp",  # its 2-rank runs: one job (a module fixture)
     "tests/mpi/test_torch_backend.py": "torch-backend",  # the same
+    "tests/mpi/test_comm_jax.py": "comm-jax",  # the same
 }
 """Under pytest-xdist (README command 2: ``-n 3``) the tests that share a world brought up once
 run on one worker, in their order: the test files (or folders) here, by group. Every other test

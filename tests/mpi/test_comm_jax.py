@@ -113,7 +113,27 @@ def rank_jax(comm, path):
         print(f"checked {f.checked} JAX results on {size} ranks", flush=True)
 
 
-@pytest.mark.parametrize("path", ["host", "staged"])
-def test_collectives_on_jax_arrays_return_jax_arrays(path):
-    proc = run_mpi(2, __file__, "rank_jax", path, timeout=300, env={"JAX_PLATFORMS": "cpu"})
-    assert "JAX results on 2 ranks" in proc.stdout
+PATHS = ("host", "staged")
+
+
+def rank_jax_paths(comm, paths):
+    """:func:`rank_jax` on each of ``paths``, one after the other in this job: the job's start,
+    JAX's import and its first compiles once, not per path; rank 0 says which path passed."""
+    for path in paths.split(","):
+        rank_jax(comm, path)
+        if comm.rank == 0:
+            print(f"path {path}: JAX results checked", flush=True)
+
+
+@pytest.fixture(scope="module")
+def jax_paths():
+    """Every path of :data:`PATHS` in one 2-rank job (this file's tests run on one xdist
+    worker: tests/conftest.py's TOGETHER); what rank 0 printed."""
+    env = {"JAX_PLATFORMS": "cpu"}
+    return run_mpi(2, __file__, "rank_jax_paths", ",".join(PATHS), timeout=600, env=env).stdout
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_collectives_on_jax_arrays_return_jax_arrays(path, jax_paths):
+    assert f"path {path}: JAX results checked" in jax_paths, jax_paths[-3000:]
+    assert "JAX results on 2 ranks" in jax_paths
