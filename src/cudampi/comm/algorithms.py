@@ -266,7 +266,7 @@ def rd_allreduce(ctx: Ctx, data: Any, op: str, dtype: str) -> None:
         return
     count = int(data.shape[0])
     ops = ctx.ops
-    tmp = ops.empty(max(1, count), data)[:count]
+    tmp = ops.scratch(count, data)
     p2 = 1 << (n.bit_length() - 1)
     rem = n - p2
     whole = (0, count)
@@ -339,7 +339,7 @@ def reduce(ctx: Ctx, work: Any, op: str, dtype: str, root: int) -> None:
         else:
             tx.waitall([tx.isend(work[offs[r] : offs[r] + counts[r]], root)])
         return
-    tmp = ops.empty(max(1, count), work)[:count]
+    tmp = ops.scratch(count, work)
     whole = (0, count)
     vr = (r - root) % n
     mask = 1

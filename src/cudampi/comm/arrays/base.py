@@ -203,6 +203,11 @@ class ArrayOps:
     def empty(self, n: int, like: Any) -> Any:
         raise NotImplementedError
 
+    def scratch(self, n: int, like: Any) -> Any:
+        """A new flat buffer of ``n`` elements of ``like``'s kind (dtype, device), contents
+        unset; allocated with one element at least, so an empty one still has an address."""
+        return self.empty(max(1, n), like)[:n]
+
     def ptr(self, a: Any) -> int:
         raise NotImplementedError
 

@@ -93,8 +93,7 @@ class AlgEngine(DirectP2P):
     def _work(self, xf: Flat, op: str, dtype: str, scratch: bool) -> Any:
         """The array the algorithm reduces in place: ``xf`` itself where it is a scratch copy,
         else a copy; divided for ``avg`` (:meth:`share`)."""
-        n = int(xf.shape[0])
-        work = xf if scratch else self.ops.empty(max(1, n), xf)[:n]
+        work = xf if scratch else self.ops.scratch(int(xf.shape[0]), xf)
         self.share(work, xf, op, dtype)
         return work
 
@@ -147,8 +146,7 @@ class AlgEngine(DirectP2P):
         if scratch or op == "avg":
             work, src = self._work(xf, op, dtype, scratch), None
         else:  # the reduce-scatter reads the input where it lies: a scratch buffer, no copy
-            n = int(xf.shape[0])
-            work, src = self.ops.empty(max(1, n), xf)[:n], xf
+            work, src = self.ops.scratch(int(xf.shape[0]), xf), xf
         algorithms.reduce_scatterv(self._ctx(xf), work, of, counts, op, dtype, src)
 
     def alltoallv(self, xf: Flat, send_counts: list[int], of: Flat, recv_counts: list[int]) -> None:

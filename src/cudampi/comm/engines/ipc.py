@@ -491,9 +491,6 @@ class HierEngine(Engine):
 
     # ------------------------------------------------------------------ helpers
 
-    def _scratch(self, n: int, like: Flat) -> Any:
-        return self.ops.empty(max(1, n), like)[:n]
-
     def _settle(self) -> None:
         """The node engine's kernels are on the reduction stream: finish them before MPI."""
         self.ops.fence()
@@ -509,7 +506,7 @@ class HierEngine(Engine):
 
     def allreduce(self, xf: Flat, of: Flat, op: str, dtype: str) -> None:
         counts = self._node_split(int(xf.shape[0]))
-        part = self._scratch(counts[self.local], xf)
+        part = self.ops.scratch(counts[self.local], xf)
         self.node.reduce_scatterv(xf, part, counts, op, dtype)
         self._settle()
         self.cross.allreduce(part, part, op, dtype)
@@ -520,7 +517,7 @@ class HierEngine(Engine):
     ) -> None:
         L, me = self.per_node, self.local
         mine = [counts[m * L + me] for m in range(self.nodes)]
-        part = self._scratch(sum(mine), xf)
+        part = self.ops.scratch(sum(mine), xf)
         lo = pos = 0
         for m in range(self.nodes):
             block = counts[m * L : (m + 1) * L]
@@ -537,7 +534,7 @@ class HierEngine(Engine):
         me = self.setting.rank // L
         lo = sum(sums[:me])
         self.node.allgatherv(xf, of[lo : lo + sums[me]], counts[me * L : (me + 1) * L])
-        part = self._scratch(sums[me], xf)
+        part = self.ops.scratch(sums[me], xf)
         self.ops.copy(part, of[lo : lo + sums[me]])
         self._settle()
         self.cross.allgatherv(part, of, sums)

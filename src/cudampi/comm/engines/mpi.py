@@ -327,9 +327,8 @@ class MpiEngine(DirectP2P):
         """``avg``: this rank's share, ``xf`` divided by the number of ranks (before the sum:
         :data:`~cudampi.comm.arrays.base.SEMANTICS`), into ``into`` (else in place where ``xf``
         is a scratch copy, else a new array), ready for MPI to read."""
-        n = int(xf.shape[0])
         if into is None:
-            into = xf if scratch else self.ops.empty(max(1, n), xf)[:n]
+            into = xf if scratch else self.ops.scratch(int(xf.shape[0]), xf)
         self.ops.divide(into, self.setting.size, dtype, None if into is xf else apart(
             self.ops, xf, into))  # fmt: skip
         self.ops.fence()

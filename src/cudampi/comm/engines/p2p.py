@@ -45,7 +45,7 @@ def apart(ops: ArrayOps, a: Flat, b: Any) -> Any:
     inside the output)."""
     if not overlap(ops, a, b):
         return a
-    tmp = ops.empty(max(1, int(a.shape[0])), a)[: int(a.shape[0])]
+    tmp = ops.scratch(int(a.shape[0]), a)
     ops.copy(tmp, a)
     ops.fence()
     return tmp
