@@ -47,9 +47,12 @@ def rank_repeated_messages(comm, lib):
 
     # 64-byte chunks: a staged sender's 1 KiB message is a chunk sequence
     config = Config.load({"chunk_bytes": "64", "timeout": "2"}, env={})
+    x, y = make(64, 0), make(64, -1)  # (the first imports the library: seconds on a busy host)
     with Communicator(comm, config=config) as c:
+        # both ranks start the clock together: the 2 s deadline is for the calls, not for a
+        # rank still importing torch (that failed CI once)
+        comm.Barrier()
         # the same buffers, new contents every message, every kind of call
-        x, y = make(64, 0), make(64, -1)
         for i in range(4):
             fill(x, 100 * r + i)
             exchange(x, y, 1)
