@@ -55,11 +55,15 @@ TOGETHER = {
     "tests/mpi/test_torch_ddp.py": "torch-ddp",  # its 2-rank runs: one job (a module fixture)
     "tests/mpi/test_torch_backend.py": "torch-backend",  # the same
     "tests/mpi/test_comm_jax.py": "comm-jax",  # the same
+    # (its fault cases, each its own job, stay free to spread over the workers)
+    "tests/mpi/test_torch_faults.py::test_a_check_that": "torch-faults",  # the same
+    "tests/mpi/test_torch_faults.py::test_a_recv_from_any": "torch-faults",
+    "tests/mpi/test_torch_faults.py::test_settings_that_differ": "torch-faults",
 }
 """Under pytest-xdist (README command 2: ``-n 3``) the tests that share a world brought up once
-run on one worker, in their order: the test files (or folders) here, by group. Every other test
-goes to whichever worker is free (xdist's own ``xdist_group`` marks do not reach its scheduler
-under pytest 9)."""
+run on one worker, in their order: the test files, folders or tests (node id prefixes) here,
+by group. Every other test goes to whichever worker is free (xdist's own ``xdist_group`` marks
+do not reach its scheduler under pytest 9)."""
 
 
 @pytest.hookimpl(optionalhook=True)  # without pytest-xdist, nothing to schedule
@@ -71,8 +75,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         the groups (more tests to a scope) are handed out first."""
 
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            group = next((g for where, g in TOGETHER.items() if path.startswith(where)), None)
+            group = next((g for where, g in TOGETHER.items() if nodeid.startswith(where)), None)
             return group or nodeid
 
     return Together(config, log)

@@ -82,9 +82,12 @@ def rank_size_checks(comm):
 
 
 @pytest.mark.parametrize("n", [2, pytest.param(3, marks=only_when_asked())])
-def test_a_check_that_fails_on_one_rank_raises_on_every_rank(n):
-    proc = run_mpi(n, __file__, "rank_size_checks", timeout=120)
-    assert f"every check raised on all {n} ranks" in proc.stdout
+def test_a_check_that_fails_on_one_rank_raises_on_every_rank(n, request):
+    if n == 2:
+        out = request.getfixturevalue("two_rank_runs")
+    else:
+        out = run_mpi(n, __file__, "rank_size_checks", timeout=120).stdout
+    assert f"every check raised on all {n} ranks" in out, out[-3000:]
 
 
 def rank_anysource_on_ipc(comm):
@@ -114,9 +117,8 @@ def rank_anysource_on_ipc(comm):
     dist.destroy_process_group()
 
 
-def test_a_recv_from_any_source_on_the_ipc_path_raises_at_once():
-    proc = run_mpi(2, __file__, "rank_anysource_on_ipc", timeout=120)
-    assert "any source refused at once" in proc.stdout
+def test_a_recv_from_any_source_on_the_ipc_path_raises_at_once(two_rank_runs):
+    assert "any source refused at once" in two_rank_runs, two_rank_runs[-3000:]
 
 
 def rank_settings_differ_under_torch(comm):
@@ -138,9 +140,23 @@ def rank_settings_differ_under_torch(comm):
         raise AssertionError("CUDAMPI_CHUNK_BYTES differs between ranks and nothing said so")
 
 
-def test_settings_that_differ_refuse_the_group_on_every_rank():
-    proc = run_mpi(2, __file__, "rank_settings_differ_under_torch", timeout=120)
-    assert "refused on every rank" in proc.stdout
+def test_settings_that_differ_refuse_the_group_on_every_rank(two_rank_runs):
+    assert "refused on every rank" in two_rank_runs, two_rank_runs[-3000:]
+
+
+def rank_two_rank_runs(comm):
+    """The 2-rank runs above one after another in one job (each makes its process group and
+    destroys it; the settings that differ last: they leave no group)."""
+    rank_size_checks(comm)
+    rank_anysource_on_ipc(comm)
+    rank_settings_differ_under_torch(comm)
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs():
+    """:func:`rank_two_rank_runs` as one 2-rank job (this file's tests run on one xdist worker:
+    tests/conftest.py's TOGETHER); what rank 0 printed."""
+    return run_mpi(2, __file__, "rank_two_rank_runs", timeout=240).stdout
 
 
 # A script, not a tests/_rank_main.py function: a rank must skip, wait and leave as a program
