@@ -14,7 +14,6 @@ is listed with how many instructions differ, and then needs the GPU suite
 from __future__ import annotations
 
 import argparse
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -29,21 +28,6 @@ from cudampi.comm.ipc import layout as L  # noqa: E402
 KERNELS = "src/cudampi/comm/ipc/kernels.cu"
 
 
-def text_sections(cubin: bytes) -> dict[str, bytes]:
-    """The code of each kernel of an ELF64 cubin: section name -> bytes (``.text.*`` only)."""
-    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
-    entsize, count, names_at = struct.unpack_from("<HHH", cubin, 0x3A)
-    heads = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
-    strings = heads[names_at][4]
-    out = {}
-    for name_off, _kind, _flags, _addr, offset, size, *_ in heads:
-        end = cubin.index(b"\0", strings + name_off)
-        name = cubin[strings + name_off : end].decode()
-        if name.startswith(".text."):
-            out[name[len(".text.") :]] = cubin[offset : offset + size]
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("rev", nargs="?", default="HEAD", help="the git revision to compare with")
@@ -56,8 +40,8 @@ def main() -> int:
     wanted = names()
     differ = 0
     for arch in a.arch.split(","):
-        old = text_sections(L.compile_cubin(wanted, arch, before))
-        new = text_sections(L.compile_cubin(wanted, arch, now))
+        old = L.kernel_code(L.compile_cubin(wanted, arch, before))
+        new = L.kernel_code(L.compile_cubin(wanted, arch, now))
         same = 0
         for kernel in sorted(old.keys() | new.keys()):
             x, y = old.get(kernel), new.get(kernel)

@@ -50,6 +50,12 @@ def test_kernels_compile_for_ampere_and_hopper() -> None:
             raise
     for arch, cubin in zip(archs, cubins):
         assert cubin[:4] == b"\x7fELF", arch
+        # each kernel's own code, as tools/kernel-sass-diff.py compares it: one section each,
+        # whole 16-byte instructions (sm_70 and later), none empty
+        code = L.kernel_code(cubin)
+        assert len(code) == len(names()), (arch, sorted(code))
+        assert all(len(c) > 0 and len(c) % 16 == 0 for c in code.values()), arch
+        assert any("p2p_kernel" in k for k in code), sorted(code)
 
 
 def test_a_layout_the_kernels_do_not_follow_fails_to_compile(monkeypatch) -> None:

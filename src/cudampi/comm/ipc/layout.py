@@ -189,3 +189,18 @@ def compile_cubin(names: list[str], arch: str, text: str | None = None) -> bytes
         return bytes(nvrtc.getCUBIN(prog))
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def kernel_code(cubin: bytes) -> dict[str, bytes]:
+    """The machine code of each kernel of a cubin (:func:`compile_cubin`): its mangled name ->
+    the bytes of its ``.text.<name>`` section (pyelftools, a dev dependency: for the tests and
+    tools/kernel-sass-diff.py)."""
+    import io
+
+    from elftools.elf.elffile import ELFFile
+
+    return {
+        s.name[len(".text.") :]: s.data()
+        for s in ELFFile(io.BytesIO(cubin)).iter_sections()
+        if s.name.startswith(".text.")
+    }
