@@ -239,13 +239,23 @@ verify)
     echo "wall_s=$(( $(date +%s) - start ))" >> $V/run.txt
     grep -a -H -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" $V/*.log
   }
+  verify_end() {  # the one summary, the kernel cache, one archive per run
+    $W tools/gpu-summary.py $VERIFY_RUNS > $OUT/verify-summary.txt; VERIFY_RC=$?
+    [ -n "$(find .cupy-cache -newer /tmp/verify-stamp -type f | head -1)" ] && cache_out
+    # (one archive per run: the device tool returns at most 8 files, and the engines' log matters most)
+    for V in $VERIFY_RUNS; do tar czf $V.tgz -C $OUT $(basename $V) && rm -rf $V; done
+    cat $OUT/verify-summary.txt
+    [ $VERIFY_RC = 0 ] || echo "VERIFY FAILED (exit $VERIFY_RC): see the FAILED, NOT RUN, STOPPED or NOTHING PASSED lines above"
+  }
+  # Stopped from outside before VERIFY_LIMIT (the device call's own limit is the budget left
+  # after the machine's start, which can be less): the same summary of what ran by then, from
+  # the pytest logs (the tests still running count as not run), instead of none. (timeout
+  # signals its whole process group: this shell and the pytest subshell, not the commands under
+  # a timeout of their own, which end with the machine.)
+  trap 'trap - TERM; echo; echo "=== stopped from outside ($(date +%T)): the summary so far"; verify_end; exit 124' TERM
   mps_each verify_one
-  $W tools/gpu-summary.py $VERIFY_RUNS > $OUT/verify-summary.txt; VERIFY_RC=$?
-  [ -n "$(find .cupy-cache -newer /tmp/verify-stamp -type f | head -1)" ] && cache_out
-  # (one archive per run: the device tool returns at most 8 files, and the engines' log matters most)
-  for V in $VERIFY_RUNS; do tar czf $V.tgz -C $OUT $(basename $V) && rm -rf $V; done
-  cat $OUT/verify-summary.txt
-  [ $VERIFY_RC = 0 ] || echo "VERIFY FAILED (exit $VERIFY_RC): see the FAILED, NOT RUN, STOPPED or NOTHING PASSED lines above"
+  trap - TERM
+  verify_end
   ;;
 targets)
   # Issue 31's measurements in one call, 2 ranks, each MPS setting of MPS_MODES (on off): one
