@@ -154,8 +154,8 @@ def rank_two_rank_runs(comm):
 
 @pytest.fixture(scope="module")
 def two_rank_runs():
-    """:func:`rank_two_rank_runs` as one 2-rank job (this file's tests run on one xdist worker:
-    tests/conftest.py's TOGETHER); what rank 0 printed."""
+    """:func:`rank_two_rank_runs` as one 2-rank job (the three tests that read it run on one
+    xdist worker: tests/conftest.py's TOGETHER); what rank 0 printed."""
     return run_mpi(2, __file__, "rank_two_rank_runs", timeout=240).stdout
 
 
